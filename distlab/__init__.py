@@ -1,0 +1,74 @@
+"""distlab: distributed deep-learning training in Jupyter, on real ranks, with nothing hidden.
+
+    %load_ext distlab
+    %dist start -n 2
+    %%ddp
+    print(rank, world_size)
+
+or, without IPython::
+
+    import distlab
+    with distlab.start(ranks=2) as lab:
+        lab.run("print(rank)")
+
+``import distlab`` stays light: torch, ipyparallel and the magics load only when used.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CellTimeout",
+    "DistlabError",
+    "Lab",
+    "LabUsageError",
+    "RankError",
+    "__version__",
+    "load_ipython_extension",
+    "start",
+    "unload_ipython_extension",
+]
+
+if TYPE_CHECKING:
+    from .errors import CellTimeout, DistlabError, LabUsageError, RankError
+    from .lab import Lab, start
+
+# name -> module that defines it; resolved on first use (PEP 562).
+_LAZY = {
+    "Lab": "lab",
+    "start": "lab",
+    "CellTimeout": "errors",
+    "DistlabError": "errors",
+    "LabUsageError": "errors",
+    "RankError": "errors",
+}
+_SUBMODULES = ("theory", "quiz", "lab", "errors", "bootstrap", "magics")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'distlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(_SUBMODULES))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext distlab``: register %dist, %%ddp and %quiz."""
+    from .magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .magics import unregister
+
+    unregister(ipython)

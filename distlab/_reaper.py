@@ -1,0 +1,56 @@
+"""A watchdog that ends a lab's processes if the process that owns the lab dies without stopping it.
+
+A kernel killed with SIGKILL runs no atexit handler, and ipyparallel's controller and engines do not
+watch the process that launched them. This small process does: started by Lab in a session of its
+own (so a kill of the kernel's process group spares it), it polls its parent; once the parent is
+gone it kills every process group listed in its file. Lab rewrites the file whenever the world
+changes and terminates the reaper on a clean stop.
+
+    python -m distlab._reaper OWNER_PID PGID_FILE
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+_POLL_S = 0.2
+
+
+def _read_pgids(path: str) -> list[int]:
+    try:
+        with open(path) as f:
+            return [int(line) for line in f.read().split() if line.strip().isdigit()]
+    except OSError:
+        return []
+
+
+def _kill_groups(pgids: list[int]) -> None:
+    for pgid in pgids:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            if sig == signal.SIGTERM:
+                time.sleep(0.3)
+
+
+def main(argv: list[str]) -> int:
+    owner_pid, pgid_file = int(argv[0]), argv[1]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while os.getppid() == owner_pid:
+        time.sleep(_POLL_S)
+    _kill_groups(_read_pgids(pgid_file))
+    try:
+        os.unlink(pgid_file)
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

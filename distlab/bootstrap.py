@@ -1,0 +1,260 @@
+"""What runs on each engine: identity, device binding, the process group, and the cell runner.
+
+This module is imported by every engine at start-up (the engine's startup command), so torch is
+already loaded by the time the client asks for anything. It never imports the client side
+(``lab``, ``magics``, ``dashboard``): the two talk only through ipyparallel.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "abort_group",
+    "check_group",
+    "describe",
+    "init_rank",
+    "open_store",
+    "rebuild_group",
+    "run_cell",
+]
+
+# Environment variables through which launchers tell a process its rank; the first one set wins.
+_LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+# The rendezvous store. Rank 0 holds the server; the others hold clients. Kept here so the
+# process group can be rebuilt on a fresh store without the client round-tripping objects.
+_store: dist.TCPStore | None = None
+_config: dict[str, Any] = {}
+
+
+def describe(controller_ip: str) -> dict[str, Any]:
+    """This engine's identity, used by the client to build the rank table."""
+    launcher_rank = next((int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if v in os.environ), None)
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "addr": _address_toward(controller_ip),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "launcher_rank": launcher_rank,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
+
+
+def _address_toward(peer_ip: str) -> str:
+    """The local address this host uses to reach ``peer_ip``: how other hosts on that network reach us.
+
+    A UDP connect sends nothing; it only asks the kernel which interface routes to the peer.
+    """
+    if not peer_ip or peer_ip in ("*", "0.0.0.0"):
+        peer_ip = "8.8.8.8"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer_ip, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def open_store(host: str, timeout_s: float) -> int:
+    """On rank 0: start the rendezvous server on a free port the OS picks; return the port.
+
+    Port 0 makes the OS choose, so two labs never collide and no port is ever hard-coded.
+    """
+    global _store
+    _store = None  # drop the previous server (on rebuild) before binding a new one
+    _store = dist.TCPStore(
+        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+    return int(_store.port)
+
+
+def init_rank(
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    timeout_s: float,
+    local_world_size: int = 1,
+) -> dict[str, Any]:
+    """Bind the device, join the process group, prove it with one all-reduce, fill the namespace."""
+    global _store
+    device = _bind_device(backend, local_rank)
+    if device.type == "cpu":
+        # N ranks sharing a host's cores each default to all of them and thrash; split them
+        # (torchrun does the same by setting OMP_NUM_THREADS=1).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+    )
+    if rank != 0:
+        _store = dist.TCPStore(
+            master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    t0 = time.perf_counter()
+    dist.init_process_group(
+        backend,
+        store=_store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    if int(probe.item()) != world_size:
+        raise RuntimeError(f"first all-reduce gave {probe.item()}, expected {world_size}")
+    _config.update(
+        rank=rank, world_size=world_size, local_rank=local_rank, backend=backend,
+        timeout_s=timeout_s, master_addr=master_addr, device=device,
+        local_world_size=local_world_size,
+    )
+    _fill_namespace()
+    return {"device": str(device), "init_s": time.perf_counter() - t0}
+
+
+def _bind_device(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise RuntimeError(
+                f"local rank {local_rank} has no GPU: this host has {count}; start fewer ranks per host"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _fill_namespace() -> None:
+    import distlab
+
+    names = {
+        "rank": _config["rank"],
+        "world_size": _config["world_size"],
+        "local_rank": _config["local_rank"],
+        "device": _config["device"],
+        "torch": torch,
+        "dist": dist,
+        "distlab": distlab,
+    }
+    _user_namespace().update(names)
+
+
+def _user_namespace() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:  # not inside an engine: keep a namespace of our own (unit tests)
+        return _fallback_namespace
+    return shell.user_ns  # type: ignore[no-any-return]
+
+
+_fallback_namespace: dict[str, Any] = {}
+
+
+def run_cell(code: str, rank: int, want: str = "value") -> Any:
+    """Run a cell's code in the rank's namespace, as a notebook would; return its last expression.
+
+    ``want="repr"`` returns the repr instead (what a notebook shows as Out), so values that cannot
+    travel back (a DDP model, an open file) still show. Failures come back as a dict with the
+    exception's name, message and a traceback trimmed to the user's code: the client groups them.
+    """
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    filename = f"<rank {rank} cell>"
+    try:
+        source = shell.transform_cell(code) if shell is not None else code
+        # Register the source so tracebacks show the offending line, as in a notebook.
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        tree = ast.parse(source, filename=filename)
+        last: ast.Expression | None = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        namespace = _user_namespace()
+        exec(compile(tree, filename, "exec"), namespace)
+        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
+        if want == "repr":
+            return {"repr": None if value is None else repr(value)}
+        return {"value": value}
+    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the client reports it
+        return {"error": _describe_failure(exc, filename)}
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _describe_failure(exc: BaseException, filename: str) -> dict[str, str]:
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Drop distlab's own frames above the user's code; keep everything from the cell down.
+    start = next((i for i, f in enumerate(frames) if f.filename == filename), len(frames))
+    trimmed = frames[start:] if start < len(frames) else frames[-1:]
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(trimmed)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return {
+        "ename": type(exc).__name__,
+        "evalue": str(exc),
+        "traceback": "".join(lines),
+    }
+
+
+def check_group(timeout_s: float) -> str:
+    """'ok' if a tiny all-reduce completes on the current group within timeout_s, else why not."""
+    if not dist.is_initialized():
+        return "no process group"
+    try:
+        probe = torch.ones(1, device=_config.get("device", torch.device("cpu")))
+        work = dist.all_reduce(probe, async_op=True)
+        if not work.wait(timedelta(seconds=timeout_s)):
+            return "all-reduce did not complete"
+        if int(probe.item()) != dist.get_world_size():
+            return f"all-reduce gave {probe.item()}"
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means the group is unusable
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def abort_group() -> bool:
+    """Tear down this rank's process group, closing its connections.
+
+    Peers blocked in a collective with this rank then fail at once instead of waiting out
+    the timeout, which is how a stuck cell is released.
+    """
+    global _store
+    was_up = dist.is_initialized()
+    if was_up:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group may fail to tear down; it is gone either way
+            pass
+    return was_up
+
+
+def rebuild_group(master_port: int) -> dict[str, Any]:
+    """Join a fresh process group of the same world on a new rendezvous port."""
+    abort_group()
+    return init_rank(
+        _config["rank"], _config["world_size"], _config["local_rank"], _config["master_addr"],
+        master_port, _config["backend"], _config["timeout_s"], _config["local_world_size"],
+    )

@@ -1,0 +1,159 @@
+"""Errors distlab raises, and the rank-range parsing and grouping they rely on.
+
+A failed cell on N ranks must read like one error, not N: identical tracebacks are grouped
+("ranks 0-3: ZeroDivisionError: division by zero") and each distinct one is shown once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "CellTimeout",
+    "DistlabError",
+    "LabUsageError",
+    "RankError",
+    "RankFailure",
+    "format_ranks",
+    "parse_ranks",
+]
+
+
+class DistlabError(RuntimeError):
+    """Base class of the errors distlab raises about a running lab."""
+
+
+class LabUsageError(ValueError):
+    """A call distlab refused before changing anything; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank: the exception's name and message, and its traceback as text."""
+
+    rank: int
+    ename: str
+    evalue: str
+    traceback: str = ""
+
+    @property
+    def headline(self) -> str:
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+
+class RankError(DistlabError):
+    """A cell failed on one or more ranks.
+
+    ``failures`` maps rank -> RankFailure; ``str(err)`` groups ranks whose failures are identical.
+    ``notes`` carries what distlab did afterwards (e.g. "process group rebuilt").
+    """
+
+    def __init__(self, failures: Mapping[int, RankFailure], notes: Iterable[str] = ()):
+        self.failures = dict(sorted(failures.items()))
+        self.notes = list(notes)
+        super().__init__(self._render(with_tracebacks=False))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.failures)
+
+    def groups(self) -> list[tuple[list[int], RankFailure]]:
+        """Failures grouped by identical (ename, evalue, traceback), in order of their first rank."""
+        grouped: dict[tuple[str, str, str], list[int]] = {}
+        for rank, failure in self.failures.items():
+            key = (failure.ename, failure.evalue, _normalise_traceback(failure.traceback, rank))
+            grouped.setdefault(key, []).append(rank)
+        return [(ranks, self.failures[ranks[0]]) for ranks in grouped.values()]
+
+    def _render(self, with_tracebacks: bool) -> str:
+        lines = []
+        for ranks, failure in self.groups():
+            label = "rank" if len(ranks) == 1 else "ranks"
+            lines.append(f"{label} {format_ranks(ranks)}: {failure.headline}")
+            if with_tracebacks and failure.traceback:
+                lines.append(_indent(failure.traceback.rstrip()))
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        """The full report: each distinct traceback once, labelled with the ranks that raised it."""
+        return self._render(with_tracebacks=True)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing its own traceback of distlab's internals.
+        return self.render().splitlines()
+
+
+class CellTimeout(RankError):
+    """A cell ran past its deadline on some ranks; they were interrupted."""
+
+
+def _normalise_traceback(text: str, rank: int) -> str:
+    # The cell's file name carries the rank ("<rank 3 cell>"); without this, identical
+    # failures on different ranks would never group.
+    return text.replace(f"<rank {rank} cell>", "<rank cell>")
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_ranks(spec: str | int | Iterable[int], world_size: int) -> list[int]:
+    """Parse '0,2-3' (or an int, or a list of ints) into sorted ranks, checked against world_size.
+
+    Raises LabUsageError naming the bad part and the valid range; never evaluates the text.
+    """
+    valid = f"valid ranks are 0-{world_size - 1}" if world_size > 1 else "the only rank is 0"
+    if isinstance(spec, bool):
+        raise LabUsageError(f"ranks must be numbers like 0,2-3, not {spec!r}")
+    if isinstance(spec, int):
+        items: list[int] = [spec]
+    elif isinstance(spec, str):
+        items = []
+        if not spec.strip():
+            raise LabUsageError(f"no ranks given: write them like 0,2-3 ({valid})")
+        for part in spec.split(","):
+            match = _RANGE.match(part)
+            if match is None:
+                raise LabUsageError(
+                    f"cannot read ranks {spec!r}: {part.strip()!r} is not a rank or a range; "
+                    f"write them like 0,2-3 ({valid})"
+                )
+            first = int(match.group(1))
+            last = int(match.group(2)) if match.group(2) is not None else first
+            if last < first:
+                raise LabUsageError(f"rank range {part.strip()!r} runs backwards: write {last}-{first}")
+            items.extend(range(first, last + 1))
+    else:
+        items = []
+        for item in spec:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise LabUsageError(f"ranks must be whole numbers, got {item!r} ({valid})")
+            items.append(item)
+        if not items:
+            raise LabUsageError(f"no ranks given ({valid})")
+    out_of_range = sorted({r for r in items if r < 0 or r >= world_size})
+    if out_of_range:
+        raise LabUsageError(
+            f"rank {format_ranks(out_of_range)} does not exist in a world of {world_size}: {valid}"
+        )
+    return sorted(set(items))

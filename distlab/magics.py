@@ -1,0 +1,196 @@
+"""The IPython layer: parse a magic's arguments, call the Lab, show the result. Nothing else.
+
+    %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...]
+    %dist status | restart | kill RANK | stop
+    %%ddp [-r RANKS] [--timeout S]
+    %quiz TOPIC [-n N] [--difficulty LEVEL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
+
+from .errors import LabUsageError
+
+__all__ = ["DistMagics", "register", "unregister"]
+
+_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop")
+
+
+def _whole(what: str, example: str, minimum: int) -> Any:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, like {example} (got {text!r})") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, like {example} (got {value})")
+        return value
+
+    return convert
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds, like --timeout 30 (got {text!r})") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--timeout must be > 0 seconds, like --timeout 30 (got {text})")
+    return value
+
+
+def _start_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist start", add_help=False)
+    p.add_argument("-n", "--ranks", type=_whole("-n", "-n 2", 1), default=2, help="number of ranks")
+    p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds any wait may take")
+    p.add_argument("--launcher", default="local", help="ipyparallel engine launcher: local, mpi, ssh, slurm, ...")
+    return p
+
+
+def _kill_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist kill", add_help=False)
+    p.add_argument("rank", type=_whole("the rank", "%dist kill 1", 0))
+    return p
+
+
+def _no_args_parser(sub: str) -> MagicArgumentParser:
+    return MagicArgumentParser(prog=f"%dist {sub}", add_help=False)
+
+
+@magics_class
+class DistMagics(Magics):
+    """%dist, %%ddp and %quiz. The lab they drive is ``self.lab`` (one per IPython session)."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.lab: Any = None
+
+    # ------------------------------------------------------------------------ %dist
+
+    @line_magic
+    def dist(self, line: str) -> Any:
+        """Start, inspect, restart, kill a rank of, or stop the lab: %dist start -n 2 | status | restart | kill R | stop"""
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"cannot read %dist arguments: {exc}") from None
+        if not words:
+            raise UsageError(f"%dist needs a subcommand: {', '.join(_SUBCOMMANDS)} (e.g. %dist start -n 2)")
+        sub, rest = words[0], words[1:]
+        if sub not in _SUBCOMMANDS:
+            raise UsageError(f"unknown subcommand {sub!r} for %dist: use one of {', '.join(_SUBCOMMANDS)}")
+        if sub == "start":
+            return self._start(_start_parser().parse_args(rest))
+        if sub == "kill":
+            return self._kill(_kill_parser().parse_args(rest).rank)
+        _no_args_parser(sub).parse_args(rest)
+        return getattr(self, f"_{sub}")()
+
+    def _start(self, args: argparse.Namespace) -> None:
+        from .lab import Lab
+
+        if self.lab is not None and self.lab.running:
+            raise UsageError(
+                f"a lab of {self.lab.world_size} ranks is already running: %dist stop first, or %dist restart"
+            )
+        try:
+            lab = Lab(ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher)
+            lab.start()
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        self.lab = lab
+        print(
+            f"{lab.world_size} ranks ready on {lab.backend} in {lab.timings['ready_s']:.1f} s "
+            f"(launcher {lab.launcher}); %%ddp cells now run on every rank"
+        )
+
+    def _running_lab(self) -> Any:
+        if self.lab is None or not self.lab.running:
+            raise UsageError("no lab is running: start one with %dist start -n 2")
+        return self.lab
+
+    def _status(self) -> Any:
+        return self._running_lab().status()
+
+    def _restart(self) -> None:
+        lab = self._running_lab()
+        lab.restart()
+        print(f"{lab.world_size} fresh ranks ready in {lab.timings['restart_s']:.1f} s")
+
+    def _kill(self, rank: int) -> None:
+        lab = self._running_lab()
+        try:
+            lab.kill(rank)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"rank {rank} killed (SIGKILL); %dist restart brings the world back")
+
+    def _stop(self) -> None:
+        if self.lab is None or not self.lab.running:
+            print("no lab is running")
+            return
+        self.lab.stop()
+        print("lab stopped: engines and controller are gone")
+
+    # ------------------------------------------------------------------------ %%ddp
+
+    @magic_arguments()
+    @argument("-r", "--ranks", default=None, help="run on these ranks only, like 0,2-3")
+    @argument("--timeout", type=_seconds, default=None, help="seconds the cell may run")
+    @cell_magic
+    def ddp(self, line: str, cell: str) -> None:
+        """Run this cell on every rank (or -r 0,2-3), output streamed and labelled by rank."""
+        args = parse_argstring(self.ddp, line)
+        lab = self._running_lab()
+        try:
+            selected = lab.ranks(args.ranks)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        result = lab.run(cell, ranks=selected, timeout=args.timeout, want="repr")
+        for rank, shown in result.items():
+            if shown is not None:
+                print(f"Out[rank {rank}]: {shown}")
+
+    # ------------------------------------------------------------------------ %quiz
+
+    @magic_arguments()
+    @argument("topic", nargs="?", default=None, help="a topic, e.g. communication-cost")
+    @argument("-n", type=_whole("-n", "-n 3", 1), default=None, help="number of questions")
+    @argument("--difficulty", default=None, help="easy, medium or hard")
+    @line_magic
+    def quiz(self, line: str) -> Any:
+        """Practice questions on a topic, graded in Python: %quiz communication-cost -n 3"""
+        args = parse_argstring(self.quiz, line)
+        from . import quiz
+
+        lab = self.lab if self.lab is not None and self.lab.running else None
+        try:
+            if args.topic is None:
+                return quiz.summary()
+            return quiz.show(args.topic, n=args.n, difficulty=args.difficulty, lab=lab)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
+_registered: dict[int, DistMagics] = {}
+
+
+def register(ipython: Any) -> DistMagics:
+    magics = DistMagics(ipython)
+    ipython.register_magics(magics)
+    _registered[id(ipython)] = magics
+    return magics
+
+
+def unregister(ipython: Any) -> None:
+    magics = _registered.pop(id(ipython), None)
+    if magics is not None and magics.lab is not None:
+        magics.lab.stop()
