@@ -458,7 +458,8 @@ class Lab:
         self._require_running()
         assert self._client is not None
         registered = set(self._client.ids)
-        queue = self._client.queue_status(targets=[r.engine_id for r in self._table])
+        alive = [r.engine_id for r in self._table if r.engine_id in registered]
+        queue = self._client.queue_status(targets=alive) if alive else {}
         here = socket.gethostname()
         rows = RankTable()
         for r in self._table:

@@ -1,0 +1,71 @@
+"""Fixtures that start real clusters and always stop what they started."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+import distlab
+from distlab.lab import Lab
+
+# Open MPI refuses to run as root unless told it may (CI containers run as root).
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+
+@pytest.fixture
+def lab_factory(request: pytest.FixtureRequest) -> Callable[..., Lab]:
+    """Start labs on demand; every lab started is stopped when the test ends, pass or fail."""
+
+    def make(**kwargs: object) -> Lab:
+        lab = Lab(**kwargs)  # type: ignore[arg-type]
+        request.addfinalizer(lab.stop)
+        return lab.start()
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    """One 2-rank gloo lab shared by tests that leave it as they found it."""
+    shared = distlab.start(ranks=2, timeout=20)
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+@pytest.fixture
+def ipython() -> Iterator[object]:
+    """A real IPython shell with the extension loaded; its lab is stopped afterwards."""
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    ip = start_ipython() or get_ipython()  # the global shell is created once per session
+    ip.run_line_magic("load_ext", "distlab")
+    magics = distlab.magics._registered[id(ip)]
+    try:
+        yield ip
+    finally:
+        if magics.lab is not None:
+            magics.lab.stop()
+        magics.lab = None
+        ip.run_line_magic("unload_ext", "distlab")
+
+
+def distlab_processes() -> list[psutil.Process]:
+    """Every live ipyparallel engine/controller or distlab reaper process on this machine."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if any(k in cmd for k in ("ipyparallel.engine", "ipyparallel.controller", "distlab._reaper",
+                                   "ipengine", "ipcontroller")):
+            found.append(proc)
+    return found

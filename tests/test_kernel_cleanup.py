@@ -1,0 +1,76 @@
+"""A real Jupyter kernel with a lab running: shutdown, restart or a hard kill leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+pytestmark = pytest.mark.cluster
+
+
+def _execute(client, code: str, timeout: float = 60) -> str:
+    msg_id = client.execute(code)
+    out = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["msg_type"]
+        if kind == "stream":
+            out.append(msg["content"]["text"])
+        elif kind == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            return "".join(out)
+
+
+def _lab_processes(kernel_pid: int) -> list[psutil.Process]:
+    # Everything the kernel started: controller, engines (own sessions), nannies, reaper.
+    return psutil.Process(kernel_pid).children(recursive=True)
+
+
+def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(procs, timeout=seconds)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _start_kernel_with_lab():
+    km, kc = start_new_kernel(kernel_name="python3")
+    _execute(kc, "%load_ext distlab\n%dist start -n 2")
+    pid = km.provisioner.process.pid
+    procs = _lab_processes(pid)
+    shown = _execute(kc, "print(','.join(str(r.pid) for r in get_ipython().run_line_magic('dist', 'status')))")
+    engine_pids = [int(p) for p in shown.split(",")]
+    assert set(engine_pids) <= {p.pid for p in procs}
+    assert len(procs) >= 4, [p.cmdline() for p in procs]
+    return km, kc, procs
+
+
+@pytest.mark.parametrize("how", ["shutdown", "restart", "sigkill"])
+def test_no_distlab_process_outlives_its_kernel(how):
+    km, kc, procs = _start_kernel_with_lab()
+    try:
+        if how == "shutdown":
+            kc.stop_channels()
+            km.shutdown_kernel(now=False)
+        elif how == "restart":
+            km.restart_kernel(now=False)
+        else:
+            os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        alive = _wait_gone(procs, 5.0)
+        assert not alive, f"{how}: still running: {[p.cmdline()[:3] for p in alive]}"
+    finally:
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if km.is_alive():
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)

@@ -1,0 +1,236 @@
+"""The Lab API against real engines and real torch.distributed process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+import distlab
+from distlab.errors import CellTimeout, LabUsageError, RankError
+
+pytestmark = pytest.mark.cluster
+
+
+def test_every_rank_has_its_identity_and_an_initialised_process_group(lab):
+    values = lab.run(
+        "import os\n(rank, world_size, local_rank, str(device), dist.is_initialized(), dist.get_rank(),"
+        " dist.get_backend(), torch.__name__, int(os.environ['MASTER_PORT']))",
+        stream=False,
+    )
+    assert sorted(values) == [0, 1]
+    ports = set()
+    for r, (rank, world, local, device, up, dist_rank, backend, torch_name, port) in values.items():
+        assert (rank, world, local, device, up, dist_rank, backend, torch_name) == (
+            r, 2, r, "cpu", True, r, "gloo", "torch"
+        )
+        ports.add(port)
+    assert len(ports) == 1 and ports != {29500}
+
+
+def test_the_rank_table_maps_ranks_to_live_engine_processes(lab):
+    table = lab.status()
+    assert [row.rank for row in table] == [0, 1]
+    pids = lab.run("import os\nos.getpid()", stream=False)
+    for row in table:
+        assert row.pid == pids[row.rank]
+        assert psutil.Process(row.pid).is_running()
+        assert row.health == "ok" and row.backend == "gloo" and row.device == "cpu"
+    text = str(table)
+    assert text.splitlines()[0].split() == ["rank", "engine_id", "host", "pid", "device", "backend", "health"]
+
+
+def test_output_is_streamed_labelled_by_rank_while_the_cell_runs(lab, capsys):
+    code = "import time\nprint('first', rank, flush=True)\ntime.sleep(1.0)\nprint('second', rank)"
+    seen_first_at: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if "first" in capsys.readouterr().out:  # consumes; fine, we only time the first line
+                seen_first_at.append(time.monotonic())
+                return
+            time.sleep(0.02)
+
+    t0 = time.monotonic()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    lab.run(code)
+    ended = time.monotonic()
+    done.set()
+    watcher.join()
+    assert seen_first_at, "no output arrived while the cell ran"
+    assert seen_first_at[0] - t0 < ended - t0 - 0.5, "output arrived only when the cell ended"
+
+
+def test_lines_are_prefixed_with_their_rank(lab, capsys):
+    lab.run("print('a', rank)\nprint('b', rank)")
+    lines = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):
+        assert f"[rank {rank}] a {rank}" in lines and f"[rank {rank}] b {rank}" in lines
+
+
+def test_a_cell_can_run_on_a_subset_of_ranks(lab):
+    assert dict(lab.run("rank * 10", ranks="1", stream=False)) == {1: 10}
+    assert dict(lab.run("rank", ranks=[0, 1], stream=False)) == {0: 0, 1: 1}
+
+
+def test_push_and_pull_move_values_by_rank(lab):
+    lab.push(alpha=3, beta=[1, 2])
+    assert lab.pull("alpha") == {0: 3, 1: 3}
+    lab.run("alpha = alpha * (rank + 1)", stream=False)
+    assert lab.pull("alpha") == {0: 3, 1: 6}
+    assert lab.pull("beta", ranks="1") == {1: [1, 2]}
+
+
+def test_functions_defined_in_the_notebook_reach_the_ranks(lab):
+    def scale(x):
+        return x * 7
+
+    lab.push(scale=scale)
+    assert lab.pull("scale") and dict(lab.run("scale(rank)", stream=False)) == {0: 0, 1: 7}
+
+
+def test_pulling_a_missing_name_names_the_ranks(lab):
+    with pytest.raises(RankError) as info:
+        lab.pull("never_defined_anywhere")
+    assert str(info.value).startswith("ranks 0-1: NameError")
+
+
+def test_a_failure_on_every_rank_is_reported_once_with_the_ranks_grouped(lab):
+    with pytest.raises(RankError) as info:
+        lab.run("x = 1\n1 / 0", stream=False)
+    err = info.value
+    assert str(err).splitlines()[0] == "ranks 0-1: ZeroDivisionError: division by zero"
+    assert err.render().count("Traceback") == 1
+    assert '<rank 0 cell>", line 2' in err.render()
+    assert "bootstrap" not in err.render()  # distlab's own frames are trimmed away
+    # a plain error does not break the group: no rebuild, and the group still works
+    assert not any("rebuilt" in n for n in err.notes)
+    assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
+
+
+def test_a_rank_failing_before_a_collective_releases_the_others_and_the_group_is_rebuilt(lab):
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        lab.run("if rank == 1:\n    raise ValueError('bad shard')\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 5, f"ranks waited {elapsed:.1f} s instead of being released"
+    err = info.value
+    assert err.failures[1].ename == "ValueError"
+    assert any("rebuilt" in note for note in err.notes)
+    assert dict(lab.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()", stream=False)) == {
+        0: 3.0,
+        1: 3.0,
+    }
+
+
+def test_a_cell_past_its_deadline_is_stopped_on_every_rank(lab):
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeout) as info:
+        lab.run("import time\ntime.sleep(30)", timeout=1.0, stream=False)
+    assert time.monotonic() - t0 < 4
+    assert info.value.ranks == [0, 1]
+    assert "deadline" in str(info.value)
+    assert dict(lab.run("rank", stream=False)) == {0: 0, 1: 1}
+
+
+def test_interrupting_the_kernel_stops_the_cell_on_every_rank_within_two_seconds(lab):
+    # A kernel interrupt is SIGINT to the notebook's process: KeyboardInterrupt where it waits.
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(RankError) as info:
+        # rank 1 sleeps in Python; rank 0 waits in a gloo all-reduce that rank 1 never joins
+        lab.run("import time\nif rank == 1:\n    time.sleep(60)\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False)
+    stopped = time.monotonic() - t0 - 1.0
+    assert stopped < 2.0, f"took {stopped:.2f} s to stop"
+    assert set(info.value.ranks) == {0, 1}
+    assert lab.status() and all(row.health == "ok" for row in lab.status())
+    assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"ranks": 0}, "ranks must be >= 1"),
+        ({"ranks": -1}, "ranks must be >= 1"),
+        ({"ranks": "two"}, "whole number"),
+        ({"backend": "mpi-ish"}, "unknown backend"),
+        ({"timeout": 0}, "timeout must be a number of seconds > 0"),
+        ({"timeout": -3}, "timeout must be a number of seconds > 0"),
+        ({"launcher": "carrier-pigeon"}, "unknown launcher"),
+    ],
+)
+def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, fragment):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(LabUsageError) as info:
+        distlab.start(**kwargs)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before
+
+
+def test_nccl_without_a_gpu_is_refused_with_the_fix():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(LabUsageError, match="use --backend gloo"):
+        distlab.start(ranks=2, backend="nccl")
+
+
+def test_stop_leaves_no_process_behind(lab_factory):
+    from conftest import distlab_processes
+
+    before = {p.pid for p in distlab_processes()}
+    lab = lab_factory(ranks=2)
+    started = {p.pid for p in distlab_processes()} - before
+    assert len(started) >= 3  # controller, 2 engines (+ nannies, reaper)
+    engine_pids = [row.pid for row in lab.status()]
+    lab.stop()
+    assert not lab.running
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=5)
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in engine_pids)
+
+
+def test_two_labs_at_once_get_their_own_ports_and_do_not_interfere(lab, lab_factory):
+    other = lab_factory(ranks=2)
+    port_a = lab.run("import os\nos.environ['MASTER_PORT']", stream=False)[0]
+    port_b = other.run("import os\nos.environ['MASTER_PORT']", stream=False)[0]
+    assert port_a != port_b
+    assert dict(other.run("t = torch.ones(1) * 5; dist.all_reduce(t); t.item()", stream=False)) == {0: 10.0, 1: 10.0}
+    assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
+
+
+def test_restart_gives_fresh_processes_with_the_same_ranks(lab_factory):
+    lab = lab_factory(ranks=2)
+    lab.run("marker = 1", stream=False)
+    old = lab.status()
+    lab.restart()
+    new = lab.status()
+    assert [r.rank for r in new] == [0, 1]
+    assert {r.pid for r in new}.isdisjoint({r.pid for r in old})
+    assert not any(psutil.pid_exists(r.pid) and psutil.Process(r.pid).status() != "zombie" for r in old)
+    assert dict(lab.run("'marker' in globals(), rank", stream=False)) == {0: (False, 0), 1: (False, 1)}
+    assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
+
+
+def test_a_killed_rank_is_reported_dead_and_restart_brings_it_back(lab_factory):
+    lab = lab_factory(ranks=2)
+    lab.kill(1)
+    assert [row.health for row in lab.status()] == ["ok", "dead"]
+    lab.restart()
+    assert [row.health for row in lab.status()] == ["ok", "ok"]
+
+
+def test_four_ranks_all_reduce_and_group_by_host(lab_factory):
+    lab = lab_factory(ranks=4)
+    assert [r.local_rank for r in lab.table] == [0, 1, 2, 3]
+    values = lab.run("t = torch.tensor([float(rank)]); dist.all_reduce(t); (world_size, t.item())", stream=False)
+    assert dict(values) == {r: (4, 6.0) for r in range(4)}

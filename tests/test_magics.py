@@ -1,0 +1,124 @@
+"""%dist and %%ddp in a real IPython shell."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+import distlab
+import distlab.magics
+from conftest import distlab_processes
+
+
+BAD_BEFORE_START = [
+    ("dist", "start -n 0", "-n must be >= 1"),
+    ("dist", "start -n -1", "-n must be >= 1"),
+    ("dist", "start -n two", "-n must be a whole number"),
+    ("dist", "start -n 2 --backend nvlink", "unknown backend 'nvlink'"),
+    ("dist", "start -n 2 --timeout 0", "--timeout must be > 0"),
+    ("dist", "start -n 2 --timeout -5", "--timeout must be > 0"),
+    ("dist", "start -n 2 --timeout soon", "--timeout must be a number of seconds"),
+    ("dist", "start -n 2 --launcher pigeon", "unknown launcher 'pigeon'"),
+    ("dist", "launch", "unknown subcommand 'launch'"),
+    ("dist", "", "%dist needs a subcommand"),
+    ("dist", "status", "no lab is running"),
+    ("dist", "restart", "no lab is running"),
+    ("dist", "kill 1", "no lab is running"),
+    ("ddp", "", "no lab is running"),
+]
+
+BAD_WHILE_RUNNING = [
+    ("dist", "start -n 2", "already running"),
+    ("dist", "kill 7", "rank 7 does not exist in a world of 2"),
+    ("dist", "kill x", "the rank must be a whole number"),
+    ("dist", "status now", "unrecognized arguments"),
+    ("ddp", "-r 2", "rank 2 does not exist in a world of 2"),
+    ("ddp", "-r 0-", "not a rank or a range"),
+    ("ddp", "-r 1-0", "runs backwards"),
+    ("ddp", "--timeout 0", "--timeout must be > 0"),
+]
+
+
+def _call(ip, magic: str, line: str):
+    if magic == "ddp":
+        return ip.run_cell_magic("ddp", line, "print('should not run')")
+    return ip.run_line_magic(magic, line)
+
+
+@pytest.mark.parametrize("magic, line, fragment", BAD_BEFORE_START)
+def test_bad_input_before_start_gets_one_line_and_starts_nothing(ipython, magic, line, fragment):
+    before = {p.pid for p in distlab_processes()}
+    with pytest.raises(UsageError) as info:
+        _call(ipython, magic, line)
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+    assert {p.pid for p in distlab_processes()} <= before
+    assert distlab.magics._registered[id(ipython)].lab is None
+
+
+@pytest.mark.cluster
+def test_bad_input_while_running_gets_one_line_and_changes_nothing(ipython, capsys):
+    ipython.run_line_magic("dist", "start -n 2")
+    lab = distlab.magics._registered[id(ipython)].lab
+    table = [(r.rank, r.pid) for r in lab.status()]
+    capsys.readouterr()
+    for magic, line, fragment in BAD_WHILE_RUNNING:
+        with pytest.raises(UsageError) as info:
+            _call(ipython, magic, line)
+        assert fragment in str(info.value), (line, str(info.value))
+        assert "\n" not in str(info.value)
+    assert "should not run" not in capsys.readouterr().out
+    assert [(r.rank, r.pid) for r in lab.status()] == table
+    assert all(r.health == "ok" for r in lab.status())
+
+
+@pytest.mark.cluster
+def test_a_ddp_cell_trains_and_streams_each_ranks_prints(ipython, capsys):
+    ipython.run_line_magic("dist", "start -n 2")
+    ipython.run_cell_magic(
+        "ddp",
+        "",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(torch.nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(3):\n"
+        "    opt.zero_grad()\n"
+        "    loss = model(torch.randn(8, 4) + rank).pow(2).mean()\n"
+        "    loss.backward(); opt.step()\n"
+        "    print(f'step {step} loss {loss.item():.3f}')\n"
+        "float(model.module.weight.sum())",
+    )
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        assert sum(line.startswith(f"[rank {rank}] step ") for line in out.splitlines()) == 3
+    outs = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("Out[rank ")]
+    assert len(outs) == 2 and outs[0] == outs[1]  # DDP kept the replicas identical
+
+
+@pytest.mark.cluster
+def test_status_subset_restart_and_stop_through_the_magics(ipython, capsys):
+    ipython.run_line_magic("dist", "start -n 2")
+    table = ipython.run_line_magic("dist", "status")
+    assert [r.rank for r in table] == [0, 1]
+    ipython.run_cell_magic("ddp", "-r 1", "print('only me')")
+    out = capsys.readouterr().out
+    assert "[rank 1] only me" in out and "[rank 0]" not in out
+    ipython.run_line_magic("dist", "restart")
+    assert {r.pid for r in ipython.run_line_magic("dist", "status")}.isdisjoint({r.pid for r in table})
+    ipython.run_line_magic("dist", "stop")
+    with pytest.raises(UsageError, match="no lab is running"):
+        ipython.run_cell_magic("ddp", "", "pass")
+
+
+@pytest.mark.cluster
+def test_a_failing_cell_shows_one_grouped_traceback(ipython, capsys):
+    ipython.run_line_magic("dist", "start -n 2")
+    result = ipython.run_cell("%%ddp\nvalues = [1, 2]\nvalues[5]\n")
+    assert isinstance(result.error_in_exec, distlab.RankError)
+    shown = capsys.readouterr()
+    text = shown.out + shown.err
+    assert "ranks 0-1: IndexError: list index out of range" in text
+    assert text.count("Traceback") == 1
+    assert "CompositeError" not in text
+
