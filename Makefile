@@ -1,0 +1,40 @@
+# Two commands on a fresh machine:
+#   make lab    create the environment, install everything, open JupyterLab on the notebooks
+#   make test   same set-up, then every test
+#
+# torch is installed first, pinned to the build this machine carries, so pip does not pull a
+# newer torch with gigabytes of CUDA libraries; the package itself only asks for torch>=2.4.
+# Override on other machines: make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.distlab-installed
+PORT ?= 8888
+
+.PHONY: lab test system-deps clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip check
+	touch $(STAMP)
+
+# Open MPI's mpiexec, for the MPI launcher test. Installed with apt when missing and we may.
+system-deps:
+	@command -v mpiexec >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
+	  else echo "install Open MPI (Debian: sudo apt-get install openmpi-bin libopenmpi-dev), then re-run" >&2; exit 1; fi; }
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+
+test: system-deps $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
