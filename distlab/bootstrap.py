@@ -37,7 +37,6 @@ _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_P
 # process group can be rebuilt on a fresh store without the client round-tripping objects.
 _store: dist.TCPStore | None = None
 _config: dict[str, Any] = {}
-_IMPORTED_AT = time.time()
 
 
 def describe(controller_ip: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from typing import Any
@@ -164,6 +164,7 @@ class Lab:
         self._pgid_file: str | None = None
         self.timings: dict[str, float] = {}
         self._phase_start = 0.0
+        self._listeners: list[Callable[[dict[int, Any], bool], None]] = []
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -642,7 +643,18 @@ class Lab:
             pending[ranks[0]].wait(_POLL_S)
         return [r for r in ranks if not pending[r].ready()]
 
+    def add_listener(self, listener: Callable[[dict[int, Any], bool], None]) -> None:
+        """Call ``listener(pending, final)`` on every poll of a running cell, in the caller's thread.
+
+        ``pending`` maps rank -> ipyparallel AsyncResult (``ar.data`` holds what the rank last
+        published with ``publish_data``); ``final`` is True once, when the cell has ended.
+        Telemetry and the dashboard feed on this; a listener must be quick and must not raise.
+        """
+        self._listeners.append(listener)
+
     def _emit(self, pending: dict[int, Any], printer: RankPrinter | None, final: bool = False) -> None:
+        for listener in self._listeners:
+            listener(pending, final)
         if printer is None:
             return
         for rank, ar in pending.items():
