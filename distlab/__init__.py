@@ -28,6 +28,7 @@ __all__ = [
     "LabUsageError",
     "RankError",
     "__version__",
+    "current_lab",
     "load_ipython_extension",
     "start",
     "unload_ipython_extension",
@@ -36,10 +37,12 @@ __all__ = [
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .lab import Lab, start
+    from .magics import current_lab
 
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
     "Lab": "lab",
+    "current_lab": "magics",
     "start": "lab",
     "CellTimeout": "errors",
     "DistlabError": "errors",

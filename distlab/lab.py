@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -52,7 +53,7 @@ HEARTBEAT_MISSES = 20
 _INTERRUPT_GRACE_S = 0.8
 _ABORT_GRACE_S = 0.8
 # When one rank fails while others still run, how long the others get to finish on their own.
-_FAILURE_GRACE_S = 0.5
+_FAILURE_GRACE_S = 0.3
 _POLL_S = 0.02
 _HEALTH_TIMEOUT_S = 2.0
 
@@ -595,41 +596,59 @@ class Lab:
             if first_failure_at is not None and now - first_failure_at > _FAILURE_GRACE_S:
                 # One rank failed: the others cannot finish an SPMD program without it. Stop them now
                 # rather than let them wait out the collective timeout.
-                outcome.notes.append(f"rank {format_ranks(running)} stopped because another rank failed")
-                self._stop_cell(pending, outcome, printer)
+                failed = [r for r, ar in pending.items() if ar.ready() and _failed(ar)]
+                outcome.stopped, outcome.stopped_because = running, f"rank {format_ranks(failed)} failed"
+                self._stop_cell(pending, outcome, printer, abort_first=True)
                 return
             if deadline is not None and now > deadline:
                 outcome.timed_out = True
-                outcome.notes.append(f"the cell ran past its {timeout:g} s deadline")
+                outcome.stopped = running
+                outcome.stopped_because = f"the cell ran past its {timeout:g} s deadline"
                 self._stop_cell(pending, outcome, printer)
                 return
             pending[running[0]].wait(_POLL_S)
 
-    def _stop_cell(self, pending: dict[int, Any], outcome: _CellOutcome, printer: RankPrinter | None) -> None:
-        """Interrupt ranks still in the cell; free any stuck in a collective; kill what will not stop."""
+    def _stop_cell(
+        self,
+        pending: dict[int, Any],
+        outcome: _CellOutcome,
+        printer: RankPrinter | None,
+        abort_first: bool = False,
+    ) -> None:
+        """Interrupt ranks still in the cell; free any stuck in a collective; kill what will not stop.
+
+        ``abort_first``: another rank has failed, so the ones still running are (or soon will be)
+        waiting for it in a collective; tear the group down at once rather than after SIGINT.
+        """
         assert self._client is not None
         running = [r for r, ar in pending.items() if not ar.ready()]
         if not running:
             return
+        if abort_first:
+            self._abort_group_on_free_ranks(running, outcome)
         with contextlib.suppress(Exception):
             self._client.send_signal(
                 signal.SIGINT, targets=[self._table[r].engine_id for r in running], block=True
             )
         running = self._wait_ranks(pending, running, _INTERRUPT_GRACE_S, printer)
-        if running:
+        if running and not abort_first:
             # SIGINT cannot reach a rank blocked inside a C++ collective. Tearing down the group on
             # the ranks that are free closes their connections, and the stuck collectives fail.
-            free = [r for r in range(self.world_size) if r not in running]
-            for r in free:
-                with contextlib.suppress(Exception):
-                    self._on(self._table[r].engine_id, "abort_group").get(timeout=0.5)
-            outcome.group_aborted = bool(free)
+            self._abort_group_on_free_ranks(running, outcome)
             running = self._wait_ranks(pending, running, _ABORT_GRACE_S, printer)
         if running:
             outcome.killed = running
             for r in running:
                 self.kill(r)
             outcome.notes.append(f"rank {format_ranks(running)} did not stop and was killed")
+
+    def _abort_group_on_free_ranks(self, running: list[int], outcome: _CellOutcome) -> None:
+        free = [r for r in range(self.world_size) if r not in running]
+        aborts = [self._on(self._table[r].engine_id, "abort_group") for r in free]
+        for ar in aborts:
+            with contextlib.suppress(Exception):
+                ar.get(timeout=0.5)
+        outcome.group_aborted = outcome.group_aborted or bool(free)
 
     def _wait_ranks(
         self, pending: dict[int, Any], ranks: list[int], seconds: float, printer: RankPrinter | None
@@ -682,6 +701,13 @@ class Lab:
                 outcome.failures[rank] = RankFailure(rank, err["ename"], err["evalue"], err["traceback"])
             else:
                 outcome.values[rank] = result.get("value", result.get("repr"))
+        for rank in outcome.stopped:
+            # Say why distlab stopped the rank; what it was doing stays in the message.
+            was = outcome.failures.get(rank)
+            doing = _cell_line(was.traceback) if was is not None else ""
+            outcome.failures[rank] = RankFailure(
+                rank, "Stopped", f"stopped by distlab: {outcome.stopped_because}{doing}", was.traceback if was else ""
+            )
         self._emit(pending, printer, final=True)
 
     def _recover(self, outcome: _CellOutcome) -> None:
@@ -693,7 +719,9 @@ class Lab:
         reason = "its group was torn down to release stuck ranks" if outcome.group_aborted else self._group_problem()
         if reason:
             self._init_group("rebuild_group", first=False)
-            outcome.notes.append(f"process group rebuilt ({reason}); objects built on the old group must be rebuilt too")
+            outcome.notes.append(
+                f"process group rebuilt ({reason}); objects built on the old group must be rebuilt too"
+            )
 
     def _group_problem(self) -> str | None:
         assert self._client is not None
@@ -717,16 +745,28 @@ class Lab:
 
 @dataclass
 class _CellOutcome:
-    values: dict[int, Any]
-    failures: dict[int, RankFailure]
-    notes: list[str]
-    killed: list[int]
+    """What became of one cell on each rank, and what distlab did about it."""
+
+    values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)  # ranks distlab stopped, and why
+    stopped_because: str = ""
     interrupted: bool = False
     timed_out: bool = False
     group_aborted: bool = False
 
-    def __init__(self) -> None:
-        self.values, self.failures, self.notes, self.killed = {}, {}, [], []
+
+def _cell_line(traceback_text: str) -> str:
+    """'; it was at line 4: dist.all_reduce(t)', from the deepest frame of the user's cell."""
+    lines = traceback_text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        match = re.search(r'File "<rank \d+ cell>", line (\d+)', lines[i])
+        if match:
+            source = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"; it was at line {match.group(1)}: {source}"
+    return ""
 
 
 def _failed(ar: Any) -> bool:

@@ -18,7 +18,7 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 
 from .errors import LabUsageError
 
-__all__ = ["DistMagics", "register", "unregister"]
+__all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
 _SUBCOMMANDS = ("start", "status", "restart", "kill", "stop")
 
@@ -40,7 +40,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds, like --timeout 30 (got {text!r})") from None
+        raise argparse.ArgumentTypeError(
+            f"--timeout must be a number of seconds, like --timeout 30 (got {text!r})"
+        ) from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"--timeout must be > 0 seconds, like --timeout 30 (got {text})")
     return value
@@ -77,7 +79,10 @@ class DistMagics(Magics):
 
     @line_magic
     def dist(self, line: str) -> Any:
-        """Start, inspect, restart, kill a rank of, or stop the lab: %dist start -n 2 | status | restart | kill R | stop"""
+        """Start, inspect, restart, kill a rank of, or stop the lab.
+
+        %dist start -n 2 | status | restart | kill R | stop
+        """
         try:
             words = shlex.split(line)
         except ValueError as exc:
@@ -188,6 +193,16 @@ def register(ipython: Any) -> DistMagics:
     ipython.register_magics(magics)
     _registered[id(ipython)] = magics
     return magics
+
+
+def current_lab() -> Any:
+    """The lab that %dist started in this IPython session (None if none is running)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    magics = _registered.get(id(shell)) if shell is not None else None
+    lab = magics.lab if magics is not None else None
+    return lab if lab is not None and lab.running else None
 
 
 def unregister(ipython: Any) -> None:
