@@ -16,6 +16,12 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 
+@pytest.fixture(autouse=True)
+def _quiz_progress_in_tmp(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test writes quiz progress into the real Jupyter data directory."""
+    monkeypatch.setenv("DISTLAB_QUIZ_PROGRESS", str(tmp_path))
+
+
 @pytest.fixture
 def lab_factory(request: pytest.FixtureRequest) -> Callable[..., Lab]:
     """Start labs on demand; every lab started is stopped when the test ends, pass or fail."""

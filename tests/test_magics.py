@@ -25,6 +25,9 @@ BAD_BEFORE_START = [
     ("dist", "restart", "no lab is running"),
     ("dist", "kill 1", "no lab is running"),
     ("ddp", "", "no lab is running"),
+    ("quiz", "nope", "unknown topic 'nope'; choose one of: why-distribute"),
+    ("quiz", "scaling -n 0", "-n must be >= 1"),
+    ("quiz", "scaling --difficulty impossible", "unknown difficulty 'impossible'"),
 ]
 
 BAD_WHILE_RUNNING = [
@@ -122,3 +125,13 @@ def test_a_failing_cell_shows_one_grouped_traceback(ipython, capsys):
     assert text.count("Traceback") == 1
     assert "CompositeError" not in text
 
+
+
+def test_quiz_magic_shows_questions_of_the_topic_and_a_summary_without_one(ipython):
+    from distlab.quiz.widget import QuizWidget
+
+    widget = ipython.run_line_magic("quiz", "communication-cost -n 2 --difficulty medium")
+    assert isinstance(widget, QuizWidget)
+    assert "Communication cost" in widget.children[0].value and "of 2" in widget.children[0].value
+    summary = ipython.run_line_magic("quiz", "")
+    assert "communication-cost" in repr(summary)

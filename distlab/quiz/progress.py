@@ -1,0 +1,170 @@
+"""Quiz progress: what each question got last time, kept in the Jupyter data directory, and mastery per topic.
+
+The file is small JSON, rewritten whole on every answer: read, update, write to a temporary file in the
+same folder, fsync, ``os.replace``. A crash or a second kernel never leaves half a file behind; two
+kernels answering at the same moment may lose one answer, never the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from jupyter_core.paths import jupyter_data_dir
+
+from .model import Question
+from .topics import TOPICS
+
+__all__ = ["ENV_VAR", "Progress", "QuestionRecord", "Summary", "TopicMastery", "progress_path"]
+
+#: Set to a file, or to a folder that holds ``quiz-progress.json``, to keep progress elsewhere (tests do).
+ENV_VAR = "DISTLAB_QUIZ_PROGRESS"
+_FILE_NAME = "quiz-progress.json"
+_VERSION = 1
+
+
+def progress_path() -> Path:
+    """Where progress is kept: ``$DISTLAB_QUIZ_PROGRESS``, else ``<jupyter data dir>/distlab/quiz-progress.json``."""
+    override = os.environ.get(ENV_VAR)
+    if override:
+        path = Path(override).expanduser()
+        return path / _FILE_NAME if path.is_dir() else path
+    return Path(jupyter_data_dir()) / "distlab" / _FILE_NAME
+
+
+@dataclass
+class QuestionRecord:
+    """A learner's history with one question."""
+
+    attempts: int = 0
+    right: int = 0
+    last_right: bool = False
+    last_seen: float = 0.0  # Unix time
+
+
+class Progress:
+    """The progress file, read when made; :meth:`record` re-reads it first so other kernels' answers stay."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or progress_path()
+        self.records = _read(self.path)
+
+    def record(self, question_id: str, correct: bool) -> QuestionRecord:
+        """Count one answer to ``question_id`` and save at once."""
+        self.records = _read(self.path)
+        entry = self.records.setdefault(question_id, QuestionRecord())
+        entry.attempts += 1
+        entry.right += int(correct)
+        entry.last_right = correct
+        entry.last_seen = time.time()
+        _write_atomically(
+            self.path, {"version": _VERSION, "questions": {k: asdict(v) for k, v in self.records.items()}}
+        )
+        return entry
+
+    def mastered(self, question_id: str) -> bool:
+        """A question is mastered when its last answer was right."""
+        entry = self.records.get(question_id)
+        return bool(entry and entry.last_right)
+
+    def summary(self, questions: Iterable[Question]) -> Summary:
+        """Mastery of each topic over ``questions`` (the bank)."""
+        by_topic: dict[str, list[Question]] = {topic: [] for topic in TOPICS}
+        for question in questions:
+            by_topic.setdefault(question.topic, []).append(question)
+        rows = tuple(
+            TopicMastery(
+                topic=topic,
+                title=TOPICS.get(topic, topic),
+                questions=len(qs),
+                answered=sum(q.id in self.records for q in qs),
+                mastered=sum(self.mastered(q.id) for q in qs),
+            )
+            for topic, qs in by_topic.items()
+        )
+        return Summary(path=self.path, topics=rows)
+
+
+def _read(path: Path) -> dict[str, QuestionRecord]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        # A quiz is still worth taking when its progress cannot be kept; saving will say so too.
+        warnings.warn(
+            f"cannot read quiz progress from {path} ({error}); set {ENV_VAR} to a writable file", stacklevel=3
+        )
+        return {}
+    try:
+        data = json.loads(text)
+        return {str(k): QuestionRecord(**v) for k, v in data["questions"].items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        # Keep the unreadable file for a person to look at, and start afresh rather than block the quiz.
+        kept = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+        os.replace(path, kept)
+        warnings.warn(
+            f"quiz progress in {path} was unreadable ({error}); moved to {kept}, starting afresh", stacklevel=3
+        )
+        return {}
+
+
+def _write_atomically(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(data, file, indent=1, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class TopicMastery:
+    """One topic's line of the summary."""
+
+    topic: str
+    title: str
+    questions: int
+    answered: int
+    mastered: int
+
+    @property
+    def mastery(self) -> float:
+        """Share of the topic's questions whose last answer was right (0.0 to 1.0)."""
+        return self.mastered / self.questions if self.questions else 0.0
+
+
+@dataclass(frozen=True, repr=False)
+class Summary:
+    """Mastery per topic; its text form is a table."""
+
+    path: Path
+    topics: tuple[TopicMastery, ...]
+
+    def __getitem__(self, topic: str) -> TopicMastery:
+        for row in self.topics:
+            if row.topic == topic:
+                return row
+        raise KeyError(f"no topic {topic!r}; topics: {', '.join(TOPICS)}")
+
+    def __str__(self) -> str:
+        width = max(len(row.topic) for row in self.topics)
+        lines = [f"Quiz progress ({self.path})", f" #  {'topic':<{width}}  answered  mastered"]
+        for number, row in enumerate(self.topics, 1):
+            answered = f"{row.answered}/{row.questions}"
+            lines.append(f"{number:>2}  {row.topic:<{width}}  {answered:>8}  {row.mastery:>8.0%}")
+        return "\n".join(lines)
+
+    # IPython shows the repr: the table reads the same in a notebook, a terminal and a log.
+    __repr__ = __str__
