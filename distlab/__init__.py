@@ -30,14 +30,17 @@ __all__ = [
     "__version__",
     "current_lab",
     "load_ipython_extension",
+    "log",
     "start",
     "unload_ipython_extension",
+    "watch",
 ]
 
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .lab import Lab, start
     from .magics import current_lab
+    from .telemetry import log, watch
 
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
@@ -48,6 +51,8 @@ _LAZY = {
     "DistlabError": "errors",
     "LabUsageError": "errors",
     "RankError": "errors",
+    "watch": "telemetry",
+    "log": "telemetry",
 }
 _SUBMODULES = ("theory", "quiz", "lab", "errors", "bootstrap", "magics")
 

@@ -8,6 +8,7 @@ already loaded by the time the client asks for anything. It never imports the cl
 from __future__ import annotations
 
 import ast
+import contextlib
 import linecache
 import os
 import socket
@@ -235,20 +236,41 @@ def check_group(timeout_s: float) -> str:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def abort_group() -> bool:
-    """Tear down this rank's process group, closing its connections.
+def abort_group(peer_pids: list[int] | tuple[int, ...] = ()) -> bool:
+    """Tear down this rank's process group and its connections to the ranks in ``peer_pids``.
 
-    Peers blocked in a collective with this rank then fail at once instead of waiting out
-    the timeout, which is how a stuck cell is released.
+    Peers blocked in a collective with this rank then fail at once instead of waiting out the
+    timeout, which is how a stuck cell is released. ``destroy_process_group`` alone is not
+    enough: a DDP model keeps the group, and its sockets, alive (measured: the peer waited the
+    full timeout, and gloo's ``abort()``/``shutdown()`` did not help either). So the connections
+    to the peer processes on this host are shut down at the socket level, as if this rank had
+    died, while this process and its namespace live on.
     """
-    global _store
     was_up = dist.is_initialized()
     if was_up:
-        try:
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a broken group may fail to tear down; it is gone either way
-            pass
+    _shutdown_connections_to(set(peer_pids))
     return was_up
+
+
+def _shutdown_connections_to(peer_pids: set[int]) -> int:
+    if not peer_pids:
+        return 0
+    import psutil
+
+    me = os.getpid()
+    connections = psutil.net_connections(kind="tcp")
+    owner = {(c.laddr.ip, c.laddr.port): c.pid for c in connections if c.pid and c.laddr}
+    closed = 0
+    for c in connections:
+        if c.pid != me or c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
+            continue
+        if owner.get((c.raddr.ip, c.raddr.port)) in peer_pids:
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(c.fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)  # shutdown acts on the socket, not just this fd
+                closed += 1
+    return closed
 
 
 def rebuild_group(master_port: int) -> dict[str, Any]:

@@ -166,6 +166,7 @@ class Lab:
         self.timings: dict[str, float] = {}
         self._phase_start = 0.0
         self._listeners: list[Callable[[dict[int, Any], bool], None]] = []
+        self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -195,7 +196,8 @@ class Lab:
             # starting only once the controller is up: their Python start-up overlaps its own.
             send_engines_connection_env=False,
             engine_timeout=max(1, int(self.timeout)),
-            log_level=logging.WARNING,
+            # distlab reports dead ranks itself; ipyparallel's warnings would dump engine logs.
+            log_level=logging.ERROR,
         )
         _register_atexit()
         _live_labs.add(self)
@@ -644,7 +646,10 @@ class Lab:
 
     def _abort_group_on_free_ranks(self, running: list[int], outcome: _CellOutcome) -> None:
         free = [r for r in range(self.world_size) if r not in running]
-        aborts = [self._on(self._table[r].engine_id, "abort_group") for r in free]
+        here = self._table[free[0]].host if free else ""
+        # Connections to stuck ranks on the same host are shut down too (see bootstrap.abort_group).
+        stuck_pids = [self._table[r].pid for r in running if self._table[r].host == here]
+        aborts = [self._on(self._table[r].engine_id, "abort_group", stuck_pids) for r in free]
         for ar in aborts:
             with contextlib.suppress(Exception):
                 ar.get(timeout=0.5)
@@ -670,6 +675,29 @@ class Lab:
         Telemetry and the dashboard feed on this; a listener must be quick and must not raise.
         """
         self._listeners.append(listener)
+
+    @property
+    def telemetry(self) -> Any:
+        """What ``distlab.watch(model)`` publishes on the ranks: ``lab.telemetry.records()``.
+
+        A ``distlab.dashboard.TelemetryStore``, made and fed from the first use on; it also picks up
+        what earlier cells of this lab published.
+        """
+        if self._telemetry is None:
+            from .dashboard.store import TelemetryStore
+
+            store = TelemetryStore(self.world_size)
+            if self._client is not None:
+                store.backfill(list(self._client.metadata.values()))
+            self.add_listener(store.on_poll)
+            self._telemetry = store
+        return self._telemetry
+
+    def dashboard(self) -> Any:
+        """The live dashboard of this lab's telemetry (ipywidgets + plotly); one per lab."""
+        from .dashboard.view import dashboard_for
+
+        return dashboard_for(self.telemetry)
 
     def _emit(self, pending: dict[int, Any], printer: RankPrinter | None, final: bool = False) -> None:
         for listener in self._listeners:
@@ -701,6 +729,12 @@ class Lab:
                 outcome.failures[rank] = RankFailure(rank, err["ename"], err["evalue"], err["traceback"])
             else:
                 outcome.values[rank] = result.get("value", result.get("repr"))
+        # A rank's reply can overtake its last output (they travel on different channels).
+        output_deadline = time.monotonic() + 1.0
+        for ar in pending.values():
+            if ar.ready():
+                with contextlib.suppress(Exception):
+                    ar.wait_for_output(timeout=max(0.0, output_deadline - time.monotonic()))
         for rank in outcome.stopped:
             # Say why distlab stopped the rank; what it was doing stays in the message.
             was = outcome.failures.get(rank)

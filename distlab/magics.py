@@ -159,7 +159,10 @@ class DistMagics(Magics):
             selected = lab.ranks(args.ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
-        result = lab.run(cell, ranks=selected, timeout=args.timeout, want="repr")
+        from .dashboard.autoshow import autoshow
+
+        with autoshow(lab):  # the dashboard appears if the cell watches a model
+            result = lab.run(cell, ranks=selected, timeout=args.timeout, want="repr")
         for rank, shown in result.items():
             if shown is not None:
                 print(f"Out[rank {rank}]: {shown}")

@@ -68,6 +68,10 @@ def test_output_is_streamed_labelled_by_rank_while_the_cell_runs(lab, capsys):
 
 
 def test_lines_are_prefixed_with_their_rank(lab, capsys):
+    for _ in range(5):  # each rank's last line must arrive even when its reply overtakes it
+        lab.run("print('a', rank)\nprint('b', rank)")
+        lines = capsys.readouterr().out.splitlines()
+        assert sorted(lines) == ["[rank 0] a 0", "[rank 0] b 0", "[rank 1] a 1", "[rank 1] b 1"]
     lab.run("print('a', rank)\nprint('b', rank)")
     lines = capsys.readouterr().out.splitlines()
     for rank in (0, 1):
@@ -130,6 +134,21 @@ def test_a_rank_failing_before_a_collective_releases_the_others_and_the_group_is
         0: 3.0,
         1: 3.0,
     }
+
+
+def test_ranks_waiting_on_a_failed_rank_are_released_even_when_a_ddp_model_holds_the_group(lab):
+    lab.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "held = DDP(torch.nn.Linear(2, 2))\nkeep_me = 41", stream=False)
+    pids = [row.pid for row in lab.status()]
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        lab.run("if rank == 0:\n    raise KeyError('no such batch')\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False)
+    assert time.monotonic() - t0 < 3
+    assert info.value.failures[1].ename == "Stopped"
+    assert not any("killed" in note or "restarted" in note for note in info.value.notes)
+    assert [row.pid for row in lab.status()] == pids  # same processes: nothing was killed
+    assert dict(lab.run("keep_me + 1", stream=False)) == {0: 42, 1: 42}  # namespaces kept
+    assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
 
 
 def test_a_cell_past_its_deadline_is_stopped_on_every_rank(lab):
