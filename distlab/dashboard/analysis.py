@@ -1,0 +1,342 @@
+"""What the records say, as plain data: stragglers, replica divergence, the link's fitted model,
+the step-by-step trace. Pure functions of ``TelemetryStore.records()`` and ``meta()``; the figures
+only draw what these return, and tests check these directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import theory
+
+__all__ = [
+    "Divergence",
+    "LinkModel",
+    "Straggler",
+    "TraceRow",
+    "complete_steps",
+    "divergence",
+    "link_model",
+    "stragglers",
+    "summary",
+    "trace_rows",
+]
+
+Record = dict[str, Any]
+
+
+def complete_steps(records: Sequence[Record], ranks: Sequence[int]) -> list[int]:
+    """Steps recorded by every one of ``ranks``, in order."""
+    seen: dict[int, set[int]] = defaultdict(set)
+    for rec in records:
+        seen[rec["step"]].add(rec["rank"])
+    want = set(ranks)
+    return sorted(step for step, have in seen.items() if want <= have)
+
+
+# ---------------------------------------------------------------------------------- stragglers
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """In one all-reduce, the rank the others waited for, and how long they waited."""
+
+    step: int
+    bucket: int
+    rank: int
+    lag_s: float
+
+
+def stragglers(records: Sequence[Record], min_lag_s: float = 0.002, min_fraction: float = 0.5) -> list[Straggler]:
+    """All-reduces where one rank arrived late enough to make the others wait.
+
+    An all-reduce ends at about the same moment on every rank, so a rank's time in it is how long
+    it waited plus the transfer. The rank with the shortest time arrived last; the others' extra
+    time is the lag. Clock-free: it compares durations, never timestamps across hosts. A lag counts
+    when it is at least ``min_lag_s`` and ``min_fraction`` of the longest time.
+    """
+    times: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    for rec in records:
+        for b in rec.get("allreduce") or ():
+            times[(rec["step"], b["bucket"])][rec["rank"]] = b["seconds"]
+    found = []
+    for (step, bucket), by_rank in sorted(times.items()):
+        if len(by_rank) < 2:
+            continue
+        slowest = max(by_rank.values())
+        late_rank = min(by_rank, key=lambda r: by_rank[r])
+        lag = slowest - by_rank[late_rank]
+        if lag >= min_lag_s and lag >= min_fraction * slowest:
+            found.append(Straggler(step, bucket, late_rank, lag))
+    return found
+
+
+# ---------------------------------------------------------------------------------- divergence
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Whether the replicas' weights still agree, and if not where, since when and why."""
+
+    diverged: bool
+    message: str
+    checked_steps: int = 0
+    first_step: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
+    cause: str | None = None
+    started_apart: bool = False
+    #: Steps whose checksums differ across ranks.
+    mismatch_steps: list[int] = field(default_factory=list)
+    #: {rank: [(step, |W_rank| / |W_ref| - 1)]} at sampled steps: how far apart, not just whether.
+    spread: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+
+
+_CAUSE_START = (
+    "the replicas started from different weights: seed every rank the same (torch.manual_seed) "
+    "or broadcast rank {ref}'s weights (DDP does this when it wraps the model)"
+)
+_CAUSE_NO_AVERAGE = (
+    "the replicas started equal and drifted apart: gradients are not averaged across ranks; wrap the "
+    "model in DDP, or all-reduce the gradients and divide by world_size before the update"
+)
+_CAUSE_DDP = (
+    "DDP keeps replicas equal, so something changed weights outside it: an update on some ranks only, "
+    "or parameters edited by hand"
+)
+
+
+def divergence(records: Sequence[Record], meta: dict[int, dict[str, Any]]) -> Divergence:
+    """Compare the ranks' exact checksums; name the ranks, the layers, the first step and the cause."""
+    ranks = sorted({rec["rank"] for rec in records} | set(meta))
+    if len(ranks) < 2:
+        return Divergence(False, "one rank: nothing to compare")
+    ref = ranks[0]
+    by_step: dict[int, dict[int, Record]] = defaultdict(dict)
+    for rec in records:
+        by_step[rec["step"]][rec["rank"]] = rec
+
+    start_layers: set[str] = set()
+    start_ranks: set[int] = set()
+    ref_start = (meta.get(ref) or {}).get("initial_checksums")
+    for r in ranks[1:]:
+        theirs = (meta.get(r) or {}).get("initial_checksums")
+        if ref_start and theirs:
+            differing = {name for name in ref_start if theirs.get(name) != ref_start[name]}
+            if differing:
+                start_layers |= differing
+                start_ranks.add(r)
+
+    checked, mismatches = 0, []
+    bad_ranks: set[int] = set(start_ranks)
+    bad_layers: set[str] = set(start_layers)
+    for step in sorted(by_step):
+        recs = by_step[step]
+        if ref not in recs or recs[ref].get("checksum") is None:
+            continue
+        others = [r for r in ranks[1:] if r in recs and recs[r].get("checksum") is not None]
+        if not others:
+            continue
+        checked += 1
+        ref_layers = recs[ref].get("layer_checksums") or {}
+        step_bad = False
+        for r in others:
+            if recs[r]["checksum"] != recs[ref]["checksum"]:
+                step_bad = True
+                bad_ranks.add(r)
+                theirs = recs[r].get("layer_checksums") or {}
+                bad_layers |= {name for name in ref_layers if theirs.get(name) != ref_layers[name]}
+        if step_bad:
+            mismatches.append(step)
+
+    spread = _weight_spread(by_step, ranks)
+    layer_order = list((meta.get(ref) or {}).get("layers") or sorted(bad_layers))
+    layers = [name for name in layer_order if name in bad_layers]
+    if not mismatches and not start_ranks:
+        if checked == 0:
+            return Divergence(False, "replicas: no checksums compared yet", spread=spread)
+        return Divergence(
+            False, f"replicas agree: checksums equal on all {len(ranks)} ranks at {checked} steps",
+            checked_steps=checked, spread=spread,
+        )
+    if start_ranks:
+        cause, first = _CAUSE_START.format(ref=ref), (mismatches[0] if mismatches else None)
+    elif not all((meta.get(r) or {}).get("ddp") for r in ranks):
+        cause, first = _CAUSE_NO_AVERAGE, mismatches[0]
+    else:
+        cause, first = _CAUSE_DDP, mismatches[0]
+    when = "from the start" if start_ranks else f"since step {first}"
+    total = len((meta.get(ref) or {}).get("layers") or layers)
+    message = (
+        f"replicas diverge: rank {_ranks_text(sorted(bad_ranks))} differ{'s' if len(bad_ranks) == 1 else ''} "
+        f"from rank {ref} in {len(layers)} of {total} layers ({', '.join(layers[:6])}"
+        f"{', ...' if len(layers) > 6 else ''}) {when}: {cause}"
+    )
+    return Divergence(
+        True, message, checked_steps=checked, first_step=first, ranks=sorted(bad_ranks), layers=layers,
+        cause=cause, started_apart=bool(start_ranks), mismatch_steps=mismatches, spread=spread,
+    )
+
+
+def _weight_spread(by_step: dict[int, dict[int, Record]], ranks: list[int]) -> dict[int, list[tuple[int, float]]]:
+    ref = ranks[0]
+    spread: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}
+    for step in sorted(by_step):
+        recs = by_step[step]
+        base = _total_norm(recs.get(ref))
+        if not base:
+            continue
+        for r in ranks:
+            norm = _total_norm(recs.get(r))
+            if norm is not None:
+                spread[r].append((step, norm / base - 1.0))
+    return spread
+
+
+def _total_norm(rec: Record | None) -> float | None:
+    norms = (rec or {}).get("weight_norm") or {}
+    return math.sqrt(sum(v * v for v in norms.values())) if norms else None
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+# ---------------------------------------------------------------------------------- link model
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Measured all-reduce bus bandwidth against the ring model fitted to the same measurements."""
+
+    #: (bytes, busbw in bytes/s) per all-reduce, from its fastest rank.
+    points: list[tuple[int, float]]
+    fit: theory.LatencyBandwidthFit | None
+    #: (bytes, busbw the fitted ring model predicts), across the measured sizes.
+    line: list[tuple[float, float]]
+    message: str
+
+
+def link_model(records: Sequence[Record], world_size: int, max_points: int = 400) -> LinkModel:
+    """Fit ``theory.fit_latency_bandwidth`` to the recorded buckets and draw its busbw curve.
+
+    Each all-reduce counts once, with its shortest time over the ranks: the last rank to arrive did
+    not wait, so its time is closest to the transfer alone.
+    """
+    fastest: dict[tuple[int, int], tuple[int, float]] = {}
+    for rec in records:
+        for b in rec.get("allreduce") or ():
+            key = (rec["step"], b["bucket"])
+            if b["seconds"] > 0 and (key not in fastest or b["seconds"] < fastest[key][1]):
+                fastest[key] = (b["bytes"], b["seconds"])
+    timings = [fastest[k] for k in sorted(fastest)][-max_points:]
+    if world_size < 2 or not timings:
+        return LinkModel([], None, [], "busbw: no all-reduce timed yet")
+    points = [(size, theory.busbw_bytes_per_s(size, t, world_size)) for size, t in timings]
+    try:
+        fit = theory.fit_latency_bandwidth(timings, workers=world_size)
+    except ValueError as exc:
+        return LinkModel(points, None, [], f"busbw (ring model not fitted: {exc})")
+    low = max(1.0, min(s for s, _ in timings) / 2)
+    high = max(s for s, _ in timings) * 2
+    sizes = [low * (high / low) ** (i / 40) for i in range(41)]
+    line = [(s, theory.busbw_bytes_per_s(s, fit.allreduce_time_s(s, world_size), world_size)) for s in sizes]
+    message = (
+        f"busbw vs ring model: latency {fit.latency_s * 1e6:.0f} us, "
+        f"bandwidth {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+    )
+    return LinkModel(points, fit, line, message)
+
+
+# ---------------------------------------------------------------------------------- trace
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One line of the training round as a table (CURRICULUM topic 2)."""
+
+    step: int
+    epoch: str
+    rank: int
+    action: str
+    local: str
+    world: str
+
+
+def trace_rows(records: Sequence[Record], ranks: Sequence[int], last_steps: int = 2) -> list[TraceRow]:
+    """The last ``last_steps`` steps every rank finished, three actions per rank per step."""
+    by_key = {(rec["step"], rec["rank"]): rec for rec in records}
+    steps = complete_steps(records, ranks)[-last_steps:]
+    world = len(ranks)
+    rows = []
+    for step in steps:
+        recs = [by_key[(step, r)] for r in ranks]
+        sums = {rec.get("checksum") for rec in recs}
+        for rec in recs:
+            epoch = "" if rec.get("epoch") is None else str(rec["epoch"])
+            rank = rec["rank"]
+            loss = rec.get("loss")
+            grad = _total_norm({"weight_norm": rec.get("grad_norm")})
+            local = (f"loss {loss:.4g}" if loss is not None else "loss not logged") + (
+                f", grad norm {grad:.3g}" if grad is not None else ""
+            )
+            rows.append(TraceRow(step, epoch, rank, "forward + backward on its own batch", local,
+                                 f"{world} ranks, one model each"))
+            buckets = rec.get("allreduce") or []
+            if buckets:
+                size = sum(b["bytes"] for b in buckets)
+                rows.append(TraceRow(
+                    step, epoch, rank, f"all-reduce gradients ({len(buckets)} buckets, {size / 1e6:.2f} MB)",
+                    f"waited {rec.get('comm_s', 0.0) * 1e3:.1f} ms after backward",
+                    f"gradients averaged over {world} ranks",
+                ))
+            else:
+                rows.append(TraceRow(step, epoch, rank, "no gradient exchange", "its own gradients only",
+                                     "each rank keeps different gradients"))
+            ratio = rec.get("update_ratio") or {}
+            local_update = (
+                f"update/weight {max(ratio.values()):.2e} (largest layer)" if ratio
+                else f"step took {rec.get('step_time_s', 0.0) * 1e3:.1f} ms"
+            )
+            if rec.get("checksum") is None or None in sums:
+                state = "replicas not compared this step"
+            elif len(sums) == 1:
+                state = "replicas identical (checksums equal)"
+            else:
+                state = "replicas differ (checksums differ)"
+            rows.append(TraceRow(step, epoch, rank, "optimizer update", local_update, state))
+    return rows
+
+
+# ---------------------------------------------------------------------------------- summary
+
+
+def summary(records: Sequence[Record], meta: dict[int, dict[str, Any]], world_size: int) -> list[str]:
+    """A few lines of plain text that say what the dashboard shows: its static snapshot."""
+    if not records:
+        return ["distlab dashboard: no telemetry yet (call distlab.watch(model) in a %%ddp cell)"]
+    ranks = sorted({rec["rank"] for rec in records})
+    last = max(rec["step"] for rec in records)
+    lines = [f"distlab dashboard: {len(ranks)} ranks, steps 0-{last}"]
+    for r in ranks:
+        mine = [rec for rec in records if rec["rank"] == r]
+        losses = [rec["loss"] for rec in mine if rec.get("loss") is not None]
+        times = sorted(rec["step_time_s"] for rec in mine)
+        comm = sorted(rec["comm_s"] for rec in mine)
+        median = times[len(times) // 2] * 1e3
+        text = f"  rank {r}: loss {losses[-1]:.4g}" if losses else f"  rank {r}: loss not logged"
+        lines.append(f"{text}, step {median:.1f} ms (median), exposed all-reduce {comm[len(comm) // 2] * 1e3:.1f} ms")
+    lines.append("  " + divergence(records, meta).message)
+    lines.append("  " + link_model(records, world_size).message)
+    late = stragglers(records)
+    if late:
+        counts: dict[int, int] = defaultdict(int)
+        for s in late:
+            counts[s.rank] += 1
+        worst = max(counts, key=lambda r: counts[r])
+        lines.append(f"  stragglers: rank {worst} arrived last in {counts[worst]} all-reduces")
+    return lines

@@ -1,0 +1,42 @@
+"""Show the dashboard in a ``%%ddp`` cell's output as soon as its ranks publish telemetry.
+
+Only the store is imported here: a ``%%ddp`` cell that watches nothing pays for no widget or
+plotting import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["autoshow"]
+
+
+@contextlib.contextmanager
+def autoshow(lab: Any) -> Iterator[None]:
+    """While the block runs, display ``lab.dashboard()`` the first time new telemetry arrives; when
+    it ends, redraw it and refresh the output, so the saved notebook holds the final state."""
+    store = lab.telemetry
+    start = store.version
+    shown: list[Any] = []  # [dashboard, display handle] once displayed
+
+    def on_change(final: bool) -> None:
+        if shown or store.version == start or not len(store):
+            return
+        from IPython.display import display
+
+        board = lab.dashboard()
+        board.refresh(force=True)
+        shown.extend([board, display(board, display_id=True)])
+
+    store.subscribe(on_change)
+    try:
+        yield
+    finally:
+        store.unsubscribe(on_change)
+        if shown:
+            board, handle = shown
+            board.refresh(force=True)
+            if handle is not None:
+                handle.update(board)

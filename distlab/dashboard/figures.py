@@ -1,0 +1,206 @@
+"""The dashboard's plotly figures: each made once with its traces, then redrawn in one ``batch_update``.
+
+A ``make_*`` function builds a ``FigureWidget`` with every trace it will ever need (adding traces
+later costs widget messages); the matching ``draw_*`` sets their data from analysis results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from .analysis import Divergence, LinkModel, Record, Straggler, TraceRow
+
+__all__ = [
+    "draw_divergence",
+    "draw_heatmap",
+    "draw_link",
+    "draw_loss",
+    "draw_timeline",
+    "draw_trace",
+    "make_divergence",
+    "make_heatmap",
+    "make_link",
+    "make_loss",
+    "make_timeline",
+    "make_trace",
+]
+
+_HEIGHT = 300
+_MARGIN = {"l": 50, "r": 20, "t": 40, "b": 40}
+_STRAGGLER = "crimson"
+TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
+
+
+def _color(rank: int) -> str:
+    palette = qualitative.Plotly
+    return palette[rank % len(palette)]
+
+
+def _figure(title: str, traces: list[Any], **layout: Any) -> go.FigureWidget:
+    settings: dict[str, Any] = {"title": {"text": title, "font": {"size": 13}}, "height": _HEIGHT,
+                                "margin": _MARGIN, "template": "plotly_white"}
+    settings.update(layout)
+    fig = go.FigureWidget(data=traces)
+    fig.update_layout(**settings)
+    return fig
+
+
+# ---------------------------------------------------------------------------------- loss
+
+
+def make_loss(world_size: int) -> go.FigureWidget:
+    traces = [go.Scatter(x=[], y=[], mode="lines", name=f"rank {r}", line={"color": _color(r)})
+              for r in range(world_size)]
+    return _figure("loss per rank", traces, xaxis_title="step", yaxis_title="loss")
+
+
+def draw_loss(fig: go.FigureWidget, records: Sequence[Record], world_size: int) -> None:
+    series: dict[int, tuple[list[int], list[float]]] = {r: ([], []) for r in range(world_size)}
+    for rec in records:
+        if rec.get("loss") is not None and rec["rank"] in series:
+            series[rec["rank"]][0].append(rec["step"])
+            series[rec["rank"]][1].append(rec["loss"])
+    with fig.batch_update():
+        for r, (xs, ys) in series.items():
+            fig.data[r].x, fig.data[r].y = xs, ys
+
+
+# ---------------------------------------------------------------------------------- timeline
+
+
+def make_timeline(world_size: int) -> go.FigureWidget:
+    bars = go.Bar(x=[], y=[], base=[], orientation="h", name="all-reduce", opacity=0.75,
+                  marker={"color": [], "colorscale": "Viridis", "line": {"color": [], "width": []}},
+                  hovertemplate="%{hovertext}<extra></extra>", hovertext=[])
+    late = go.Scatter(x=[], y=[], mode="markers", name="straggler (others waited for it)",
+                      marker={"symbol": "x", "size": 10, "color": _STRAGGLER})
+    fig = _figure("all-reduce timeline per rank and bucket", [bars, late], barmode="overlay",
+                  xaxis_title="seconds", showlegend=True,
+                  legend={"orientation": "h", "y": -0.25})
+    fig.update_yaxes(categoryorder="array", categoryarray=[f"rank {r}" for r in range(world_size)])
+    return fig
+
+
+def draw_timeline(fig: go.FigureWidget, records: Sequence[Record], late: Sequence[Straggler], steps: int = 5) -> None:
+    """The buckets of the last ``steps`` steps, on each rank's wall clock (ranks on one host share it)."""
+    shown = sorted({rec["step"] for rec in records if rec.get("allreduce")})[-steps:]
+    recs = [rec for rec in records if rec["step"] in set(shown)]
+    origin = min((rec["t"] for rec in recs), default=0.0)
+    flagged = {(s.step, s.bucket, s.rank) for s in late}
+    xs, ys, bases, colors, lines, widths, hover = [], [], [], [], [], [], []
+    late_x, late_y = [], []
+    for rec in recs:
+        for b in rec["allreduce"]:
+            start = rec["t"] - origin + b["start_s"]
+            is_late = (rec["step"], b["bucket"], rec["rank"]) in flagged
+            xs.append(b["seconds"])
+            ys.append(f"rank {rec['rank']}")
+            bases.append(start)
+            colors.append(b["bucket"])
+            lines.append(_STRAGGLER if is_late else "rgba(0,0,0,0)")
+            widths.append(2 if is_late else 0)
+            hover.append(f"step {rec['step']}, bucket {b['bucket']}: {b['bytes'] / 1e6:.2f} MB "
+                         f"in {b['seconds'] * 1e3:.2f} ms on rank {rec['rank']}")
+            if is_late:
+                late_x.append(start + b["seconds"])
+                late_y.append(f"rank {rec['rank']}")
+    with fig.batch_update():
+        bars, marks = fig.data
+        bars.x, bars.y, bars.base, bars.hovertext = xs, ys, bases, hover
+        bars.marker.color, bars.marker.line.color, bars.marker.line.width = colors, lines, widths
+        marks.x, marks.y = late_x, late_y
+        fig.layout.title.text = (f"all-reduce timeline, steps {shown[0]}-{shown[-1]}: "
+                                 f"{len(late_x)} late arrivals" if shown else "all-reduce timeline: none timed yet")
+
+
+# ---------------------------------------------------------------------------------- heatmap
+
+
+def make_heatmap() -> go.FigureWidget:
+    heat = go.Heatmap(z=[], x=[], y=[], colorscale="Blues", colorbar={"title": {"text": "grad norm"}},
+                      hovertemplate="%{y}, %{x}: %{z:.4g}<extra></extra>")
+    return _figure("gradient norm by layer and rank", [heat], yaxis={"autorange": "reversed"})
+
+
+def draw_heatmap(fig: go.FigureWidget, records: Sequence[Record], layers: Sequence[str], ranks: Sequence[int]) -> None:
+    """The latest step at which every rank has per-layer gradient norms."""
+    by_step: dict[int, dict[int, dict[str, float]]] = {}
+    for rec in records:
+        if rec.get("grad_norm"):
+            by_step.setdefault(rec["step"], {})[rec["rank"]] = rec["grad_norm"]
+    full = [s for s, got in by_step.items() if all(r in got for r in ranks)]
+    with fig.batch_update():
+        if not full or not ranks:
+            fig.data[0].z, fig.data[0].x, fig.data[0].y = [], [], []
+            return
+        step = max(full)
+        names = list(layers) or sorted({n for g in by_step[step].values() for n in g})
+        fig.data[0].z = [[by_step[step][r].get(name) for r in ranks] for name in names]
+        fig.data[0].x = [f"rank {r}" for r in ranks]
+        fig.data[0].y = names
+        fig.layout.title.text = f"gradient norm by layer and rank, step {step}"
+
+
+# ---------------------------------------------------------------------------------- divergence
+
+
+def make_divergence(world_size: int) -> go.FigureWidget:
+    traces: list[Any] = [go.Scatter(x=[], y=[], mode="lines+markers", name=f"rank {r}", line={"color": _color(r)})
+                         for r in range(world_size)]
+    traces.append(go.Scatter(x=[], y=[], mode="markers", name="checksums differ",
+                             marker={"symbol": "x", "size": 9, "color": _STRAGGLER}))
+    return _figure("replica divergence", traces, xaxis_title="step",
+                   yaxis_title="|W_rank| / |W_rank0| - 1", legend={"orientation": "h", "y": -0.25})
+
+
+def draw_divergence(fig: go.FigureWidget, verdict: Divergence, world_size: int) -> None:
+    with fig.batch_update():
+        for r in range(world_size):
+            points = verdict.spread.get(r, [])
+            fig.data[r].x = [s for s, _ in points]
+            fig.data[r].y = [v for _, v in points]
+        fig.data[world_size].x = list(verdict.mismatch_steps)
+        fig.data[world_size].y = [0.0] * len(verdict.mismatch_steps)
+        short = verdict.message if len(verdict.message) <= 90 else verdict.message.split(":")[0]
+        fig.layout.title.text = short
+        fig.layout.title.font.color = _STRAGGLER if verdict.diverged else None
+
+
+# ---------------------------------------------------------------------------------- busbw
+
+
+def make_link() -> go.FigureWidget:
+    measured = go.Scatter(x=[], y=[], mode="markers", name="measured", marker={"size": 6, "opacity": 0.6})
+    model = go.Scatter(x=[], y=[], mode="lines", name="ring model (fitted)", line={"color": "black"})
+    return _figure("busbw vs ring model", [measured, model], xaxis={"type": "log", "title": {"text": "bucket bytes"}},
+                   yaxis_title="busbw (GB/s)", legend={"orientation": "h", "y": -0.25})
+
+
+def draw_link(fig: go.FigureWidget, link: LinkModel) -> None:
+    with fig.batch_update():
+        fig.data[0].x = [s for s, _ in link.points]
+        fig.data[0].y = [b / 1e9 for _, b in link.points]
+        fig.data[1].x = [s for s, _ in link.line]
+        fig.data[1].y = [b / 1e9 for _, b in link.line]
+        fig.layout.title.text = link.message
+
+
+# ---------------------------------------------------------------------------------- trace
+
+
+def make_trace() -> go.FigureWidget:
+    table = go.Table(header={"values": list(TRACE_COLUMNS), "align": "left"},
+                     cells={"values": [[] for _ in TRACE_COLUMNS], "align": "left"},
+                     columnwidth=[0.6, 0.6, 0.6, 3, 3, 3])
+    return _figure("the training round, step by step", [table], height=380)
+
+
+def draw_trace(fig: go.FigureWidget, rows: Sequence[TraceRow]) -> None:
+    columns = [[r.step for r in rows], [r.epoch for r in rows], [r.rank for r in rows],
+               [r.action for r in rows], [r.local for r in rows], [r.world for r in rows]]
+    with fig.batch_update():
+        fig.data[0].cells.values = columns

@@ -1,0 +1,202 @@
+"""The live dashboard: an ipywidgets layout of plotly FigureWidgets fed by a TelemetryStore.
+
+Redraws are throttled so a fast training loop cannot flood the front end: at most one refresh
+per ``min_interval_s``, only figures whose data changed, each in one ``batch_update`` (a plotly
+FigureWidget update costs 4 widget messages), within a budget of ``max_messages_per_s`` over any
+one-second window. Figures left over wait for the next refresh, oldest first. When a cell ends
+(``final``), every figure is drawn once more, whatever the budget, so the last state is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import ipywidgets as widgets
+
+from . import analysis, figures
+from .store import TelemetryStore
+
+__all__ = ["Dashboard", "DashboardConfig", "dashboard_for"]
+
+#: Widget messages one FigureWidget ``batch_update`` sends (two edit ids, the update, its reset).
+MESSAGES_PER_FIGURE = 4
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    #: Seconds between refreshes, at least.
+    min_interval_s: float = 0.25
+    #: Widget messages in any one second, at most, while a cell runs (the final redraw excepted).
+    max_messages_per_s: int = 20
+    #: Steps the loss and divergence plots show (the latest).
+    plot_steps: int = 500
+    #: Steps the all-reduce timeline shows.
+    timeline_steps: int = 5
+    #: Steps the trace table shows.
+    trace_steps: int = 2
+
+
+class _Snapshot:
+    """What one refresh reads from the store, each part computed only if a figure needs it."""
+
+    def __init__(self, store: TelemetryStore, config: DashboardConfig) -> None:
+        self.world_size = store.world_size
+        self.meta = store.meta()
+        records = store.records()
+        last = records[-1]["step"] if records else 0
+        self.records = [rec for rec in records if rec["step"] > last - config.plot_steps]
+        self.ranks = sorted({rec["rank"] for rec in self.records})
+        self.config = config
+
+    @cached_property
+    def layers(self) -> list[str]:
+        first = self.meta.get(self.ranks[0]) if self.ranks else None
+        return list((first or {}).get("layers") or [])
+
+    @cached_property
+    def divergence(self) -> analysis.Divergence:
+        return analysis.divergence(self.records, self.meta)
+
+    @cached_property
+    def stragglers(self) -> list[analysis.Straggler]:
+        return analysis.stragglers(self.records)
+
+    @cached_property
+    def link(self) -> analysis.LinkModel:
+        return analysis.link_model(self.records, self.world_size)
+
+    @cached_property
+    def trace(self) -> list[analysis.TraceRow]:
+        return analysis.trace_rows(self.records, self.ranks, self.config.trace_steps)
+
+    def status(self) -> str:
+        if not self.records:
+            return "waiting for telemetry: call distlab.watch(model) on the ranks"
+        last = self.records[-1]["step"]
+        return f"{len(self.ranks)} ranks, step {last}. {self.divergence.message}"
+
+
+class Dashboard(widgets.VBox):
+    """Loss, all-reduce timeline, gradient-norm heatmap, replica divergence, busbw vs the ring model,
+    and the step-by-step trace, live while a cell trains. Made by ``lab.dashboard()``."""
+
+    def __init__(
+        self,
+        store: TelemetryStore,
+        config: DashboardConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.config = config or DashboardConfig()
+        self._clock = clock
+        n = store.world_size
+        self.figures: dict[str, Any] = {
+            "loss": figures.make_loss(n),
+            "timeline": figures.make_timeline(n),
+            "heatmap": figures.make_heatmap(),
+            "divergence": figures.make_divergence(n),
+            "link": figures.make_link(),
+            "trace": figures.make_trace(),
+        }
+        self.status = widgets.Label(value="waiting for telemetry: call distlab.watch(model) on the ranks")
+        grid = widgets.GridBox(
+            children=[self.figures[name] for name in ("loss", "divergence", "timeline", "heatmap", "link", "trace")],
+            layout=widgets.Layout(grid_template_columns="repeat(2, minmax(0, 1fr))", width="100%"),
+        )
+        super().__init__(children=[self.status, grid])
+        self._drawn = {name: -1 for name in self.figures}  # store version each figure shows
+        self._order = list(self.figures)  # least recently drawn first
+        self._sent: deque[tuple[float, int]] = deque()  # (time, messages) over the last second
+        self._last_refresh = float("-inf")
+        #: Widget messages sent by refreshes so far (figures and status).
+        self.messages = 0
+        store.subscribe(self._on_store)
+
+    def _on_store(self, final: bool) -> None:
+        self.refresh(force=final)
+
+    def refresh(self, force: bool = False) -> list[str]:
+        """Redraw what changed, within the rate limits (all of it when ``force``); the names drawn."""
+        now = self._clock()
+        if not force and now - self._last_refresh < self.config.min_interval_s:
+            return []
+        self._last_refresh = now
+        version = self.store.version
+        stale = [name for name in self._order if self._drawn[name] != version]
+        if not stale:
+            return []
+        snap = _Snapshot(self.store, self.config)
+        drawn = []
+        for name in stale:
+            if not force and not self._affordable(now, MESSAGES_PER_FIGURE):
+                break
+            self._draw(name, snap)
+            self._spend(now, MESSAGES_PER_FIGURE)
+            self._drawn[name] = version
+            self._order.remove(name)
+            self._order.append(name)
+            drawn.append(name)
+        text = snap.status()
+        if text != self.status.value and (force or self._affordable(now, 1)):
+            self.status.value = text
+            self._spend(now, 1)
+        return drawn
+
+    def _draw(self, name: str, snap: _Snapshot) -> None:
+        fig = self.figures[name]
+        if name == "loss":
+            figures.draw_loss(fig, snap.records, snap.world_size)
+        elif name == "timeline":
+            figures.draw_timeline(fig, snap.records, snap.stragglers, snap.config.timeline_steps)
+        elif name == "heatmap":
+            figures.draw_heatmap(fig, snap.records, snap.layers, snap.ranks)
+        elif name == "divergence":
+            figures.draw_divergence(fig, snap.divergence, snap.world_size)
+        elif name == "link":
+            figures.draw_link(fig, snap.link)
+        elif name == "trace":
+            figures.draw_trace(fig, snap.trace)
+
+    def _affordable(self, now: float, cost: int) -> bool:
+        while self._sent and self._sent[0][0] <= now - 1.0:
+            self._sent.popleft()
+        return sum(n for _, n in self._sent) + cost <= self.config.max_messages_per_s
+
+    def _spend(self, now: float, cost: int) -> None:
+        self._sent.append((now, cost))
+        self.messages += cost
+
+    def summary(self) -> str:
+        """The dashboard's state in plain text: what a saved or exported notebook keeps."""
+        return "\n".join(analysis.summary(self.store.records(), self.store.meta(), self.store.world_size))
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        # The widget view for live front ends; the full summary, not ipywidgets' 110-character
+        # repr, as text/plain for saved notebooks, nbconvert and nbval.
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):
+            bundle["text/plain"] = self.summary()
+        return bundle
+
+    def close(self) -> None:
+        self.store.unsubscribe(self._on_store)
+        if self.store.view is self:
+            self.store.view = None
+        for fig in self.figures.values():
+            fig.close()
+        super().close()
+
+
+def dashboard_for(store: TelemetryStore, config: DashboardConfig | None = None) -> Dashboard:
+    """The store's dashboard, made on first use (one per lab: every display shows the same widgets)."""
+    existing = store.view
+    if isinstance(existing, Dashboard) and config is None:
+        return existing
+    board = Dashboard(store, config)
+    store.view = board
+    return board

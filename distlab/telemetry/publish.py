@@ -1,0 +1,89 @@
+"""Rate-limited publishing from a rank to the notebook, off the training thread.
+
+The training thread only marks new data; a daemon thread sends at most one ``publish_data`` per
+interval. ipyparallel keeps the latest dict per key on the client (``AsyncResult.data``), so each
+publish carries an overlapping window of recent steps: a publish the client polls too late to see
+loses nothing that the next one does not carry again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["KEY", "Publisher", "engine_sender"]
+
+#: The key of distlab's telemetry in ``AsyncResult.data``.
+KEY = "distlab.telemetry"
+
+Sender = Callable[[dict[str, Any]], None]
+
+
+def engine_sender() -> Sender | None:
+    """ipyparallel's ``publish_data`` when this process is an ipyparallel engine, else None."""
+    try:
+        from IPython import get_ipython
+        from ipyparallel.engine.kernel import IPythonParallelKernel
+    except ImportError:
+        return None
+    shell = get_ipython()
+    if not isinstance(getattr(shell, "kernel", None), IPythonParallelKernel):
+        return None
+    from ipyparallel.datapub import publish_data
+
+    return publish_data  # type: ignore[no-any-return]
+
+
+class Publisher:
+    """Sends ``build(final)`` through ``send`` at most once per ``interval_s``, from a daemon thread.
+
+    Its sends go out on the engine's IOPub thread (thread-safe), under the request the engine is
+    serving, so they reach the cell's AsyncResult while the cell runs.
+    """
+
+    def __init__(self, build: Callable[[bool], dict[str, Any]], send: Sender, interval_s: float) -> None:
+        self._build = build
+        self._send = send
+        self._interval_s = interval_s
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._last_sent = 0.0
+        self.sent = 0
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="distlab-telemetry", daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        """New data: send it within one interval."""
+        self._dirty.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._dirty.wait(timeout=1.0):
+                continue
+            # Rate limit: wait out the rest of the interval (a stop request cuts it short).
+            wait_s = self._last_sent + self._interval_s - time.monotonic()
+            if wait_s > 0 and self._stop.wait(wait_s):
+                return
+            self._dirty.clear()
+            self._publish(final=False)
+
+    def _publish(self, final: bool) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._send({KEY: self._build(final)})
+        except Exception as exc:  # noqa: BLE001 - telemetry must never break training: stop publishing
+            self.error = f"{type(exc).__name__}: {exc}"
+            return
+        self._last_sent = time.monotonic()
+        self.sent += 1
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread, then send everything once more (the whole buffer), from the caller's thread."""
+        self._stop.set()
+        self._dirty.set()
+        self._thread.join(timeout_s)
+        self._publish(final=True)

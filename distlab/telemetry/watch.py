@@ -1,0 +1,371 @@
+"""``distlab.watch(model)``: what one rank records about its training, step by step.
+
+A step begins at the model's forward (with gradients enabled) and closes at the update: the
+``step()`` of a torch optimizer holding the model's parameters or, for weights updated by hand
+(in place, under ``torch.no_grad()``), the next forward. Forwards that find the weights unchanged
+(gradient accumulation) continue the step; forwards without gradients (evaluation) are ignored.
+When a step closes, its record is made:
+
+    rank, step, t (wall clock at the forward), epoch, loss, metrics,
+    step_time_s (forward -> update), compute_s, comm_s (exposed all-reduce), idle_s (before the forward),
+    allreduce: [{bucket, bytes, seconds, start_s, algbw, busbw}],
+    grad_norm, weight_norm, update_ratio: {layer: float}   (every ``stats_every`` steps, else {})
+    checksum, layer_checksums                               (every ``checksum_every`` steps, else None)
+
+``distlab.log(loss=...)`` adds to the latest step, before or after its update; the record is
+final when the next step begins. Everything a hook does is cheap except on sampled steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from . import comm
+from .config import WatchConfig, make_config
+from .publish import Publisher, Sender, engine_sender
+from .stats import LayerIndex
+
+__all__ = ["Watch", "active", "log", "watch"]
+
+_active: list[Watch] = []
+_runs = itertools.count()
+
+
+def watch(model: torch.nn.Module, *, config: WatchConfig | None = None, **options: Any) -> Watch:
+    """Record this rank's training of ``model`` (DDP-wrapped or plain) and publish it to the notebook.
+
+    Options are :class:`WatchConfig` fields, e.g. ``watch(model, stats_every=1)``. Use it as a
+    context manager, or call ``close()``: either removes every hook. One watch per rank: a new one
+    closes the previous (a re-run cell does not stack hooks).
+    """
+    settings = make_config(config, options)
+    for previous in list(_active):
+        previous.close()
+    return Watch(model, settings, engine_sender() if settings.publish else None)
+
+
+def log(**values: Any) -> None:
+    """Attach values to the current step of the open watch: ``distlab.log(loss=loss, epoch=e)``.
+
+    ``loss`` and ``epoch`` have their own fields; anything else goes to ``metrics``. Tensors are
+    read with ``.item()``. Without an open watch this does nothing, so a loop can keep its logging
+    when it is not watched.
+    """
+    if _active:
+        _active[-1].log(**values)
+
+
+def active() -> Watch | None:
+    """The open watch on this rank, if any."""
+    return _active[-1] if _active else None
+
+
+class _Step:
+    __slots__ = ("begin", "gap_s", "metrics", "number", "record", "timings", "version", "wall")
+
+    def __init__(self, number: int, gap_s: float | None, version: int) -> None:
+        self.number = number
+        self.version = version  # of the weights when the step began: a change means an update
+        self.begin = time.perf_counter()
+        self.wall = time.time()
+        self.gap_s = gap_s
+        self.timings: list[comm.BucketTiming] = []
+        self.metrics: dict[str, Any] = {}
+        self.record: dict[str, Any] | None = None  # set when the step closes
+
+
+class Watch:
+    """One rank's telemetry of one model. Made by :func:`watch`; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, config: WatchConfig, sender: Sender | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"watch() takes a torch.nn.Module (or a DDP-wrapped one), got {type(model).__name__}")
+        self.config = config
+        self.model = model
+        self.is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        self.layers = LayerIndex(model.module if self.is_ddp else model)
+        up = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if up else 0
+        self.world_size = dist.get_world_size() if up else 1
+        self.run_id = f"{os.getpid()}:{next(_runs)}"
+        self.notes: list[str] = []
+        self.closed = False
+
+        self._lock = threading.Lock()  # guards what the publisher thread reads: _done, _latest
+        self._done: deque[dict[str, Any]] = deque(maxlen=config.buffer_steps)
+        self._latest: dict[str, Any] | None = None
+        self._marks: deque[int] = deque(maxlen=2)  # newest finished step in each of the last 2 publishes
+        self._seq = 0
+        self._open: _Step | None = None
+        self._last_end: float | None = None
+        self._owns_cache: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._param_ids = {id(p) for p in self.layers.params}
+        self._manual_buckets = 0
+
+        self.initial_checksums = self.layers.checksums()
+        self._snapshot = self.layers.snapshot() if config.stats_every else None  # for step 0's update
+
+        self._timer: comm.CommTimer | None = None
+        if config.time_allreduce:
+            self._timer, why = comm.attach(model)
+            if why:
+                self.notes.append(why)
+        self._handles = [
+            model.register_forward_pre_hook(self._on_forward),
+            register_optimizer_step_post_hook(self._on_optimizer_step),
+        ]
+        self._publisher = Publisher(self._payload, sender, config.publish_interval_s) if sender else None
+        if self._timer is not None:
+            self._timer.timings = []
+            self._timer.enabled = True
+        _active.append(self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Remove every hook (the DDP hook is switched off), finish the last step, publish it all."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._timer is not None:
+            self._timer.enabled = False
+            self._timer.timings = []
+        step = self._open
+        if step is not None:
+            if step.record is None and self._weights_version() != step.version:
+                self._close(step)  # weights updated by hand: the last step ends here
+            if step.record is not None:
+                self._finish(step)
+        self._open = None
+        self._snapshot = None
+        if self in _active:
+            _active.remove(self)
+        if self._publisher is not None:
+            self._publisher.close()
+            if self._publisher.error:
+                self.notes.append(f"publishing stopped: {self._publisher.error}")
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        steps = len(self._done) + (self._latest is not None)
+        return f"<Watch {state}: rank {self.rank}, {len(self.layers.names)} layers, {steps} steps recorded>"
+
+    # ------------------------------------------------------------------ what it recorded
+
+    def records(self) -> list[dict[str, Any]]:
+        """This rank's records, oldest first (the last ``buffer_steps`` steps)."""
+        with self._lock:
+            out = list(self._done)
+            if self._latest is not None:
+                out.append(self._latest)
+        return out
+
+    @property
+    def publishes(self) -> int:
+        """How many times this watch has published to the notebook so far."""
+        return self._publisher.sent if self._publisher is not None else 0
+
+    def meta(self) -> dict[str, Any]:
+        """What the notebook needs besides the steps: layers, sizes, the checksums at the start."""
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "run": self.run_id,
+            "ddp": self.is_ddp,
+            "layers": list(self.layers.names),
+            "grad_bytes": self.layers.grad_bytes,
+            "initial_checksums": dict(self.initial_checksums),
+            "timed": self._timer is not None,
+            "config": {
+                "stats_every": self.config.stats_every,
+                "checksum_every": self.config.checksum_every,
+                "publish_interval_s": self.config.publish_interval_s,
+            },
+            "notes": list(self.notes),
+            "closed": self.closed,
+        }
+
+    def _payload(self, final: bool) -> dict[str, Any]:
+        """What one publish carries: the steps since the one before last (all of them when final)."""
+        with self._lock:
+            done = list(self._done)
+            latest = self._latest
+        if final:
+            window = done
+        else:
+            since = self._marks[0] if len(self._marks) == 2 else -1
+            window = [r for r in done if r["step"] > since][-self.config.window_steps :]
+        if done:
+            self._marks.append(done[-1]["step"])
+        if latest is not None:
+            window.append(latest)
+        self._seq += 1
+        return {"run": self.run_id, "rank": self.rank, "seq": self._seq, "final": final,
+                "meta": self.meta(), "records": window}
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled():
+            return  # evaluation forwards are not training steps
+        step = self._open
+        if step is None:
+            self._begin(0, None)
+            return
+        if step.record is None:
+            if self._weights_version() == step.version:
+                return  # no update since the step began (gradient accumulation): the step goes on
+            self._close(step)  # weights updated by hand: this forward ends the previous step
+        self._finish(step)
+        self._begin(step.number + 1, time.perf_counter() - self._last_end if self._last_end is not None else None)
+
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._owns(optimizer):
+            return
+        step = self._open
+        if step is not None and step.record is None:
+            self._close(step)
+
+    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        owns = self._owns_cache.get(optimizer)
+        if owns is None:
+            owns = any(id(p) in self._param_ids for group in optimizer.param_groups for p in group["params"])
+            self._owns_cache[optimizer] = owns
+        return owns
+
+    # ------------------------------------------------------------------ steps
+
+    def _weights_version(self) -> int:
+        # Every in-place change of a tensor bumps its version counter: an optimizer's step does,
+        # and so does ``p -= lr * p.grad`` under no_grad. Gradient accumulation does not.
+        return sum(p._version for p in self.layers.params)
+
+    def _begin(self, number: int, gap_s: float | None) -> None:
+        step = _Step(number, gap_s, self._weights_version())
+        self._open = step
+        if self._timer is not None:
+            self._timer.timings = step.timings
+
+    def _close(self, step: _Step) -> None:
+        """The update is done: measure the step and make its record."""
+        end = time.perf_counter()
+        self._last_end = end
+        step_time_s = end - step.begin
+        buckets, comm_s = comm.summarize(step.timings, step.begin, self.world_size)
+        comm_s = min(comm_s, step_time_s)
+        n, cfg = step.number, self.config
+        record: dict[str, Any] = {
+            "rank": self.rank,
+            "step": n,
+            "t": step.wall,
+            "epoch": None,
+            "loss": None,
+            "metrics": {},
+            "step_time_s": step_time_s,
+            "compute_s": step_time_s - comm_s,
+            "comm_s": comm_s,
+            "idle_s": step.gap_s,
+            "allreduce": buckets,
+            "grad_norm": {},
+            "weight_norm": {},
+            "update_ratio": {},
+            "checksum": None,
+            "layer_checksums": None,
+        }
+        if cfg.stats_every and n % cfg.stats_every == 0:
+            record["grad_norm"] = self.layers.grad_norms()
+            record["weight_norm"] = self.layers.weight_norms()
+            if self._snapshot is not None:
+                record["update_ratio"] = self.layers.update_ratios(self._snapshot)
+            self._snapshot = None
+        if cfg.stats_every and (n + 1) % cfg.stats_every == 0:
+            self._snapshot = self.layers.snapshot()  # the next step is sampled: keep its starting weights
+        if cfg.checksum_every and n % cfg.checksum_every == 0:
+            sums = self.layers.checksums()
+            record["layer_checksums"] = sums
+            record["checksum"] = sum(sums.values())
+        record.update(_metric_fields(step.metrics))
+        step.record = record
+        with self._lock:
+            self._latest = record
+        if self._publisher is not None:
+            self._publisher.notify()
+
+    def _finish(self, step: _Step) -> None:
+        """The record is final: keep it in the buffer."""
+        if step.record is None:
+            return
+        with self._lock:
+            self._done.append(step.record)
+            if self._latest is step.record:
+                self._latest = None
+
+    def log(self, **values: Any) -> None:
+        """See :func:`distlab.log`."""
+        if self.closed:
+            return
+        if self._open is None:
+            self._begin(0, None)
+        step = self._open
+        assert step is not None
+        step.metrics.update({k: _number(k, v) for k, v in values.items()})
+        if step.record is not None:
+            # Copy-on-write: the publisher thread may be reading the old dict.
+            record = {**step.record, **_metric_fields(step.metrics)}
+            step.record = record
+            with self._lock:
+                self._latest = record
+            if self._publisher is not None:
+                self._publisher.notify()
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None) -> torch.Tensor:
+        """``dist.all_reduce(tensor)``, timed as a bucket of this step: for gradients averaged by hand."""
+        if self._open is None:
+            self._begin(0, None)
+        step = self._open
+        assert step is not None
+        timing = comm.BucketTiming(
+            len(step.timings), tensor.numel() * tensor.element_size(), time.perf_counter(), blocking=True
+        )
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+        timing.done = time.perf_counter()
+        step.timings.append(timing)
+        return tensor
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"log({name}=...) takes a number or a one-element tensor, got shape {tuple(value.shape)}")
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"log({name}=...) takes a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _metric_fields(metrics: dict[str, float]) -> dict[str, Any]:
+    fields: dict[str, Any] = {"metrics": {k: v for k, v in metrics.items() if k not in ("loss", "epoch")}}
+    if "loss" in metrics:
+        fields["loss"] = metrics["loss"]
+    if "epoch" in metrics:
+        fields["epoch"] = int(metrics["epoch"])
+    return fields
