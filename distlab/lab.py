@@ -196,8 +196,9 @@ class Lab:
             # starting only once the controller is up: their Python start-up overlaps its own.
             send_engines_connection_env=False,
             engine_timeout=max(1, int(self.timeout)),
-            # distlab reports dead ranks itself; ipyparallel's warnings would dump engine logs.
-            log_level=logging.ERROR,
+            # distlab reports dead ranks itself; ipyparallel's warnings would dump engine logs into
+            # the notebook. Its default logger in a kernel is the kernel app's, so pass our own.
+            log=_ipp_log(),
         )
         _register_atexit()
         _live_labs.add(self)
@@ -843,6 +844,16 @@ def _wait_for(condition: Any, seconds: float, poll_s: float = 0.05) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(poll_s)
+
+
+def _ipp_log() -> logging.Logger:
+    """ipyparallel's logger for distlab's clusters: errors only, to stderr."""
+    log = logging.getLogger("distlab.ipyparallel")
+    if not log.handlers:
+        log.addHandler(logging.StreamHandler(sys.stderr))
+        log.propagate = False
+    log.setLevel(logging.ERROR)
+    return log
 
 
 def start(

@@ -173,6 +173,7 @@ class DistMagics(Magics):
     @argument("topic", nargs="?", default=None, help="a topic, e.g. communication-cost")
     @argument("-n", type=_whole("-n", "-n 3", 1), default=None, help="number of questions")
     @argument("--difficulty", default=None, help="easy, medium or hard")
+    @argument("--seed", type=int, default=None, help="the same questions and numbers each time")
     @line_magic
     def quiz(self, line: str) -> Any:
         """Practice questions on a topic, graded in Python: %quiz communication-cost -n 3"""
@@ -183,7 +184,7 @@ class DistMagics(Magics):
         try:
             if args.topic is None:
                 return quiz.summary()
-            return quiz.show(args.topic, n=args.n, difficulty=args.difficulty, lab=lab)
+            return quiz.show(args.topic, n=args.n, difficulty=args.difficulty, lab=lab, seed=args.seed)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 

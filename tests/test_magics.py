@@ -135,3 +135,11 @@ def test_quiz_magic_shows_questions_of_the_topic_and_a_summary_without_one(ipyth
     assert "Communication cost" in widget.children[0].value and "of 2" in widget.children[0].value
     summary = ipython.run_line_magic("quiz", "")
     assert "communication-cost" in repr(summary)
+
+
+def test_quiz_magic_with_a_seed_asks_the_same_questions_each_time(ipython):
+    def asked(seed: int) -> list[str]:
+        return [q.id for q in ipython.run_line_magic("quiz", f"data-parallelism -n 3 --seed {seed}").questions]
+
+    assert asked(1) == asked(1)
+    assert any(asked(1) != asked(seed) for seed in range(2, 6))
