@@ -15,7 +15,7 @@ PORT ?= 8888
 
 .PHONY: lab test system-deps clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile extension/package.json $(wildcard extension/src/* extension/style/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
@@ -23,12 +23,20 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip check
 	touch $(STAMP)
 
-# Open MPI's mpiexec, for the MPI launcher test. Installed with apt when missing and we may.
+# Open MPI's mpiexec, for the MPI launcher test, and Chromium, for the browser tests (driven by
+# Playwright; its own browser download is not used): installed with apt when missing and we may.
+# Node.js 20+ builds the JupyterLab extension (extension/) when pip installs distlab.
 system-deps:
 	@command -v mpiexec >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
 	  else echo "install Open MPI (Debian: sudo apt-get install openmpi-bin libopenmpi-dev), then re-run" >&2; exit 1; fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "install Chromium (Debian: sudo apt-get install chromium), then re-run" >&2; exit 1; fi; }
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' 2>/dev/null || { \
+	  echo "install Node.js 20 or newer (https://nodejs.org), then re-run: pip builds the side panel with it" >&2; exit 1; }
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
@@ -37,4 +45,5 @@ test: system-deps $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info distlab/labextension extension/lib extension/node_modules \
+	  extension/.yarn extension/tsconfig.tsbuildinfo

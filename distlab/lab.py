@@ -25,6 +25,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from . import _registry
 from ._calls import on_rank
 from ._streams import RankPrinter
 from .errors import (
@@ -214,6 +215,7 @@ class Lab:
             self.stop()
             raise
         self.timings["ready_s"] = time.perf_counter() - t0
+        _registry.track(self)  # the side panel's view of this lab
         return self
 
     def _launch_engines(self) -> None:
@@ -371,6 +373,7 @@ class Lab:
             self.stop()
             raise
         self.timings["restart_s"] = time.perf_counter() - t0
+        _registry.publish(self)
         return self
 
     def stop(self) -> None:
@@ -393,6 +396,7 @@ class Lab:
         self._table = []
         self._stop_reaper()
         _live_labs.discard(self)
+        _registry.forget(self)
 
     def _reap_pids(self, pids: Iterable[int]) -> None:
         for pid in pids:

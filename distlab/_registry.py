@@ -1,0 +1,191 @@
+"""Where each running lab tells the Jupyter server about itself: one small JSON file per lab.
+
+A Lab writes ``<jupyter runtime dir>/distlab/lab-<pid>-<id>.json`` (mode 0600, in a 0700 folder)
+when it starts or restarts, while a cell runs (at most every ``WRITE_EVERY_S``) and when a cell
+ends, and removes it on stop. The file says which kernel the lab lives in (its connection file),
+the rank table and the latest training rate. ``distlab._server`` reads these files for the side
+panel; files of processes that are gone are removed by the reader.
+
+Nothing here may break a lab: every write swallows its errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WRITE_EVERY_S", "forget", "publish", "read_labs", "registry_dir", "track"]
+
+#: While a cell runs, the lab's file is rewritten at most this often.
+WRITE_EVERY_S = 2.0
+_FORMAT = 1
+# Steps of rank 0 the step rate is measured over.
+_RATE_WINDOW = 10
+
+_last_write: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+_tracked: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
+
+
+def registry_dir() -> Path:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return Path(jupyter_runtime_dir()) / "distlab"
+
+
+def _path(lab: Any) -> Path:
+    return registry_dir() / f"lab-{os.getpid()}-{id(lab):x}.json"
+
+
+# ---------------------------------------------------------------------------- writing (in the kernel)
+
+
+def track(lab: Any) -> None:
+    """A lab has started: write its file now and keep it current while cells run."""
+    if lab not in _tracked:
+        _tracked.add(lab)
+        lab.telemetry  # noqa: B018 - made first, so its listener runs before ours: we read fresh data
+
+        def on_poll(pending: dict[int, Any], final: bool) -> None:
+            if final or time.monotonic() - _last_write.get(lab, 0.0) >= WRITE_EVERY_S:
+                publish(lab, busy=set() if final else {rank for rank, ar in pending.items() if not ar.ready()})
+
+        lab.add_listener(on_poll)
+    publish(lab)
+
+
+def publish(lab: Any, busy: set[int] | None = None) -> None:
+    """Write the lab's file. ``busy``: ranks running a cell now (their health is not asked for)."""
+    _last_write[lab] = time.monotonic()
+    with contextlib.suppress(Exception):  # the side panel is a convenience; the lab must go on
+        _write(_path(lab), _describe(lab, busy))
+
+
+def forget(lab: Any) -> None:
+    """The lab has stopped: remove its file."""
+    _last_write.pop(lab, None)
+    with contextlib.suppress(OSError):
+        _path(lab).unlink()
+
+
+def _describe(lab: Any, busy: set[int] | None) -> dict[str, Any]:
+    if busy:  # a cell is running: the table as it is, the running ranks busy
+        rows = [dict(_row(r), health="busy" if r.rank in busy else r.health) for r in lab.table]
+    else:
+        try:
+            rows = [_row(r) for r in lab.status()]  # health asked of the controller now
+        except Exception:  # noqa: BLE001 - a lab that cannot answer is reported as such
+            rows = [dict(_row(r), health="unknown") for r in lab.table]
+    return {
+        "format": _FORMAT,
+        "pid": os.getpid(),
+        "connection_file": _connection_file(),
+        "updated": time.time(),
+        "world_size": lab.world_size,
+        "backend": lab.backend,
+        "launcher": lab.launcher,
+        "busy": bool(busy),
+        "ranks": rows,
+        "training": training_summary(lab.telemetry.records()),
+    }
+
+
+def _row(r: Any) -> dict[str, Any]:
+    return {
+        "rank": r.rank, "engine_id": r.engine_id, "host": r.host, "pid": r.pid, "device": r.device,
+        "health": r.health,
+    }
+
+
+def training_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The latest step, steps per second (rank 0, last few steps) and all-reduce seconds per step
+    (the latest step's buckets, averaged over the ranks that recorded it); None where unknown."""
+    if not records:
+        return {"step": None, "steps_per_s": None, "allreduce_s": None}
+    last_step = max(rec["step"] for rec in records)
+    latest = [rec for rec in records if rec["step"] == last_step]
+    first_rank = min(rec["rank"] for rec in records)
+    mine = [rec for rec in records if rec["rank"] == first_rank][-_RATE_WINDOW:]
+    rate = None
+    if len(mine) >= 2 and mine[-1]["t"] > mine[0]["t"]:
+        rate = (mine[-1]["step"] - mine[0]["step"]) / (mine[-1]["t"] - mine[0]["t"])
+    elif mine and mine[-1].get("step_time_s"):
+        rate = 1.0 / (mine[-1]["step_time_s"] + (mine[-1].get("idle_s") or 0.0))
+    timed = [rec for rec in latest if rec.get("allreduce")]
+    allreduce = (
+        sum(sum(b["seconds"] for b in rec["allreduce"]) for rec in timed) / len(timed) if timed else None
+    )
+    return {"step": last_step, "steps_per_s": rate, "allreduce_s": allreduce}
+
+
+def _connection_file() -> str | None:
+    """The kernel's connection file, or None outside a Jupyter kernel (a script, a test)."""
+    if "ipykernel.kernelapp" not in sys.modules:  # not in a kernel; do not import one
+        return None
+    from ipykernel.connect import get_connection_file
+
+    try:
+        return os.path.realpath(get_connection_file())
+    except RuntimeError:  # ipykernel imported, but this process is not a kernel
+        return None
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")  # created 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------------- reading (in the server)
+
+
+def read_labs(directory: Path | None = None) -> list[dict[str, Any]]:
+    """Every live lab's description. Files of dead processes (or of kernels whose connection file
+    is gone) are removed; ranks on this host whose process is gone are reported dead."""
+    directory = directory or registry_dir()
+    here = socket.gethostname()
+    labs = []
+    for path in sorted(directory.glob("lab-*.json")):
+        try:
+            data = json.loads(path.read_text())
+            pid = int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being replaced, or not ours
+        connection_file = data.get("connection_file")
+        if not _pid_alive(pid) or (connection_file and not os.path.exists(connection_file)):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        for row in data.get("ranks") or ():
+            if row.get("host") == here and not _pid_alive(int(row.get("pid", 0))):
+                row["health"] = "dead"
+        data["id"] = path.stem
+        labs.append(data)
+    return labs
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil
+
+    if pid <= 0:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+    except psutil.AccessDenied:
+        return True

@@ -1,0 +1,386 @@
+/**
+ * distlab's JupyterLab side: a "Distributed" side panel listing the labs running in this
+ * server's kernels (GET /distlab/labs, polled), with stop and restart buttons that run
+ * `%dist stop` / `%dist restart` in the lab's kernel, and a status-bar item for the lab of
+ * the current notebook. The panel is a thin view: every fact comes from the Lab, via the server.
+ */
+
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { URLExt } from '@jupyterlab/coreutils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { Kernel, KernelAPI, ServerConnection } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+/** How often the panel asks the server (ms). */
+const POLL_MS = 2000;
+
+/** One rank, as `%dist status` shows it. */
+interface IRank {
+  rank: number;
+  engine_id: number;
+  host: string;
+  pid: number;
+  device: string;
+  health: string;
+}
+
+/** One lab, as GET /distlab/labs returns it. */
+export interface ILabInfo {
+  id: string;
+  kernel_id: string;
+  kernel_name: string;
+  notebook: string | null;
+  world_size: number;
+  backend: string;
+  launcher: string;
+  busy: boolean;
+  updated: number;
+  ranks: IRank[];
+  training: {
+    step: number | null;
+    steps_per_s: number | null;
+    allreduce_s: number | null;
+  };
+}
+
+const distlabIcon = new LabIcon({
+  name: 'distlab:ranks',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 16 16">' +
+    '<g class="jp-icon3" fill="#616161">' +
+    '<circle cx="3" cy="3" r="2"/><circle cx="13" cy="3" r="2"/>' +
+    '<circle cx="3" cy="13" r="2"/><circle cx="13" cy="13" r="2"/>' +
+    '<path d="M4 2.5h8v1H4zM4 12.5h8v1H4zM2.5 4h1v8h-1zM12.5 4h1v8h-1z"/></g></svg>'
+});
+
+/** Polls the server for the labs; views subscribe with `onChange`. */
+class LabsModel {
+  labs: ILabInfo[] = [];
+  error: string | null = null;
+
+  constructor() {
+    this._settings = ServerConnection.makeSettings();
+  }
+
+  onChange(fn: () => void): void {
+    this._listeners.push(fn);
+  }
+
+  start(): void {
+    void this.refresh();
+    this._timer = window.setInterval(() => void this.refresh(), POLL_MS);
+  }
+
+  dispose(): void {
+    window.clearInterval(this._timer);
+  }
+
+  /** The lab in the given kernel, if any. */
+  forKernel(kernelId: string | undefined): ILabInfo | undefined {
+    return kernelId ? this.labs.find(lab => lab.kernel_id === kernelId) : undefined;
+  }
+
+  async refresh(): Promise<void> {
+    if (this._inFlight) {
+      return;
+    }
+    this._inFlight = true;
+    try {
+      const url = URLExt.join(this._settings.baseUrl, 'distlab', 'labs');
+      const response = await ServerConnection.makeRequest(url, {}, this._settings);
+      if (!response.ok) {
+        this.error = `the server answered ${response.status} for /distlab/labs`;
+      } else {
+        this.labs = ((await response.json()) as { labs: ILabInfo[] }).labs;
+        this.error = null;
+      }
+    } catch (reason) {
+      this.error = `cannot reach the server: ${reason}`;
+    } finally {
+      this._inFlight = false;
+    }
+    this._listeners.forEach(fn => fn());
+  }
+
+  private _settings: ServerConnection.ISettings;
+  private _listeners: Array<() => void> = [];
+  private _timer = 0;
+  private _inFlight = false;
+}
+
+/** Run `code` in a kernel of this server; resolves with its output, rejects with its error. */
+async function runInKernel(
+  app: JupyterFrontEnd,
+  tracker: INotebookTracker | null,
+  kernelId: string,
+  code: string
+): Promise<string> {
+  // Prefer the connection of an open notebook; else connect for this one request.
+  let kernel: Kernel.IKernelConnection | null = null;
+  tracker?.forEach(panel => {
+    const k = panel.sessionContext.session?.kernel;
+    if (!kernel && k && k.id === kernelId) {
+      kernel = k;
+    }
+  });
+  let owned: Kernel.IKernelConnection | null = null;
+  if (!kernel) {
+    const model = await KernelAPI.getKernelModel(kernelId);
+    if (!model) {
+      throw new Error('the kernel is gone');
+    }
+    owned = app.serviceManager.kernels.connectTo({ model });
+  }
+  const connection = (kernel ?? owned) as Kernel.IKernelConnection;
+  let output = '';
+  try {
+    const future = connection.requestExecute({
+      code,
+      silent: false,
+      store_history: false,
+      stop_on_error: false
+    });
+    future.onIOPub = msg => {
+      if (msg.header.msg_type === 'stream') {
+        output += (msg.content as { text: string }).text;
+      }
+    };
+    const reply = await future.done;
+    const content = reply.content as {
+      status: string;
+      ename?: string;
+      evalue?: string;
+    };
+    if (content.status !== 'ok') {
+      throw new Error(`${content.ename}: ${content.evalue}`);
+    }
+    return output.trim();
+  } finally {
+    owned?.dispose();
+  }
+}
+
+function fmtRate(lab: ILabInfo): string {
+  const t = lab.training;
+  if (t.step === null) {
+    return 'no watched training yet (distlab.watch(model) in a %%ddp cell)';
+  }
+  const parts = [`step ${t.step}`];
+  if (t.steps_per_s !== null) {
+    parts.push(`${t.steps_per_s.toFixed(1)} steps/s`);
+  }
+  if (t.allreduce_s !== null) {
+    parts.push(`all-reduce ${(t.allreduce_s * 1e3).toFixed(2)} ms/step`);
+  }
+  return parts.join(' · ');
+}
+
+function health(lab: ILabInfo): string {
+  const counts = new Map<string, number>();
+  lab.ranks.forEach(r => counts.set(r.health, (counts.get(r.health) ?? 0) + 1));
+  if (counts.size === 1 && counts.has('ok')) {
+    return 'ok';
+  }
+  return [...counts.entries()].map(([h, n]) => `${n} ${h}`).join(', ');
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+/** The "Distributed" side panel. */
+class LabsPanel extends Widget {
+  constructor(
+    private _model: LabsModel,
+    private _act: (lab: ILabInfo, what: 'stop' | 'restart') => Promise<string>
+  ) {
+    super();
+    this.id = 'distlab-panel';
+    this.addClass('distlab-panel');
+    this.title.icon = distlabIcon;
+    this.title.caption = 'Distributed: labs running in this server';
+    this._model.onChange(() => this.render());
+    this.render();
+  }
+
+  render(): void {
+    const state = JSON.stringify([this._model.labs, this._model.error, this._pending, this._messages]);
+    if (state === this._shown) {
+      return; // unchanged: keep the DOM (and any focus) as it is
+    }
+    this._shown = state;
+    const root = this.node;
+    root.textContent = '';
+    root.appendChild(el('h2', 'distlab-title', 'Distributed'));
+    if (this._model.error) {
+      root.appendChild(el('p', 'distlab-error', this._model.error));
+    }
+    if (this._model.labs.length === 0) {
+      root.appendChild(
+        el('p', 'distlab-empty', 'No lab is running in this server. In a notebook: %load_ext distlab, then %dist start -n 2.')
+      );
+    }
+    for (const lab of this._model.labs) {
+      root.appendChild(this._renderLab(lab));
+    }
+  }
+
+  private _renderLab(lab: ILabInfo): HTMLElement {
+    const box = el('section', 'distlab-lab');
+    box.dataset.kernelId = lab.kernel_id;
+    box.dataset.worldSize = String(lab.world_size);
+    const name = lab.notebook ?? `kernel ${lab.kernel_id.slice(0, 8)}`;
+    box.appendChild(el('h3', 'distlab-notebook', name));
+    box.appendChild(
+      el(
+        'p',
+        'distlab-summary',
+        `${lab.world_size} ranks · ${lab.backend} · launcher ${lab.launcher} · ${lab.busy ? 'running a cell' : 'idle'}`
+      )
+    );
+    box.appendChild(el('p', 'distlab-training', fmtRate(lab)));
+
+    const table = el('table', 'distlab-ranks');
+    const head = el('tr', '');
+    for (const h of ['rank', 'host', 'pid', 'device', 'health']) {
+      head.appendChild(el('th', '', h));
+    }
+    table.appendChild(head);
+    for (const r of lab.ranks) {
+      const row = el('tr', 'distlab-rank');
+      row.dataset.rank = String(r.rank);
+      for (const v of [r.rank, r.host, r.pid, r.device]) {
+        row.appendChild(el('td', '', String(v)));
+      }
+      row.appendChild(el('td', `distlab-health distlab-health-${r.health}`, r.health));
+      table.appendChild(row);
+    }
+    box.appendChild(table);
+
+    const buttons = el('div', 'distlab-buttons');
+    const pending = this._pending[lab.kernel_id];
+    for (const what of ['restart', 'stop'] as const) {
+      const label = what === 'stop' ? 'Stop' : 'Restart';
+      const busyLabel = what === 'stop' ? 'Stopping…' : 'Restarting…';
+      const button = el('button', `jp-Button jp-mod-styled distlab-${what}`, pending === what ? busyLabel : label);
+      button.disabled = pending !== undefined;
+      button.title = `%dist ${what} in this notebook's kernel (waits for a running cell)`;
+      button.onclick = () => void this._run(lab, what);
+      buttons.appendChild(button);
+    }
+    box.appendChild(buttons);
+    const message = this._messages[lab.kernel_id];
+    if (message) {
+      box.appendChild(el('p', 'distlab-message', message));
+    }
+    return box;
+  }
+
+  private async _run(lab: ILabInfo, what: 'stop' | 'restart'): Promise<void> {
+    this._pending[lab.kernel_id] = what;
+    delete this._messages[lab.kernel_id];
+    this.render();
+    try {
+      this._messages[lab.kernel_id] = await this._act(lab, what);
+    } catch (reason) {
+      this._messages[lab.kernel_id] = `%dist ${what} failed: ${(reason as Error).message}`;
+    }
+    delete this._pending[lab.kernel_id];
+    await this._model.refresh();
+  }
+
+  private _shown = '';
+  private _pending: { [kernelId: string]: 'stop' | 'restart' } = {};
+  private _messages: { [kernelId: string]: string } = {};
+}
+
+/** Status-bar item: the current notebook's lab, its world size and health. */
+class LabStatus extends Widget {
+  constructor(
+    private _model: LabsModel,
+    private _tracker: INotebookTracker | null,
+    onClick: () => void
+  ) {
+    super();
+    this.addClass('distlab-status');
+    this.node.title = 'distlab: the lab of this notebook (click for the Distributed panel)';
+    this.node.onclick = onClick;
+    this._model.onChange(() => this.update());
+    this._tracker?.currentChanged.connect(() => this.update());
+  }
+
+  /** Emitted when the current notebook gains or loses a lab. */
+  get presenceChanged(): ISignal<this, void> {
+    return this._presenceChanged;
+  }
+
+  /** The lab of the current notebook, if it has one. */
+  get lab(): ILabInfo | undefined {
+    const kernel = this._tracker?.currentWidget?.sessionContext.session?.kernel;
+    return this._model.forKernel(kernel?.id);
+  }
+
+  protected onUpdateRequest(): void {
+    const lab = this.lab;
+    this.node.textContent = lab ? `distlab: ${lab.world_size} ranks · ${health(lab)}` : '';
+    this.node.dataset.health = lab ? health(lab) : '';
+    if ((lab !== undefined) !== this._present) {
+      this._present = lab !== undefined;
+      this._presenceChanged.emit();
+    }
+  }
+
+  private _present = false;
+  private _presenceChanged = new Signal<this, void>(this);
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'distlab:plugin',
+  description: 'The Distributed side panel and status-bar item of distlab.',
+  autoStart: true,
+  optional: [ILabShell, INotebookTracker, IStatusBar],
+  activate: (
+    app: JupyterFrontEnd,
+    labShell: ILabShell | null,
+    tracker: INotebookTracker | null,
+    statusBar: IStatusBar | null
+  ) => {
+    const model = new LabsModel();
+    const act = (lab: ILabInfo, what: 'stop' | 'restart') =>
+      runInKernel(app, tracker, lab.kernel_id, `%dist ${what}`);
+    const panel = new LabsPanel(model, act);
+    app.shell.add(panel, 'left', { rank: 950 });
+    if (statusBar) {
+      const item = new LabStatus(model, tracker, () => app.shell.activateById(panel.id));
+      statusBar.registerStatusItem('distlab:status', {
+        item,
+        align: 'left',
+        rank: 5,
+        isActive: () => item.lab !== undefined,
+        activeStateChanged: item.presenceChanged
+      });
+    }
+    labShell?.currentChanged.connect(() => void model.refresh());
+    model.start();
+  }
+};
+
+export default plugin;
