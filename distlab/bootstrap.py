@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import linecache
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -24,8 +26,10 @@ import torch.distributed as dist
 __all__ = [
     "abort_group",
     "check_group",
+    "collective_trace",
     "describe",
     "init_rank",
+    "listen_for_release",
     "open_store",
     "rebuild_group",
     "run_cell",
@@ -38,6 +42,11 @@ _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_P
 # process group can be rebuilt on a fresh store without the client round-tripping objects.
 _store: dist.TCPStore | None = None
 _config: dict[str, Any] = {}
+
+# torch's flight recorder keeps each group's latest collectives (op, shapes, sequence number) on
+# every rank; after a hang, comparing them across ranks says who never arrived and where the others
+# wait. It is sized when a process group is made, so the variable is set before that.
+_FLIGHT_RECORDER_ENTRIES = "256"
 
 
 def describe(controller_ip: str) -> dict[str, Any]:
@@ -91,8 +100,13 @@ def init_rank(
     backend: str,
     timeout_s: float,
     local_world_size: int = 1,
+    debug: bool = False,
 ) -> dict[str, Any]:
-    """Bind the device, join the process group, prove it with one all-reduce, fill the namespace."""
+    """Bind the device, join the process group, prove it with one all-reduce, fill the namespace.
+
+    ``debug`` turns on torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): every collective
+    is first compared across ranks, so an op or shape mismatch fails at once, named, on every rank.
+    """
     global _store
     device = _bind_device(backend, local_rank)
     if device.type == "cpu":
@@ -106,6 +120,11 @@ def init_rank(
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(local_rank),
     )
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", _FLIGHT_RECORDER_ENTRIES)
+    if debug:
+        # torch reads the level when it is imported (it already is): set it, then make it re-read.
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
     if rank != 0:
         _store = dist.TCPStore(
             master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout_s)
@@ -128,7 +147,7 @@ def init_rank(
     _config.update(
         rank=rank, world_size=world_size, local_rank=local_rank, backend=backend,
         timeout_s=timeout_s, master_addr=master_addr, device=device,
-        local_world_size=local_world_size,
+        local_world_size=local_world_size, debug=debug,
     )
     _fill_namespace()
     return {"device": str(device), "init_s": time.perf_counter() - t0}
@@ -273,10 +292,65 @@ def _shutdown_connections_to(peer_pids: set[int]) -> int:
     return closed
 
 
+def listen_for_release(path: str, peer_pids: list[int]) -> bool:
+    """Serve release requests on a private UNIX socket, from a side thread.
+
+    A rank stuck in a collective cannot be interrupted (SIGINT waits for the C++ call to return),
+    and when every rank is stuck there is no free one to tear the group down from outside. This
+    thread can still run (collectives release the GIL while they wait): on b"release" it shuts down
+    this rank's connections to its peers on this host, the stuck collective fails, and the cell
+    returns with its namespace intact.
+    """
+    peers = {int(p) for p in peer_pids} - {os.getpid()}
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)  # in a directory only this user can enter (the client made it 0700)
+
+    def serve() -> None:
+        while True:
+            try:
+                message = sock.recv(16)
+            except OSError:
+                return
+            if message == b"release":
+                with contextlib.suppress(Exception):
+                    _shutdown_connections_to(peers)
+
+    threading.Thread(target=serve, name="distlab-release", daemon=True).start()
+    return True
+
+
 def rebuild_group(master_port: int) -> dict[str, Any]:
     """Join a fresh process group of the same world on a new rendezvous port."""
     abort_group()
     return init_rank(
         _config["rank"], _config["world_size"], _config["local_rank"], _config["master_addr"],
-        master_port, _config["backend"], _config["timeout_s"], _config["local_world_size"],
+        master_port, _config["backend"], _config["timeout_s"], _config["local_world_size"], _config["debug"],
     )
+
+
+def collective_trace(last: int = 4) -> list[dict[str, Any]]:
+    """This rank's latest collectives on the default process group, oldest first (flight recorder).
+
+    Each is {seq, op, shapes, dtypes, p2p}: ``seq`` counts the group's collectives (or, for send
+    and recv, its point-to-point operations) from 1. Still readable after the group is torn down.
+    """
+    try:
+        dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
+    except Exception:  # noqa: BLE001 - no recorder in this torch build: nothing to say
+        return []
+    entries = [e for e in dump.get("entries") or () if (e.get("process_group") or ["", ""])[1] == "default_pg"]
+    if not entries:
+        return []
+    # A rebuilt group is a new one with the same name: keep the newest group's entries only.
+    newest = max(e.get("pg_id", 0) for e in entries)
+    entries = [e for e in entries if e.get("pg_id", 0) == newest]
+    return [
+        {
+            "seq": e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"],
+            "op": str(e.get("profiling_name", "?")).split(":", 1)[-1],
+            "shapes": e.get("input_sizes") or [],
+            "dtypes": e.get("input_dtypes") or [],
+            "p2p": bool(e.get("is_p2p")),
+        }
+        for e in entries[-last:]
+    ]

@@ -16,6 +16,11 @@ __all__ = [
     "LabUsageError",
     "RankError",
     "RankFailure",
+    "ABSENT",
+    "FAILED",
+    "FINISHED",
+    "STUCK",
+    "diagnose_collectives",
     "format_ranks",
     "parse_ranks",
 ]
@@ -88,6 +93,62 @@ class RankError(DistlabError):
 
 class CellTimeout(RankError):
     """A cell ran past its deadline on some ranks; they were interrupted."""
+
+
+# The flight recorder names dtypes as c10 does ("Float"); torch users know them as these.
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+
+
+def _describe_op(entry: Mapping[str, object]) -> str:
+    """'all_reduce of [7] float32' from a flight-recorder entry (bootstrap.collective_trace)."""
+    shapes = entry.get("shapes") or []
+    dtypes = entry.get("dtypes") or []
+    parts = [
+        "[" + ", ".join(str(d) for d in shape) + "]" + (f" {_DTYPES.get(dtype, dtype)}" if dtype else "")
+        for shape, dtype in zip(shapes, list(dtypes) + [""] * len(shapes))  # type: ignore[arg-type]
+    ]
+    return f"{entry.get('op', '?')} of {', '.join(parts)}" if parts else str(entry.get("op", "?"))
+
+
+#: What a rank was doing when a cell was stopped, as ``diagnose_collectives`` is told it.
+STUCK, FAILED, FINISHED, ABSENT = "still in the cell", "its cell failed", "its cell had finished", "not in this cell"
+
+
+def diagnose_collectives(traces: Mapping[int, list[dict]], doing: Mapping[int, str]) -> str | None:
+    """Who never arrived at a collective, and where the others waited; None if nothing is amiss.
+
+    ``traces``: each rank's latest collectives on the default group (``bootstrap.collective_trace``),
+    read after the cell was stopped; ``doing``: each rank's state then (STUCK, FAILED, FINISHED or
+    ABSENT). The ranks whose latest collective is the furthest one were waiting in it; a rank behind
+    never reached it. If every rank reached the same collective but they disagree on its op or
+    shapes, that mismatch is the hang.
+    """
+    collectives = {r: [e for e in t if not e.get("p2p")] for r, t in traces.items()}
+    last = {r: (entries[-1] if entries else None) for r, entries in collectives.items()}
+    seq = {r: (e["seq"] if e else 0) for r, e in last.items()}
+    front = max(seq.values(), default=0)
+    if front == 0:
+        return None
+    ahead = sorted(r for r in seq if seq[r] == front)
+    behind = sorted(r for r in seq if seq[r] < front)
+    if behind:
+        waiting = [r for r in ahead if doing.get(r) == STUCK] or ahead
+        where = _describe_op(last[waiting[0]] or {})
+        lines = [f"collective #{front} ({where}): rank {format_ranks(waiting)} waited in it"]
+        by_last: dict[str, list[int]] = {}
+        for r in behind:
+            e = last[r]
+            was = f"its last was #{e['seq']}, {_describe_op(e)}" if e else "it had made no collective"
+            by_last.setdefault(f"{was}; {doing.get(r, STUCK)}", []).append(r)
+        for what, ranks in by_last.items():
+            lines.append(f"rank {format_ranks(ranks)} never arrived ({what})")
+        return "; ".join(lines)
+    seen = {_describe_op(last[r] or {}) for r in ahead}
+    if len(seen) > 1:
+        calls = ", ".join(f"rank {r} {_describe_op(last[r] or {})}" for r in ahead)
+        return f"collective #{front}: the ranks disagree on what it is ({calls})"
+    return None
 
 
 def _normalise_traceback(text: str, rank: int) -> str:

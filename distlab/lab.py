@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,11 +30,16 @@ from . import _registry
 from ._calls import on_rank
 from ._streams import RankPrinter
 from .errors import (
+    ABSENT,
+    FAILED,
+    FINISHED,
+    STUCK,
     CellTimeout,
     DistlabError,
     LabUsageError,
     RankError,
     RankFailure,
+    diagnose_collectives,
     format_ranks,
     parse_ranks,
 )
@@ -57,6 +63,8 @@ _ABORT_GRACE_S = 0.8
 _FAILURE_GRACE_S = 0.3
 _POLL_S = 0.02
 _HEALTH_TIMEOUT_S = 2.0
+# How gloo and NCCL word a collective failing because a peer process went away.
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited", re.I)
 
 _live_labs: weakref.WeakSet[Lab] = weakref.WeakSet()
 
@@ -103,12 +111,16 @@ def _launcher_names() -> list[str]:
     return sorted({ep.name for ep in entry_points(group="ipyparallel.engine_launchers")})
 
 
-def _check_args(ranks: Any, backend: Any, timeout: Any, launcher: Any) -> None:
-    """Refuse bad arguments before anything starts; each message names the problem and the fix."""
+def _check_ranks(ranks: Any) -> None:
     if isinstance(ranks, bool) or not isinstance(ranks, int):
         raise LabUsageError(f"ranks must be a whole number >= 1, like ranks=2 (got {ranks!r})")
     if ranks < 1:
         raise LabUsageError(f"ranks must be >= 1 (got {ranks}): start at least one rank, like ranks=2")
+
+
+def _check_args(ranks: Any, backend: Any, timeout: Any, launcher: Any) -> None:
+    """Refuse bad arguments before anything starts; each message names the problem and the fix."""
+    _check_ranks(ranks)
     if backend not in BACKENDS:
         raise LabUsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     _check_timeout(timeout, "timeout")
@@ -151,19 +163,25 @@ class Lab:
         backend: str = "auto",
         timeout: float = 30.0,
         launcher: str = "local",
+        debug: bool = False,
     ) -> None:
         _check_args(ranks, backend, timeout, launcher)
+        if not isinstance(debug, bool):
+            raise LabUsageError(f"debug must be True or False (got {debug!r})")
         self.world_size = ranks
         self.requested_backend = backend
         self.backend = backend
         self.timeout = float(timeout)
         self.launcher = launcher.lower()
+        #: torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL) on every rank.
+        self.debug = debug
         self._cluster: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
         self._table: list[RankInfo] = []
         self._master_addr = "127.0.0.1"
         self._reaper: subprocess.Popen[bytes] | None = None
         self._pgid_file: str | None = None
+        self._release_dir: str | None = None  # the ranks' release sockets (bootstrap.listen_for_release)
         self.timings: dict[str, float] = {}
         self._phase_start = 0.0
         self._listeners: list[Callable[[dict[int, Any], bool], None]] = []
@@ -254,9 +272,37 @@ class Lab:
         )
         self._init_group("init_rank", first=True)
         self._phase("process_group_s")  # rendezvous, init_process_group, first all-reduce
+        self._listen_for_release()
         # Let names defined in the notebook (functions, classes) travel to the ranks by value.
         client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
         self._phase("namespace_s")
+
+    def _listen_for_release(self) -> None:
+        """Give each rank on this host a socket through which a stuck collective can be released."""
+        here = socket.gethostname()
+        local = [r for r in self._table if r.host == here]
+        if not local or not hasattr(socket, "AF_UNIX"):
+            return
+        if self._release_dir is None:
+            self._release_dir = tempfile.mkdtemp(prefix="distlab-release-")  # mode 0700
+        pids = [r.pid for r in local]
+        asks = [self._on(r.engine_id, "listen_for_release", self._release_path(r), pids) for r in local]
+        for ar in asks:
+            with contextlib.suppress(Exception):  # without it, stuck ranks are killed instead
+                ar.get(timeout=self.timeout)
+
+    def _release_path(self, info: RankInfo) -> str:
+        assert self._release_dir is not None
+        return os.path.join(self._release_dir, f"{info.pid}.sock")
+
+    def _release(self, ranks: list[int]) -> None:
+        """Ask stuck ranks on this host to drop their connections to their peers (their collectives fail)."""
+        if self._release_dir is None:
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            for r in ranks:
+                with contextlib.suppress(OSError):
+                    sock.sendto(b"release", self._release_path(self._table[r]))
 
     def _phase(self, name: str) -> None:
         """Record how long the phase that just ended took (start-up is measured phase by phase)."""
@@ -324,7 +370,7 @@ class Lab:
             if first:
                 args: tuple[Any, ...] = (
                     r.rank, self.world_size, r.local_rank, self._master_addr, port, self.backend,
-                    self.timeout, local_world[r.host],
+                    self.timeout, local_world[r.host], self.debug,
                 )
             else:
                 args = (port,)
@@ -356,10 +402,20 @@ class Lab:
         except ipp.error.RemoteError as exc:
             raise DistlabError(f"failed {doing}: {exc.ename}: {exc.evalue}") from None
 
-    def restart(self) -> Lab:
-        """A fresh world of the same size: new engine processes, ranks renumbered the same way."""
+    def restart(self, ranks: int | None = None) -> Lab:
+        """A fresh world: new engine processes, ranks numbered the same way.
+
+        ``ranks`` changes the world size (elastic training: resume from a checkpoint on more or
+        fewer ranks); by default it stays the same.
+        """
         self._require_running()
         assert self._cluster is not None and self._client is not None
+        if ranks is not None:
+            _check_ranks(ranks)
+            if self.launcher == "local" and self.requested_backend != "gloo":
+                _check_local_gpus(ranks, self.backend)
+            if ranks != self.world_size:
+                self._resize(ranks)
         t0 = self._phase_start = time.perf_counter()
         old_ids = {r.engine_id for r in self._table}
         self._cluster.stop_engines_sync()
@@ -375,6 +431,14 @@ class Lab:
         self.timings["restart_s"] = time.perf_counter() - t0
         _registry.publish(self)
         return self
+
+    def _resize(self, ranks: int) -> None:
+        self.world_size = ranks
+        if self._telemetry is not None:
+            # Telemetry is per world: the next use makes a store (and dashboard) of the new size.
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(self._telemetry.on_poll)
+            self._telemetry = None
 
     def stop(self) -> None:
         """Stop engines and controller and make sure their processes are gone."""
@@ -395,6 +459,9 @@ class Lab:
         self._reap_pids(pids)
         self._table = []
         self._stop_reaper()
+        if self._release_dir is not None:
+            shutil.rmtree(self._release_dir, ignore_errors=True)
+            self._release_dir = None
         _live_labs.discard(self)
         _registry.forget(self)
 
@@ -582,6 +649,7 @@ class Lab:
             self._stop_cell(pending, outcome, printer)
         self._collect(pending, outcome, printer)
         if outcome.failures:
+            self._diagnose(outcome, selected)
             self._recover(outcome)
             cls = CellTimeout if outcome.timed_out else RankError
             raise cls(outcome.failures, notes=outcome.notes)
@@ -604,7 +672,10 @@ class Lab:
                 # One rank failed: the others cannot finish an SPMD program without it. Stop them now
                 # rather than let them wait out the collective timeout.
                 failed = [r for r, ar in pending.items() if ar.ready() and _failed(ar)]
-                outcome.stopped, outcome.stopped_because = running, f"rank {format_ranks(failed)} failed"
+                dead = [r for r in failed if _died(pending[r])]
+                # A death is the cause; failures beside it are mostly its neighbours' broken collectives.
+                what = f"rank {format_ranks(dead)} died" if dead else f"rank {format_ranks(failed)} failed"
+                outcome.stopped, outcome.stopped_because = running, what
                 self._stop_cell(pending, outcome, printer, abort_first=True)
                 return
             if deadline is not None and now > deadline:
@@ -638,10 +709,14 @@ class Lab:
                 signal.SIGINT, targets=[self._table[r].engine_id for r in running], block=True
             )
         running = self._wait_ranks(pending, running, _INTERRUPT_GRACE_S, printer)
-        if running and not abort_first:
+        if running:
             # SIGINT cannot reach a rank blocked inside a C++ collective. Tearing down the group on
-            # the ranks that are free closes their connections, and the stuck collectives fail.
-            self._abort_group_on_free_ranks(running, outcome)
+            # the ranks that are free, and having the stuck ones drop their peer connections from a
+            # side thread, makes the stuck collectives fail.
+            if not abort_first:
+                self._abort_group_on_free_ranks(running, outcome)
+            self._release(running)
+            outcome.group_aborted = True
             running = self._wait_ranks(pending, running, _ABORT_GRACE_S, printer)
         if running:
             outcome.killed = running
@@ -650,7 +725,9 @@ class Lab:
             outcome.notes.append(f"rank {format_ranks(running)} did not stop and was killed")
 
     def _abort_group_on_free_ranks(self, running: list[int], outcome: _CellOutcome) -> None:
-        free = [r for r in range(self.world_size) if r not in running]
+        assert self._client is not None
+        alive = set(self._client.ids)
+        free = [r for r in range(self.world_size) if r not in running and self._table[r].engine_id in alive]
         here = self._table[free[0]].host if free else ""
         # Connections to stuck ranks on the same host are shut down too (see bootstrap.abort_group).
         stuck_pids = [self._table[r].pid for r in running if self._table[r].host == here]
@@ -740,6 +817,14 @@ class Lab:
             if ar.ready():
                 with contextlib.suppress(Exception):
                     ar.wait_for_output(timeout=max(0.0, output_deadline - time.monotonic()))
+        dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
+        for rank, failure in list(outcome.failures.items()):
+            if dead and rank not in dead and _PEER_GONE.search(failure.evalue):
+                # gloo noticed the dead peer before distlab did: say so in the same words.
+                outcome.failures[rank] = RankFailure(
+                    rank, "Stopped", f"rank {format_ranks(dead)} died while this rank was in a collective with it"
+                    f"{_cell_line(failure.traceback)}", failure.traceback,
+                )
         for rank in outcome.stopped:
             # Say why distlab stopped the rank; what it was doing stays in the message.
             was = outcome.failures.get(rank)
@@ -749,11 +834,46 @@ class Lab:
             )
         self._emit(pending, printer, final=True)
 
+    def _diagnose(self, outcome: _CellOutcome, selected: list[int]) -> None:
+        """After a stopped cell: which ranks never reached a collective, and where the others waited."""
+        failed = outcome.failures
+        stuck = set(outcome.stopped) | {r for r, f in failed.items() if f.ename == "KeyboardInterrupt"}
+        if not stuck:
+            return
+        dead = set(outcome.killed) | {r for r, f in failed.items() if f.ename == "EngineError"}
+        assert self._client is not None
+        alive = set(self._client.ids)
+        asks = {
+            r.rank: self._on(r.engine_id, "collective_trace")
+            for r in self._table
+            if r.rank not in dead and r.engine_id in alive
+        }
+        traces = {}
+        for rank, ar in asks.items():
+            with contextlib.suppress(Exception):
+                traces[rank] = ar.get(timeout=2.0)
+        doing = {
+            r: STUCK if r in stuck else FAILED if r in failed else FINISHED if r in selected else ABSENT
+            for r in range(self.world_size)
+        }
+        note = diagnose_collectives(traces, doing)
+        if note:
+            outcome.notes.insert(0, note)
+
     def _recover(self, outcome: _CellOutcome) -> None:
         """After a failed cell: make the world usable again, and say what was done."""
         if outcome.killed:
             self.restart()
             outcome.notes.append("the world was restarted: rank namespaces are fresh")
+            return
+        dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
+        if dead:
+            # A world with a dead rank cannot form a group; restarting is the user's call (a lesson
+            # may want to look at the survivors first), so say how.
+            outcome.notes.append(
+                f"rank {format_ranks(dead)} died; the others were stopped and keep their namespaces: "
+                "%dist restart (lab.restart()) brings a full world back"
+            )
             return
         reason = "its group was torn down to release stuck ranks" if outcome.group_aborted else self._group_problem()
         if reason:
@@ -816,6 +936,16 @@ def _failed(ar: Any) -> bool:
     return isinstance(result, dict) and "error" in result
 
 
+def _died(ar: Any) -> bool:
+    try:
+        ar.get(timeout=0)
+    except ipp.error.EngineError:
+        return True
+    except Exception as exc:  # noqa: BLE001 - the hub's report of a death arrives as a RemoteError
+        return getattr(exc, "ename", "") == "EngineError"
+    return False
+
+
 def _texts(pending: dict[int, Any], name: str) -> dict[int, str]:
     return {rank: getattr(ar, name) or "" for rank, ar in pending.items()}
 
@@ -861,10 +991,14 @@ def _ipp_log() -> logging.Logger:
 
 
 def start(
-    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local"
+    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False
 ) -> Lab:
-    """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells."""
-    return Lab(ranks=ranks, backend=backend, timeout=timeout, launcher=launcher).start()
+    """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
+
+    ``debug=True`` turns on torch's collective checking on every rank (TORCH_DISTRIBUTED_DEBUG=DETAIL):
+    mismatched collectives fail at once, named; everything runs slower.
+    """
+    return Lab(ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug).start()
 
 
 def _stop_all() -> None:

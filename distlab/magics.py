@@ -1,7 +1,7 @@
 """The IPython layer: parse a magic's arguments, call the Lab, show the result. Nothing else.
 
-    %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...]
-    %dist status | restart | kill RANK | stop
+    %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...] [--debug]
+    %dist status | restart [-n N] | kill RANK | stop
     %%ddp [-r RANKS] [--timeout S]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
 """
@@ -54,6 +54,13 @@ def _start_parser() -> MagicArgumentParser:
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds any wait may take")
     p.add_argument("--launcher", default="local", help="ipyparallel engine launcher: local, mpi, ssh, slurm, ...")
+    p.add_argument("--debug", action="store_true", help="torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+    return p
+
+
+def _restart_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist restart", add_help=False)
+    p.add_argument("-n", "--ranks", type=_whole("-n", "-n 2", 1), default=None, help="a new world size")
     return p
 
 
@@ -81,7 +88,7 @@ class DistMagics(Magics):
     def dist(self, line: str) -> Any:
         """Start, inspect, restart, kill a rank of, or stop the lab.
 
-        %dist start -n 2 | status | restart | kill R | stop
+        %dist start -n 2 [--debug] | status | restart [-n N] | kill R | stop
         """
         try:
             words = shlex.split(line)
@@ -96,6 +103,8 @@ class DistMagics(Magics):
             return self._start(_start_parser().parse_args(rest))
         if sub == "kill":
             return self._kill(_kill_parser().parse_args(rest).rank)
+        if sub == "restart":
+            return self._restart(_restart_parser().parse_args(rest).ranks)
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -107,14 +116,17 @@ class DistMagics(Magics):
                 f"a lab of {self.lab.world_size} ranks is already running: %dist stop first, or %dist restart"
             )
         try:
-            lab = Lab(ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher)
+            lab = Lab(
+                ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher, debug=args.debug
+            )
             lab.start()
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
         self.lab = lab
         print(
             f"{lab.world_size} ranks ready on {lab.backend} in {lab.timings['ready_s']:.1f} s "
-            f"(launcher {lab.launcher}); %%ddp cells now run on every rank"
+            f"(launcher {lab.launcher}{', collective checking on' if lab.debug else ''}); "
+            "%%ddp cells now run on every rank"
         )
 
     def _running_lab(self) -> Any:
@@ -125,9 +137,12 @@ class DistMagics(Magics):
     def _status(self) -> Any:
         return self._running_lab().status()
 
-    def _restart(self) -> None:
+    def _restart(self, ranks: int | None = None) -> None:
         lab = self._running_lab()
-        lab.restart()
+        try:
+            lab.restart(ranks)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
         print(f"{lab.world_size} fresh ranks ready in {lab.timings['restart_s']:.1f} s")
 
     def _kill(self, rank: int) -> None:

@@ -39,6 +39,9 @@ BAD_WHILE_RUNNING = [
     ("ddp", "-r 0-", "not a rank or a range"),
     ("ddp", "-r 1-0", "runs backwards"),
     ("ddp", "--timeout 0", "--timeout must be > 0"),
+    ("dist", "restart -n 0", "-n must be >= 1"),
+    ("dist", "restart -n two", "-n must be a whole number"),
+    ("dist", "restart now", "unrecognized arguments"),
 ]
 
 

@@ -1,0 +1,170 @@
+"""Faults on real ranks: a rank dies, a collective is never reached, ranks disagree; named, released, recovered."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from distlab import CellTimeout, RankError
+from distlab.errors import ABSENT, FAILED, FINISHED, STUCK, diagnose_collectives
+
+ALL_REDUCE_ONE = "t = torch.ones(1); dist.all_reduce(t); t.item()"
+
+# The victim dies 0.3 s into the cell: while the others wait for it in an all-reduce, or while
+# every rank is busy in Python (not in a collective).
+DEATHS = {
+    "SIGKILL while the others wait in an all-reduce": (
+        "import os, signal, time\n"
+        "if rank == VICTIM:\n"
+        "    time.sleep(0.3)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "t = torch.ones(1)\n"
+        "dist.all_reduce(t)\n"
+    ),
+    "os._exit while every rank computes": (
+        "import os, time\n"
+        "time.sleep(0.3)\n"
+        "if rank == VICTIM:\n"
+        "    os._exit(3)\n"
+        "time.sleep(30)\n"
+    ),
+}
+
+
+def _kill_every_rank_in_turn(lab, rounds: int, every_way: bool = True) -> list[float]:
+    """Each victim ``rounds`` times, each way of dying (or the ways in turn): checks every outcome."""
+    delays = []
+    ways = list(DEATHS.items())
+    for round_ in range(rounds):
+        for victim in range(lab.world_size):
+            for how, code in ways if every_way else [ways[(victim + round_) % len(ways)]]:
+                t0 = time.monotonic()
+                with pytest.raises(RankError) as info:
+                    lab.run(code.replace("VICTIM", str(victim)), stream=False)
+                delay = time.monotonic() - t0 - 0.3
+                delays.append(delay)
+                failures = info.value.failures
+                assert failures[victim].ename == "EngineError", (how, victim, str(info.value))
+                survivors = [r for r in range(lab.world_size) if r != victim]
+                for r in survivors:
+                    assert failures[r].ename == "Stopped", (how, victim, str(info.value))
+                    assert f"rank {victim} died" in failures[r].evalue
+                assert delay < 2.0, f"{how}, victim {victim}: the cell took {delay:.2f} s to fail"
+                assert [row.health for row in lab.status()] == ["dead" if r == victim else "ok" for r in range(lab.world_size)]
+                lab.restart()
+                assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {r: float(lab.world_size) for r in range(lab.world_size)}
+    return delays
+
+
+@pytest.mark.cluster
+def test_any_rank_dying_mid_cell_fails_the_cell_within_two_seconds_naming_it_at_two_ranks(lab_factory):
+    _kill_every_rank_in_turn(lab_factory(ranks=2), rounds=2)
+
+
+@pytest.mark.cluster
+def test_any_rank_dying_mid_cell_fails_the_cell_within_two_seconds_naming_it_at_four_ranks(lab_factory):
+    _kill_every_rank_in_turn(lab_factory(ranks=4, timeout=60), rounds=1, every_way=False)
+
+
+@pytest.mark.cluster
+def test_a_collective_some_ranks_never_reach_names_them_and_where_the_others_wait(lab):
+    code = (
+        "t = torch.ones(3, 5)\n"
+        "dist.all_reduce(t)\n"
+        "if rank == 0:\n"
+        "    dist.all_reduce(torch.ones(7))\n"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeout) as info:
+        lab.run(code, timeout=2, stream=False)
+    assert time.monotonic() - t0 < 2 + 2
+    text = str(info.value)
+    waited = re.search(r"collective #(\d+) \(all_reduce of \[7\] float32\): rank 0 waited in it", text)
+    missing = re.search(r"rank 1 never arrived \(its last was #(\d+), all_reduce of \[3, 5\] float32", text)
+    assert waited and missing, text
+    assert int(waited.group(1)) == int(missing.group(1)) + 1
+    assert "process group rebuilt" in text
+    assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 2.0, 1: 2.0}
+
+
+@pytest.mark.cluster
+def test_ranks_stuck_in_different_collectives_are_all_released_with_their_namespaces(lab):
+    # No rank is free to tear the group down from outside: each stuck rank drops its own connections.
+    lab.run("kept = rank * 10", stream=False)
+    pids = [row.pid for row in lab.status()]
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeout) as info:
+        lab.run("if rank == 0:\n    dist.all_reduce(torch.ones(4))\nelse:\n    dist.broadcast(torch.ones(4), 1)\n",
+                timeout=2, stream=False)
+    assert time.monotonic() - t0 < 2 + 2
+    assert "the ranks disagree on what it is (rank 0 all_reduce of [4] float32, rank 1 broadcast of [4] float32)" in str(
+        info.value
+    )
+    assert [row.pid for row in lab.status()] == pids  # released, not killed
+    assert dict(lab.run("kept", stream=False)) == {0: 0, 1: 10}
+    assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 2.0, 1: 2.0}
+
+
+@pytest.mark.cluster
+def test_a_collective_on_a_subset_of_ranks_names_the_ranks_not_in_the_cell(lab):
+    with pytest.raises(CellTimeout) as info:
+        lab.run("dist.barrier()", ranks=[0], timeout=1.5, stream=False)
+    assert "rank 1 never arrived" in str(info.value) and ABSENT in str(info.value)
+    assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 2.0, 1: 2.0}
+
+
+@pytest.mark.cluster
+def test_with_debug_a_shape_mismatch_is_named_on_every_rank_within_a_second(lab_factory):
+    lab = lab_factory(ranks=2, debug=True)
+    assert lab.run("dist.get_debug_level() == dist.DebugLevel.DETAIL", stream=False) == {0: True, 1: True}
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        lab.run("t = torch.ones(rank + 1)\ndist.all_reduce(t)", stream=False)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    for rank in (0, 1):
+        failure = info.value.failures[rank]
+        assert failure.ename != "Stopped", str(info.value)  # each rank found it itself
+        assert "mismatch" in failure.evalue.lower() and "TensorShape=[1]" in failure.evalue and "TensorShape=[2]" in failure.evalue
+    assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 2.0, 1: 2.0}
+
+
+def test_restart_with_a_new_size_and_bad_sizes(lab_factory):
+    lab = lab_factory(ranks=2)
+    lab.restart(ranks=3)
+    assert lab.world_size == 3 and [row.rank for row in lab.status()] == [0, 1, 2]
+    assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 3.0, 1: 3.0, 2: 3.0}
+    pids = [row.pid for row in lab.status()]
+    for bad in (0, -1, "two", 1.5):
+        with pytest.raises(ValueError, match="ranks must be"):
+            lab.restart(ranks=bad)
+    assert [row.pid for row in lab.status()] == pids  # bad input changed nothing
+
+
+@pytest.mark.parametrize(
+    "traces, doing, expected",
+    [
+        # Everyone at the same, matching collective: nothing to say (the hang is elsewhere).
+        ({0: [{"seq": 4, "op": "all_reduce", "shapes": [[2]], "dtypes": ["Float"]}],
+          1: [{"seq": 4, "op": "all_reduce", "shapes": [[2]], "dtypes": ["Float"]}]}, {0: STUCK, 1: STUCK}, None),
+        # No collective at all yet.
+        ({0: [], 1: []}, {0: STUCK, 1: FINISHED}, None),
+        # Two ranks ahead, two behind for different reasons.
+        ({0: [{"seq": 2, "op": "barrier", "shapes": [], "dtypes": []}],
+          1: [{"seq": 2, "op": "barrier", "shapes": [], "dtypes": []}],
+          2: [{"seq": 1, "op": "broadcast", "shapes": [[3]], "dtypes": ["Long"]}],
+          3: []},
+         {0: STUCK, 1: STUCK, 2: FAILED, 3: ABSENT},
+         "collective #2 (barrier): rank 0-1 waited in it; "
+         "rank 2 never arrived (its last was #1, broadcast of [3] int64; its cell failed); "
+         "rank 3 never arrived (it had made no collective; not in this cell)"),
+        # Point-to-point operations are numbered apart and do not count as collectives.
+        ({0: [{"seq": 1, "op": "all_reduce", "shapes": [[1]], "dtypes": ["Float"]},
+              {"seq": 1, "op": "send", "shapes": [[1]], "dtypes": ["Float"], "p2p": True}],
+          1: [{"seq": 1, "op": "all_reduce", "shapes": [[1]], "dtypes": ["Float"]}]}, {0: STUCK, 1: STUCK}, None),
+    ],
+)
+def test_collective_diagnosis(traces, doing, expected):
+    assert diagnose_collectives(traces, doing) == expected
