@@ -54,7 +54,7 @@ _LAZY = {
     "watch": "telemetry",
     "log": "telemetry",
 }
-_SUBMODULES = ("theory", "quiz", "lab", "errors", "bootstrap", "magics")
+_SUBMODULES = ("theory", "quiz", "lab", "errors", "bootstrap", "magics", "checkpoint")
 
 
 def __getattr__(name: str) -> Any:
