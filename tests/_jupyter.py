@@ -57,6 +57,16 @@ class JupyterLab:
             DISTLAB_QUIZ_PROGRESS=str(home / "quiz"),
         )
         self.python = python
+        # ipyparallel's own server and lab extensions (the "Clusters" panel) would watch every
+        # cluster of this user, other test runs' included; these tests are about distlab's.
+        config = home / "config"
+        (config / "labconfig").mkdir(parents=True, exist_ok=True)
+        (config / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"jpserver_extensions": {"ipyparallel": False}}})
+        )
+        (config / "labconfig" / "page_config.json").write_text(
+            json.dumps({"disabledExtensions": {"ipyparallel-labextension": True}})
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -1,0 +1,251 @@
+"""What a person sees: the start-here notebook run cell by cell in JupyterLab, in headless Chromium.
+
+A real JupyterLab server (free port, token), Debian's chromium driven by Playwright, the notebook's
+cells run with Shift+Enter as a person runs them. Checked on the page: output labelled by rank, the
+dashboard with plotted data, a quiz answered with the mouse and keyboard, the Distributed side panel
+and status bar showing the lab's 2 ranks, the panel's Restart button, and the panel emptied by
+``%dist stop``; no JavaScript error in the console. Screenshots go to test-artifacts/browser/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _browser import chromium_or_skip, launch_options
+from _jupyter import JupyterLab, wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "notebooks" / "00-start-here.ipynb"
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+CELL_DEADLINE_MS = 180_000
+
+
+def _clean_copy(src: Path, dst: Path) -> list[str]:
+    """Copy the notebook without outputs (what a person opens fresh); the code cells' sources."""
+    nb = json.loads(src.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    dst.write_text(json.dumps(nb, indent=1))
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _write_settings(settings_dir: Path) -> None:
+    # Every cell in the DOM (no virtual scrolling), and no news or update pop-ups over the page.
+    for plugin, values in {
+        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    }.items():
+        path = settings_dir / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
+    chromium_or_skip()
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    sources = _clean_copy(NOTEBOOK, root / NOTEBOOK.name)
+    jupyter = JupyterLab(root, tmp_path / "jupyter")
+    _write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
+    try:
+        with jupyter:
+            yield jupyter, sources
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "jupyter.log").write_text(jupyter.log())
+
+
+@pytest.fixture
+def page(server: tuple[JupyterLab, list[str]]) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(**launch_options())
+        context = browser.new_context(viewport={"width": 1500, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.js_errors = []  # type: ignore[attr-defined]
+        page.on("console", lambda m: m.type == "error" and page.js_errors.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: page.js_errors.append(f"uncaught: {e}"))
+        try:
+            yield page
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "last.png"))
+            context.close()
+            browser.close()
+
+
+class Notebook:
+    """The open notebook, driven as a person drives it."""
+
+    def __init__(self, page: Any, sources: list[str]) -> None:
+        self.page = page
+        self.sources = sources
+        self.runs = 0  # a fresh kernel numbers executions 1, 2, ...
+
+    def index(self, needle: str) -> int:
+        """The code cell whose source contains ``needle``."""
+        found = [i for i, s in enumerate(self.sources) if needle in s]
+        assert found, f"no code cell of {NOTEBOOK.name} contains {needle!r}"
+        return found[0]
+
+    def cell(self, i: int) -> Any:
+        return self.page.locator(".jp-NotebookPanel .jp-CodeCell").nth(i)
+
+    def run(self, i: int) -> Any:
+        """Select code cell ``i``, press Shift+Enter, wait for its execution number; its output area."""
+        cell = self.cell(i)
+        prompt = cell.locator(".jp-InputArea .jp-InputPrompt").first
+        for _ in range(3):  # a key press can land before the notebook is listening: press again
+            prompt.click()
+            self.page.keyboard.press("Shift+Enter")
+            try:
+                prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)
+                break
+            except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
+                continue
+        self.runs += 1
+        prompt.filter(has_text=f"[{self.runs}]").wait_for(timeout=CELL_DEADLINE_MS)
+        return cell.locator(".jp-OutputArea")
+
+    def run_all_but_last(self) -> dict[int, Any]:
+        return {i: self.run(i) for i in range(len(self.sources) - 1)}
+
+
+def _kernel_idle(jupyter: JupyterLab, path: str) -> bool:
+    sessions = jupyter.request("GET", "/api/sessions")[1] or []
+    kernel = next((s["kernel"] for s in sessions if s["path"] == path and s.get("kernel")), None)
+    return kernel is not None and jupyter.request("GET", f"/api/kernels/{kernel['id']}")[1]["execution_state"] == "idle"
+
+
+def _shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def _answer_quiz(quiz: Any) -> list[str]:
+    """Answer every question with the mouse, as a person does; the verdict of each, as shown."""
+    from playwright.sync_api import expect
+
+    header = quiz.locator(".widget-html-content").first
+    # (a button's accessible name starts with its icon's glyph: find buttons by their text)
+    check = quiz.locator("button", has_text=re.compile(r"^\s*Check\s*$"))
+    verdicts = []
+    for _ in range(20):  # a bounded walk: at most 20 questions
+        if "done" in header.inner_text():
+            return verdicts
+        radios = quiz.locator(".widget-radio-box input[type=radio]")
+        if radios.count():
+            # Choose the options in turn and press Check until the page says it is right: a right
+            # answer closes the question (Check greys out), a wrong one leaves it open.
+            for k in range(radios.count()):
+                radios.nth(k).check()
+                check.click()
+                try:
+                    expect(check).to_be_disabled(timeout=5_000)
+                    break
+                except AssertionError:
+                    continue
+            verdict = quiz.locator(".widget-html-content", has_text=re.compile(r"^\s*[✔✘]"))
+        else:
+            quiz.locator("button", has_text="Show answer").click()
+            verdict = quiz.locator(".widget-html-content", has_text="The answer:")
+        verdicts.append(verdict.first.inner_text(timeout=10_000).strip())
+        before = header.inner_text()
+        quiz.locator("button", has_text=re.compile(r"^\s*(Next|Finish)\s*$")).click()
+        expect(header).not_to_have_text(before, timeout=10_000)
+    raise AssertionError("the quiz did not finish within 20 questions")
+
+
+def _panel_ranks(page: Any) -> list[dict[str, str]]:
+    rows = page.locator("#distlab-panel .distlab-rank")
+    return [
+        dict(zip(("rank", "host", "pid", "device", "health"), rows.nth(i).locator("td").all_inner_texts()))
+        for i in range(rows.count())
+    ]
+
+
+def test_start_here_notebook_in_chromium(server: tuple[JupyterLab, list[str]], page: Any) -> None:
+    jupyter, sources = server
+    page.goto(f"{jupyter.url}/lab/tree/{NOTEBOOK.name}?token={jupyter.token}")
+    page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for()
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+    wait_for(lambda: _kernel_idle(jupyter, NOTEBOOK.name), 90, "the notebook's kernel to be ready")
+    nb = Notebook(page, sources)
+
+    outputs = nb.run_all_but_last()
+
+    # Output labelled by rank, streamed from both ranks.
+    hello = outputs[nb.index("hello from rank")].inner_text()
+    assert re.search(r"\[rank 0\] hello from rank 0 of 2", hello), hello
+    assert re.search(r"\[rank 1\] hello from rank 1 of 2", hello), hello
+    status = outputs[nb.index("%dist status")].inner_text()
+    assert re.search(r"^rank\s+engine_id\s+host\s+pid\s+device\s+backend\s+health", status, re.MULTILINE), status
+    assert len(re.findall(r"\bgloo\s+ok\b", status)) == 2, status
+
+    # The dashboard under the training cell, with data plotted in it.
+    training = outputs[nb.index("distlab.watch(")]
+    plots = training.locator(".js-plotly-plot")
+    plots.first.wait_for()
+    points = plots.evaluate_all(
+        "gds => gds.map(gd => (gd.data || []).reduce((n, t) => n + ((t.y || t.x || []).length || 0), 0))"
+    )
+    assert sum(points) > 0, points
+    training.scroll_into_view_if_needed()
+    _shot(page, "1-dashboard")
+
+    # A failed rank is named in the error a person reads.
+    failure = outputs[nb.index("corrupt shard")].inner_text()
+    assert "rank 1" in failure and "ValueError: rank 1 read a corrupt shard" in failure, failure
+
+    # The quiz, answered through the page.
+    quiz = outputs[nb.index("%quiz")]
+    verdicts = _answer_quiz(quiz)
+    assert verdicts and all(v.startswith(("✔", "✘", "The answer:")) for v in verdicts), verdicts
+    assert any(v.startswith("✔") for v in verdicts), verdicts  # a right answer, graded in Python
+    assert re.search(r"\d+ of \d+ right at the first try", quiz.inner_text())
+    quiz.scroll_into_view_if_needed()
+    _shot(page, "2-quiz")
+
+    # The Distributed side panel and the status bar show this notebook's lab.
+    page.locator(".jp-SideBar .lm-TabBar-tab[data-id='distlab-panel']").click()
+    lab = page.locator("#distlab-panel .distlab-lab[data-world-size='2']")
+    lab.wait_for()
+    assert lab.locator(".distlab-notebook").inner_text() == NOTEBOOK.name
+    assert "2 ranks · gloo" in lab.locator(".distlab-summary").inner_text()
+    assert re.search(r"steps/s · all-reduce \d+\.\d+ ms/step", lab.locator(".distlab-training").inner_text())
+    ranks = _panel_ranks(page)
+    assert [(r["rank"], r["device"], r["health"]) for r in ranks] == [("0", "cpu", "ok"), ("1", "cpu", "ok")]
+    status_item = page.locator(".distlab-status")
+    assert status_item.inner_text() == "distlab: 2 ranks · ok"
+    _shot(page, "3-side-panel")
+
+    # Restart from the panel: fresh rank processes, shown in the panel.
+    old_pids = {r["pid"] for r in ranks}
+    lab.locator("button.distlab-restart").click()
+    lab.locator(".distlab-message", has_text="fresh ranks ready").wait_for(timeout=120_000)
+    page.wait_for_function(
+        "old => { const rows = [...document.querySelectorAll('#distlab-panel .distlab-rank')];"
+        " return rows.length === 2 && rows.every(r => !old.includes(r.children[2].textContent)); }",
+        arg=sorted(old_pids),
+        timeout=30_000,
+    )
+    assert [r["health"] for r in _panel_ranks(page)] == ["ok", "ok"]
+
+    # The last cell stops the lab: the panel and the status bar let it go.
+    stopped = nb.run(len(sources) - 1).inner_text()
+    assert "lab stopped" in stopped, stopped
+    page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
+    page.locator(".distlab-status").wait_for(state="hidden", timeout=10_000)
+    _shot(page, "4-stopped")
+
+    assert page.js_errors == []  # type: ignore[attr-defined]
