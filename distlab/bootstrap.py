@@ -41,6 +41,7 @@ _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_P
 # The rendezvous store. Rank 0 holds the server; the others hold clients. Kept here so the
 # process group can be rebuilt on a fresh store without the client round-tripping objects.
 _store: dist.TCPStore | None = None
+_store_socket: socket.socket | None = None
 _config: dict[str, Any] = {}
 
 # torch's flight recorder keeps each group's latest collectives (op, shapes, sequence number) on
@@ -83,11 +84,25 @@ def open_store(host: str, timeout_s: float) -> int:
 
     Port 0 makes the OS choose, so two labs never collide and no port is ever hard-coded.
     """
-    global _store
+    global _store, _store_socket
     _store = None  # drop the previous server (on rebuild) before binding a new one
+    try:
+        # TCPStore alone listens on every interface; bound here, it listens only where the other
+        # ranks reach rank 0 (loopback when they all run on this machine).
+        listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError:
+        listener = None
     _store = dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+        host,
+        listener.getsockname()[1] if listener else 0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        **({"master_listen_fd": listener.fileno()} if listener else {}),
     )
+    if _store_socket is not None:
+        _store_socket.close()
+    _store_socket = listener  # the store serves on its descriptor: keep it open
     return int(_store.port)
 
 

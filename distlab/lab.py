@@ -182,6 +182,7 @@ class Lab:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._pgid_file: str | None = None
         self._release_dir: str | None = None  # the ranks' release sockets (bootstrap.listen_for_release)
+        self._helper_pgids: set[int] = set()  # processes the engines started in sessions of their own
         self.timings: dict[str, float] = {}
         self._phase_start = 0.0
         self._listeners: list[Callable[[dict[int, Any], bool], None]] = []
@@ -273,9 +274,25 @@ class Lab:
         self._init_group("init_rank", first=True)
         self._phase("process_group_s")  # rendezvous, init_process_group, first all-reduce
         self._listen_for_release()
+        self._adopt_engine_helpers()
         # Let names defined in the notebook (functions, classes) travel to the ranks by value.
         client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
         self._phase("namespace_s")
+
+    def _adopt_engine_helpers(self) -> None:
+        """Each engine starts a nanny (it reports the engine's death at once) in a session of its own;
+        it would outlive a stop by seconds. Its group joins those that stop() and the reaper kill."""
+        import psutil
+
+        here = socket.gethostname()
+        for r in self._table:
+            if r.host != here:
+                continue
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(r.pid).children():
+                    if os.getpgid(child.pid) == child.pid:
+                        self._helper_pgids.add(child.pid)
+        self._write_pgids()
 
     def _listen_for_release(self) -> None:
         """Give each rank on this host a socket through which a stuck collective can be released."""
@@ -421,6 +438,9 @@ class Lab:
         self._cluster.stop_engines_sync()
         _wait_for(lambda: not old_ids & set(self._client.ids), 10.0)  # type: ignore[union-attr]
         self._reap_pids([r.pid for r in self._table if r.host == socket.gethostname()])
+        for pgid in self._helper_pgids:
+            _kill_group(pgid)
+        self._helper_pgids = set()
         self._table = []
         try:
             self._launch_engines()
@@ -458,6 +478,7 @@ class Lab:
             _kill_group(pgid)
         self._reap_pids(pids)
         self._table = []
+        self._helper_pgids = set()
         self._stop_reaper()
         if self._release_dir is not None:
             shutil.rmtree(self._release_dir, ignore_errors=True)
@@ -499,7 +520,7 @@ class Lab:
             if isinstance(pid, int) and pid > 0:
                 pids.append(pid)
         # ipyparallel starts each local process in a session of its own: its pid is its group id.
-        return sorted(set(pids))
+        return sorted(set(pids) | self._helper_pgids)
 
     def _start_reaper(self) -> None:
         fd, self._pgid_file = tempfile.mkstemp(prefix="distlab-", suffix=".pgids")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -61,8 +62,21 @@ def ipython() -> Iterator[object]:
         ip.run_line_magic("unload_ext", "distlab")
 
 
+# Processes this test run starts inherit this mark, orphans included: other labs on the same machine
+# (another test run, a notebook) are not ours to count.
+_OWNER = f"{os.getpid()}-{time.time_ns()}"
+os.environ["DISTLAB_TEST_RUN"] = _OWNER
+
+
+def _ours(proc: psutil.Process) -> bool:
+    try:
+        return proc.environ().get("DISTLAB_TEST_RUN") == _OWNER
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def distlab_processes() -> list[psutil.Process]:
-    """Every live ipyparallel engine/controller or distlab reaper process on this machine."""
+    """Every live ipyparallel engine/controller or distlab reaper process this test run started."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -72,6 +86,6 @@ def distlab_processes() -> list[psutil.Process]:
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         if any(k in cmd for k in ("ipyparallel.engine", "ipyparallel.controller", "distlab._reaper",
-                                   "ipengine", "ipcontroller")):
+                                   "ipengine", "ipcontroller")) and _ours(proc):
             found.append(proc)
     return found

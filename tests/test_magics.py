@@ -19,6 +19,7 @@ BAD_BEFORE_START = [
     ("dist", "start -n 2 --timeout -5", "--timeout must be > 0"),
     ("dist", "start -n 2 --timeout soon", "--timeout must be a number of seconds"),
     ("dist", "start -n 2 --launcher pigeon", "unknown launcher 'pigeon'"),
+    ("dist", "start -n __import__('os').getpid()", "-n must be a whole number"),  # never evaluated
     ("dist", "launch", "unknown subcommand 'launch'"),
     ("dist", "", "%dist needs a subcommand"),
     ("dist", "status", "no lab is running"),
