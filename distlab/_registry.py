@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ _FORMAT = 1
 # Steps of rank 0 the step rate is measured over.
 _RATE_WINDOW = 10
 
-_last_write: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+# lab -> (when its file was last written, what it said: busy ranks, telemetry version, rank pids)
+_last_write: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
 _tracked: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
 
 
@@ -54,18 +56,27 @@ def track(lab: Any) -> None:
         lab.telemetry  # noqa: B018 - made first, so its listener runs before ours: we read fresh data
 
         def on_poll(pending: dict[int, Any], final: bool) -> None:
-            if final or time.monotonic() - _last_write.get(lab, 0.0) >= WRITE_EVERY_S:
-                publish(lab, busy=set() if final else {rank for rank, ar in pending.items() if not ar.ready()})
+            if final or time.monotonic() - _last_write.get(lab, (0.0, None))[0] >= WRITE_EVERY_S:
+                busy = set() if final else {rank for rank, ar in pending.items() if not ar.ready()}
+                publish(lab, busy=busy, ask=False)
 
         lab.add_listener(on_poll)
     publish(lab)
 
 
-def publish(lab: Any, busy: set[int] | None = None) -> None:
-    """Write the lab's file. ``busy``: ranks running a cell now (their health is not asked for)."""
-    _last_write[lab] = time.monotonic()
-    with contextlib.suppress(Exception):  # the side panel is a convenience; the lab must go on
-        _write(_path(lab), _describe(lab, busy))
+def publish(lab: Any, busy: set[int] | None = None, ask: bool = True) -> None:
+    """Write the lab's file. ``busy``: ranks running a cell now. ``ask``: ask the controller for
+    each rank's health (a round trip); else the table's, and the reader marks ranks whose process
+    is gone. Cells call this with ``ask=False`` and skip the write when nothing changed, so a
+    quick cell pays microseconds for it."""
+    try:
+        state = (frozenset(busy or ()), lab.telemetry.version, tuple(r.pid for r in lab.table))
+        if not ask and _last_write.get(lab, (0.0, None))[1] == state:
+            return
+        _last_write[lab] = (time.monotonic(), state)
+        _write(_path(lab), _describe(lab, busy, ask))
+    except Exception:  # noqa: BLE001, S110 - the side panel is a convenience; the lab must go on
+        pass
 
 
 def forget(lab: Any) -> None:
@@ -75,14 +86,16 @@ def forget(lab: Any) -> None:
         _path(lab).unlink()
 
 
-def _describe(lab: Any, busy: set[int] | None) -> dict[str, Any]:
-    if busy:  # a cell is running: the table as it is, the running ranks busy
-        rows = [dict(_row(r), health="busy" if r.rank in busy else r.health) for r in lab.table]
-    else:
+def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
+    busy = busy or set()
+    if ask:
         try:
-            rows = [_row(r) for r in lab.status()]  # health asked of the controller now
+            table = list(lab.status())  # health asked of the controller now
         except Exception:  # noqa: BLE001 - a lab that cannot answer is reported as such
-            rows = [dict(_row(r), health="unknown") for r in lab.table]
+            table = [replace(r, health="unknown") for r in lab.table]
+    else:
+        table = list(lab.table)
+    rows = [dict(_row(r), health="busy" if r.rank in busy else r.health) for r in table]
     return {
         "format": _FORMAT,
         "pid": os.getpid(),

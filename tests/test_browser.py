@@ -3,7 +3,7 @@
 A real JupyterLab server (free port, token), Debian's chromium driven by Playwright, the notebook's
 cells run with Shift+Enter as a person runs them. Checked on the page: output labelled by rank, the
 dashboard with plotted data, a quiz answered with the mouse and keyboard, the Distributed side panel
-and status bar showing the lab's 2 ranks, the panel's Restart button, and the panel emptied by
+and status bar showing the lab's 2 ranks, the panel's Restart and Stop buttons, and the panel emptied by
 ``%dist stop``; no JavaScript error in the console. Screenshots go to test-artifacts/browser/.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from _browser import chromium_or_skip, launch_options
 from _jupyter import JupyterLab, wait_for
@@ -126,6 +127,13 @@ def _kernel_idle(jupyter: JupyterLab, path: str) -> bool:
     sessions = jupyter.request("GET", "/api/sessions")[1] or []
     kernel = next((s["kernel"] for s in sessions if s["path"] == path and s.get("kernel")), None)
     return kernel is not None and jupyter.request("GET", f"/api/kernels/{kernel['id']}")[1]["execution_state"] == "idle"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _shot(page: Any, name: str) -> None:
@@ -247,5 +255,14 @@ def test_start_here_notebook_in_chromium(server: tuple[JupyterLab, list[str]], p
     page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
     page.locator(".distlab-status").wait_for(state="hidden", timeout=10_000)
     _shot(page, "4-stopped")
+
+    # Start again (the first cell) and stop from the panel's Stop button this time.
+    nb.run(0)
+    lab.wait_for()
+    pids = [int(r["pid"]) for r in _panel_ranks(page)]
+    lab.locator("button.distlab-stop").click()
+    page.locator("#distlab-panel .distlab-empty").wait_for(timeout=60_000)
+    assert jupyter.labs() == []
+    wait_for(lambda: not any(_alive(p) for p in pids), 15, "the stopped ranks to exit")
 
     assert page.js_errors == []  # type: ignore[attr-defined]
