@@ -6,6 +6,7 @@ import re
 import time
 
 import pytest
+import torch
 
 from distlab import CellTimeout, RankError
 from distlab.errors import ABSENT, FAILED, FINISHED, STUCK, diagnose_collectives
@@ -168,3 +169,47 @@ def test_restart_with_a_new_size_and_bad_sizes(lab_factory):
 )
 def test_collective_diagnosis(traces, doing, expected):
     assert diagnose_collectives(traces, doing) == expected
+
+
+TRAIN_ONE_EPOCH = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+from distlab import checkpoint
+
+torch.manual_seed(0)
+data = torch.linspace(-1, 1, 24).reshape(24, 1)
+sampler = DistributedSampler(range(24), shuffle=True, seed=3)
+model = DDP(torch.nn.Linear(1, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+last = checkpoint.latest(CKPT)
+state = checkpoint.load(last, model=model, optimizer=opt, sampler=sampler) if last else {"step": 0, "epoch": -1}
+step, epoch = state["step"], state["epoch"] + 1
+resumed = [p.detach().clone() for p in model.parameters()]
+sampler.set_epoch(epoch)
+seen = list(sampler)
+for i in seen:
+    opt.zero_grad()
+    model(data[i : i + 1]).sub(3 * data[i : i + 1]).pow(2).mean().backward()
+    opt.step()
+    step += 1
+checkpoint.save(checkpoint.path_for(CKPT, step), model=model, optimizer=opt, step=step, sampler=sampler)
+"""
+
+
+@pytest.mark.cluster
+def test_restart_at_a_new_size_continues_from_the_last_checkpoint_with_the_data_resharded(lab_factory, tmp_path):
+    lab = lab_factory(ranks=2)
+    lab.push(CKPT=str(tmp_path))
+    lab.run(TRAIN_ONE_EPOCH, stream=False)
+    saved = lab.run("(step, [p.detach().clone() for p in model.parameters()])", stream=False)
+    assert saved[0][0] == saved[1][0] == 12  # 24 samples over 2 ranks, one step each
+    lab.restart(ranks=3)
+    lab.push(CKPT=str(tmp_path))
+    lab.run(TRAIN_ONE_EPOCH, stream=False)
+    after = lab.run("(world_size, epoch, resumed, seen, step)", stream=False)
+    for rank, (world, epoch, resumed, seen, step) in after.items():
+        assert (world, epoch) == (3, 1)
+        assert all(torch.equal(a, b) for a, b in zip(resumed, saved[0][1]))  # weights of the last checkpoint
+        assert step == 12 + 8  # 24 samples over 3 ranks
+    shards = [set(after[r][3]) for r in range(3)]
+    assert set().union(*shards) == set(range(24)) and sum(map(len, shards)) == 24  # re-sharded: disjoint, complete
