@@ -182,7 +182,9 @@ def _panel_ranks(page: Any) -> list[dict[str, str]]:
     ]
 
 
-def test_start_here_notebook_in_chromium(server: tuple[JupyterLab, list[str]], page: Any) -> None:
+def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab(
+    server: tuple[JupyterLab, list[str]], page: Any
+) -> None:
     jupyter, sources = server
     page.goto(f"{jupyter.url}/lab/tree/{NOTEBOOK.name}?token={jupyter.token}")
     page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for()

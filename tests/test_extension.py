@@ -147,3 +147,22 @@ def test_jupyterlab_browser_check_passes_with_the_extension(tmp_path: Path) -> N
     assert done.returncode == 0, log
     assert "browser check: JupyterLab started in chromium with distlab's panel and no errors" in log
     assert "distlab" in log  # the server extension was loaded by the app under test
+
+
+def test_training_summary_is_rank_0s_recent_rate_and_the_latest_all_reduce() -> None:
+    from distlab._registry import training_summary
+
+    def rec(rank: int, step: int, t: float, seconds: list[float]) -> dict[str, object]:
+        return {"rank": rank, "step": step, "t": t, "step_time_s": 0.05,
+                "allreduce": [{"seconds": s} for s in seconds]}
+
+    # Rank 0: 20 steps 0.1 s apart (the last 10 make the rate); rank 1 slower at the last step.
+    records = [rec(0, s, 100 + 0.1 * s, [0.001, 0.002]) for s in range(20)]
+    records += [rec(1, 19, 102.0, [0.003, 0.004])]
+    summary = training_summary(records)
+    assert summary["step"] == 19
+    assert summary["steps_per_s"] == pytest.approx(10.0)
+    assert summary["allreduce_s"] == pytest.approx((0.003 + 0.007) / 2)  # both ranks' step 19
+    one = training_summary([rec(0, 0, 5.0, [])])
+    assert one["steps_per_s"] == pytest.approx(20.0) and one["allreduce_s"] is None
+    assert training_summary([]) == {"step": None, "steps_per_s": None, "allreduce_s": None}
