@@ -61,6 +61,8 @@ def track(lab: Any) -> None:
                 publish(lab, busy=busy, ask=False)
 
         lab.add_listener(on_poll)
+    with contextlib.suppress(Exception):
+        read_labs()  # which removes the files of kernels killed before they could
     publish(lab)
 
 
