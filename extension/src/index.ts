@@ -65,9 +65,7 @@ class LabsModel {
   labs: ILabInfo[] = [];
   error: string | null = null;
 
-  constructor() {
-    this._settings = ServerConnection.makeSettings();
-  }
+  constructor(private _settings: ServerConnection.ISettings) {}
 
   onChange(fn: () => void): void {
     this._listeners.push(fn);
@@ -75,11 +73,7 @@ class LabsModel {
 
   start(): void {
     void this.refresh();
-    this._timer = window.setInterval(() => void this.refresh(), POLL_MS);
-  }
-
-  dispose(): void {
-    window.clearInterval(this._timer);
+    window.setInterval(() => void this.refresh(), POLL_MS); // for the page's lifetime
   }
 
   /** The lab in the given kernel, if any. */
@@ -109,9 +103,7 @@ class LabsModel {
     this._listeners.forEach(fn => fn());
   }
 
-  private _settings: ServerConnection.ISettings;
   private _listeners: Array<() => void> = [];
-  private _timer = 0;
   private _inFlight = false;
 }
 
@@ -363,7 +355,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker | null,
     statusBar: IStatusBar | null
   ) => {
-    const model = new LabsModel();
+    const model = new LabsModel(app.serviceManager.serverSettings);
     const act = (lab: ILabInfo, what: 'stop' | 'restart') =>
       runInKernel(app, tracker, lab.kernel_id, `%dist ${what}`);
     const panel = new LabsPanel(model, act);
