@@ -41,7 +41,6 @@ _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_P
 # The rendezvous store. Rank 0 holds the server; the others hold clients. Kept here so the
 # process group can be rebuilt on a fresh store without the client round-tripping objects.
 _store: dist.TCPStore | None = None
-_store_socket: socket.socket | None = None
 _config: dict[str, Any] = {}
 
 # torch's flight recorder keeps each group's latest collectives (op, shapes, sequence number) on
@@ -84,7 +83,7 @@ def open_store(host: str, timeout_s: float) -> int:
 
     Port 0 makes the OS choose, so two labs never collide and no port is ever hard-coded.
     """
-    global _store, _store_socket
+    global _store
     _store = None  # drop the previous server (on rebuild) before binding a new one
     try:
         # TCPStore alone listens on every interface; bound here, it listens only where the other
@@ -98,11 +97,10 @@ def open_store(host: str, timeout_s: float) -> int:
         is_master=True,
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout_s),
-        **({"master_listen_fd": listener.fileno()} if listener else {}),
+        # The store takes the descriptor over (and closes it when it goes): detach it from the socket
+        # object, or closing that object later would close whatever reuses the number.
+        **({"master_listen_fd": listener.detach()} if listener else {}),
     )
-    if _store_socket is not None:
-        _store_socket.close()
-    _store_socket = listener  # the store serves on its descriptor: keep it open
     return int(_store.port)
 
 
@@ -145,7 +143,10 @@ def init_rank(
             master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout_s)
         )
     if dist.is_initialized():
-        dist.destroy_process_group()
+        _destroy_group()
+    # Every rank must name the new group alike; a failed earlier attempt may have left the counter up.
+    with contextlib.suppress(Exception):
+        dist.distributed_c10d._world.group_count = 0
     t0 = time.perf_counter()
     dist.init_process_group(
         backend,
@@ -282,10 +283,35 @@ def abort_group(peer_pids: list[int] | tuple[int, ...] = ()) -> bool:
     """
     was_up = dist.is_initialized()
     if was_up:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        _destroy_group()
     _shutdown_connections_to(set(peer_pids))
     return was_up
+
+
+def _destroy_group() -> None:
+    """``destroy_process_group``, finished by hand if shutting a broken backend down raised.
+
+    torch resets its group counter only at the end of a clean destroy; a rank whose destroy failed
+    half-way would name its next group differently from the others, and the rebuild would wait
+    for keys that never come (measured: every rebuild after a released barrier timed out).
+    """
+    try:
+        dist.destroy_process_group()
+        return
+    except Exception:  # noqa: BLE001 - a broken group may fail to shut down: forget it anyway
+        pass
+    c10d = dist.distributed_c10d
+    with contextlib.suppress(Exception):
+        c10d._update_default_pg(None)
+    world = c10d._world
+    for table in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
+                  "pg_coalesce_state"):
+        with contextlib.suppress(Exception):
+            getattr(world, table).clear()
+    with contextlib.suppress(Exception):
+        c10d._unregister_all_process_groups()
+    with contextlib.suppress(Exception):
+        world.group_count = 0
 
 
 def _shutdown_connections_to(peer_pids: set[int]) -> int:
@@ -317,18 +343,26 @@ def listen_for_release(path: str, peer_pids: list[int]) -> bool:
     returns with its namespace intact.
     """
     peers = {int(p) for p in peer_pids} - {os.getpid()}
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)  # in a directory only this user can enter (the client made it 0700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)  # in a directory only this user can enter (the client made it 0700)
+    server.listen(4)
 
     def serve() -> None:
         while True:
             try:
-                message = sock.recv(16)
+                conn, _ = server.accept()
             except OSError:
                 return
-            if message == b"release":
-                with contextlib.suppress(Exception):
-                    _shutdown_connections_to(peers)
+            with conn:
+                conn.settimeout(2.0)
+                with contextlib.suppress(OSError):
+                    if conn.recv(16) == b"release":
+                        closed = 0
+                        with contextlib.suppress(Exception):
+                            closed = _shutdown_connections_to(peers)
+                        # Answer when done: the client rebuilds the group only after this, so a
+                        # late release can never cut the new group's connections.
+                        conn.sendall(str(closed).encode())
 
     threading.Thread(target=serve, name="distlab-release", daemon=True).start()
     return True

@@ -316,10 +316,22 @@ class Lab:
         """Ask stuck ranks on this host to drop their connections to their peers (their collectives fail)."""
         if self._release_dir is None:
             return
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            for r in ranks:
-                with contextlib.suppress(OSError):
-                    sock.sendto(b"release", self._release_path(self._table[r]))
+        here = socket.gethostname()
+        connections = []
+        for r in ranks:
+            if self._table[r].host != here:
+                continue
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(1.0)
+            try:
+                sock.connect(self._release_path(self._table[r]))
+                sock.sendall(b"release")
+                connections.append(sock)
+            except OSError:
+                sock.close()
+        for sock in connections:  # every rank works on its release at once; wait for each answer
+            with sock, contextlib.suppress(OSError):
+                sock.recv(16)
 
     def _phase(self, name: str) -> None:
         """Record how long the phase that just ended took (start-up is measured phase by phase)."""
@@ -898,7 +910,15 @@ class Lab:
             return
         reason = "its group was torn down to release stuck ranks" if outcome.group_aborted else self._group_problem()
         if reason:
-            self._init_group("rebuild_group", first=False)
+            try:
+                self._init_group("rebuild_group", first=False)
+            except (RankError, DistlabError) as exc:
+                # A group that cannot be rebuilt in place is rebuilt with the processes.
+                self.restart()
+                first = str(exc).splitlines()[0]
+                outcome.notes.append(f"the process group could not be rebuilt ({first}): the world was restarted; "
+                                     "rank namespaces are fresh")
+                return
             outcome.notes.append(
                 f"process group rebuilt ({reason}); objects built on the old group must be rebuilt too"
             )

@@ -36,13 +36,24 @@ def lab_factory(request: pytest.FixtureRequest) -> Callable[..., Lab]:
 
 
 @pytest.fixture(scope="session")
-def lab() -> Iterator[Lab]:
-    """One 2-rank gloo lab shared by tests that leave it as they found it."""
+def _shared_lab() -> Iterator[Lab]:
     shared = distlab.start(ranks=2, timeout=20)
     try:
         yield shared
     finally:
         shared.stop()
+
+
+@pytest.fixture
+def lab(_shared_lab: Lab) -> Lab:
+    """One 2-rank gloo lab shared by tests that leave it as they found it.
+
+    A test that failed half-way may leave a rank dead or the group broken: the next test gets a
+    fresh world instead of failing for the same cause.
+    """
+    if _shared_lab.world_size != 2 or any(row.health != "ok" for row in _shared_lab.status()):
+        _shared_lab.restart(ranks=2)
+    return _shared_lab
 
 
 @pytest.fixture
