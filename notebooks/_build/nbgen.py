@@ -25,13 +25,14 @@ def md(text: str):
 
 
 def code(text: str, check: bool = False, raises: bool = False):
-    """A code cell; ``check``: nbval compares its output; ``raises``: it is meant to fail (nbval and
-    nbconvert both go on: the marker comment for nbval, the ``raises-exception`` tag for nbconvert)."""
+    """A code cell; ``check``: nbval compares its output; ``raises``: it is meant to fail (the cell's
+    ``raises-exception`` tag lets both nbconvert and nbval go on; nbval warns if a comment marker
+    says the same, so there is none)."""
     source = textwrap.dedent(text).strip("\n")
-    markers = (["# NBVAL_CHECK_OUTPUT"] if check else []) + (["# NBVAL_RAISES_EXCEPTION"] if raises else [])
+    markers = ["# NBVAL_CHECK_OUTPUT"] if check else []
     if markers:
         lines = source.split("\n")
-        # A cell magic must stay on the first line; the markers go right after it.
+        # A cell magic must stay on the first line; the marker goes right after it.
         at = 1 if lines[0].startswith("%%") else 0
         lines[at:at] = markers
         source = "\n".join(lines)
