@@ -36,6 +36,10 @@ def _whole(what: str, example: str, minimum: int) -> Any:
     return convert
 
 
+def _ranks(n: int, adjective: str = "") -> str:
+    return f"{n} {adjective}rank{'s' if n != 1 else ''}"
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -124,7 +128,7 @@ class DistMagics(Magics):
             raise UsageError(str(exc)) from None
         self.lab = lab
         print(
-            f"{lab.world_size} ranks ready on {lab.backend} in {lab.timings['ready_s']:.1f} s "
+            f"{_ranks(lab.world_size)} ready on {lab.backend} in {lab.timings['ready_s']:.1f} s "
             f"(launcher {lab.launcher}{', collective checking on' if lab.debug else ''}); "
             "%%ddp cells now run on every rank"
         )
@@ -143,7 +147,7 @@ class DistMagics(Magics):
             lab.restart(ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
-        print(f"{lab.world_size} fresh ranks ready in {lab.timings['restart_s']:.1f} s")
+        print(f"{_ranks(lab.world_size, 'fresh ')} ready in {lab.timings['restart_s']:.1f} s")
 
     def _kill(self, rank: int) -> None:
         lab = self._running_lab()

@@ -357,6 +357,27 @@ def test_ddp_replicas_are_not_flagged(lab):
 
 
 @pytest.mark.cluster
+def test_a_zero_sharded_optimizer_steps_once_per_update_and_replicas_agree(lab):
+    # ZeroRedundancyOptimizer steps its local optimizer, then broadcasts the shards: the step ends there.
+    lab.run(SETUP, stream=False)
+    store = lab.telemetry
+    lab.run(
+        "from torch.distributed.optim import ZeroRedundancyOptimizer\n"
+        "model = DDP(make_model())\n"
+        "opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)\n"
+        "with distlab.watch(model, checksum_every=1):\n"
+        "    for x, y in batches(3, seed=rank):\n"
+        "        opt.zero_grad()\n"
+        "        torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "        opt.step()",
+        stream=False,
+    )
+    verdict = analysis.divergence(store.records(), store.meta())
+    assert [r["step"] for r in store.records(0)] == [0, 1, 2]
+    assert not verdict.diverged, verdict.message
+
+
+@pytest.mark.cluster
 def test_gradients_averaged_by_hand_are_timed_and_keep_replicas_equal(lab):
     lab.run(SETUP, stream=False)
     store = lab.telemetry

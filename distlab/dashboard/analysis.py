@@ -290,7 +290,7 @@ def trace_rows(records: Sequence[Record], ranks: Sequence[int], last_steps: int 
             if buckets:
                 size = sum(b["bytes"] for b in buckets)
                 rows.append(TraceRow(
-                    step, epoch, rank, f"all-reduce gradients ({len(buckets)} buckets, {size / 1e6:.2f} MB)",
+                    step, epoch, rank, f"all-reduce gradients ({len(buckets)} bucket{'s' if len(buckets) != 1 else ''}, {size / 1e6:.2f} MB)",
                     f"waited {rec.get('comm_s', 0.0) * 1e3:.1f} ms after backward",
                     f"gradients averaged over {world} ranks",
                 ))

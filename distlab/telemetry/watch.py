@@ -18,6 +18,7 @@ final when the next step begins. Everything a hook does is cheap except on sampl
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import threading
@@ -248,7 +249,9 @@ class Watch:
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         owns = self._owns_cache.get(optimizer)
         if owns is None:
-            owns = any(id(p) in self._param_ids for group in optimizer.param_groups for p in group["params"])
+            owns = not _wrapped_by_zero(optimizer) and any(
+                id(p) in self._param_ids for group in optimizer.param_groups for p in group["params"]
+            )
             self._owns_cache[optimizer] = owns
         return owns
 
@@ -350,6 +353,25 @@ class Watch:
         timing.done = time.perf_counter()
         step.timings.append(timing)
         return tensor
+
+
+def _wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """True for the local optimizer inside a ZeroRedundancyOptimizer.
+
+    Its step ends before the wrapper broadcasts the updated shards: closing the step there would
+    take checksums of half-updated replicas (and flag a divergence that is not there). The
+    wrapper's own step, which ends after the broadcast, closes it instead. Checked once per optimizer.
+    """
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:
+        return False
+    for ref in gc.get_referrers(optimizer):
+        if isinstance(ref, dict):  # the wrapper's __dict__, holding it as .optim
+            if any(isinstance(o, ZeroRedundancyOptimizer) and getattr(o, "__dict__", None) is ref
+                   for o in gc.get_referrers(ref)):
+                return True
+    return False
 
 
 def _number(name: str, value: Any) -> float:
