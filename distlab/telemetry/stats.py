@@ -42,6 +42,7 @@ class LayerIndex:
         self._owner = torch.tensor(owner, dtype=torch.long)
         #: What one step's gradients weigh: the bytes a data-parallel step all-reduces.
         self.grad_bytes = sum(p.numel() * p.element_size() for p in params)
+        self._buffers: list[torch.Tensor] | None = None  # snapshot()'s, reused
 
     def _combine(self, per_param: torch.Tensor, which: list[int], dtype: torch.dtype) -> list[float | int]:
         """Sum per-parameter values (one per index in ``which``) into per-layer values, on the CPU."""
@@ -69,9 +70,19 @@ class LayerIndex:
         return self.norms([p.grad for p in self.params])
 
     def snapshot(self) -> list[torch.Tensor]:
-        """A copy of the weights, to measure the next update against."""
+        """A copy of the weights, to measure the next update against.
+
+        Copied into the same buffers each time: allocating fresh ones costs page faults on every
+        byte (measured at 12M parameters: 33 ms a clone, against a few ms a copy into warm memory).
+        """
         with torch.no_grad():
-            return [p.detach().clone() for p in self.params]
+            current = [p.detach() for p in self.params]
+            if self._buffers is None or any(b.shape != p.shape or b.dtype != p.dtype or b.device != p.device
+                                            for b, p in zip(self._buffers, current)):
+                self._buffers = [p.clone() for p in current]
+            else:
+                torch._foreach_copy_(self._buffers, current)
+            return self._buffers
 
     def update_ratios(self, before: list[torch.Tensor]) -> dict[str, float]:
         """{layer: ||W - W_before|| / ||W_before||}; consumes ``before`` (overwritten in place)."""
