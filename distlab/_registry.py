@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ._procs import pid_alive as _pid_alive
+
 __all__ = ["WRITE_EVERY_S", "forget", "publish", "read_labs", "registry_dir", "track"]
 
 #: While a cell runs, the lab's file is rewritten at most this often.
@@ -192,15 +194,3 @@ def read_labs(directory: Path | None = None) -> list[dict[str, Any]]:
         labs.append(data)
     return labs
 
-
-def _pid_alive(pid: int) -> bool:
-    import psutil
-
-    if pid <= 0:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, ValueError):
-        return False
-    except psutil.AccessDenied:
-        return True

@@ -66,6 +66,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._procs import pid_alive as _pid_alive
+
 __all__ = [
     "FORMAT",
     "VERSION",
@@ -230,14 +232,6 @@ def _remove_stale_temps(target: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_directory(directory: Path) -> None:

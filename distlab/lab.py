@@ -28,6 +28,7 @@ import ipyparallel as ipp
 
 from . import _registry
 from ._calls import on_rank
+from ._procs import pid_alive as _pid_alive
 from ._streams import RankPrinter
 from .errors import (
     ABSENT,
@@ -329,8 +330,10 @@ class Lab:
                 connections.append(sock)
             except OSError:
                 sock.close()
-        for sock in connections:  # every rank works on its release at once; wait for each answer
+        deadline = time.monotonic() + 1.0
+        for sock in connections:  # every rank works on its release at once; wait for their answers
             with sock, contextlib.suppress(OSError):
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
                 sock.recv(16)
 
     def _phase(self, name: str) -> None:
@@ -441,7 +444,7 @@ class Lab:
         assert self._cluster is not None and self._client is not None
         if ranks is not None:
             _check_ranks(ranks)
-            if self.launcher == "local" and self.requested_backend != "gloo":
+            if self.launcher == "local":
                 _check_local_gpus(ranks, self.backend)
             if ranks != self.world_size:
                 self._resize(ranks)
@@ -882,9 +885,10 @@ class Lab:
             if r.rank not in dead and r.engine_id in alive
         }
         traces = {}
+        deadline = time.monotonic() + 2.0
         for rank, ar in asks.items():
             with contextlib.suppress(Exception):
-                traces[rank] = ar.get(timeout=2.0)
+                traces[rank] = ar.get(timeout=max(0.01, deadline - time.monotonic()))
         doing = {
             r: STUCK if r in stuck else FAILED if r in failed else FINISHED if r in selected else ABSENT
             for r in range(self.world_size)
@@ -991,19 +995,6 @@ def _texts(pending: dict[int, Any], name: str) -> dict[int, str]:
     return {rank: getattr(ar, name) or "" for rank, ar in pending.items()}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); it is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _kill_group(pgid: int) -> None:
