@@ -207,24 +207,58 @@ def test_a_closed_watch_leaves_no_hook_and_training_matches_an_unwatched_model(l
     lab.run(SETUP, stream=False)
     result = lab.run(
         "from torch.optim.optimizer import _global_optimizer_post_hooks\n"
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
         "hooks_before = len(_global_optimizer_post_hooks)\n"
         "model = DDP(make_model())\n"
         "with distlab.watch(model) as w:\n"
         "    train(model, 3, data_seed=rank)\n"
+        "    hooked = model._get_ddp_logging_data().get('comm_hook', '')\n"
         "left = (len(model._forward_pre_hooks), len(_global_optimizer_post_hooks) - hooks_before,\n"
-        "        model._distlab_comm_timer.enabled, len(w.records()))\n"
+        "        model._get_ddp_logging_data().get('comm_hook', ''), len(w.records()), w.notes)\n"
         "after_close = train(model, 5, data_seed=rank + 10)\n"
+        # DDP refuses a second communication hook: this one is accepted only if ours is gone.
+        "model.register_comm_hook(None, default_hooks.allreduce_hook)\n"
+        "after_users_hook = train(model, 2, data_seed=rank + 20)\n"
         "reference = DDP(make_model())\n"
         "train(reference, 3, data_seed=rank)\n"
         "expected = train(reference, 5, data_seed=rank + 10)\n"
-        "(left, all(torch.equal(a, b) for a, b in zip(after_close, expected)))",
+        "expected_2 = train(reference, 2, data_seed=rank + 20)\n"
+        "(hooked, left, all(torch.equal(a, b) for a, b in zip(after_close, expected)),\n"
+        " all(torch.equal(a, b) for a, b in zip(after_users_hook, expected_2)))",
         stream=False,
     )
     for rank in (0, 1):
-        (pre_hooks, optimizer_hooks, hook_on, recorded), identical = result[rank]
-        assert (pre_hooks, optimizer_hooks, hook_on) == (0, 0, False)
+        hooked, (pre_hooks, optimizer_hooks, comm_hook, recorded, notes), identical, identical_2 = result[rank]
+        assert "timed_allreduce_hook" in hooked  # the hook was there while watched...
+        assert (pre_hooks, optimizer_hooks, comm_hook, notes) == (0, 0, "", [])  # ...and is gone
         assert recorded == 3  # nothing recorded after close
-        assert identical
+        assert identical and identical_2
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "options", ["", "static_graph=True", "gradient_as_bucket_view=True", "find_unused_parameters=True"]
+)
+def test_a_model_watched_closed_and_watched_again_is_timed_again_and_trains_as_unwatched(lab, options):
+    lab.run(SETUP, stream=False)
+    result = lab.run(
+        f"model = DDP(make_model(), {options})\n"
+        "with distlab.watch(model) as w1:\n"
+        "    train(model, 2, data_seed=rank)\n"
+        "train(model, 2, data_seed=rank + 5)\n"
+        "with distlab.watch(model) as w2:\n"
+        "    train(model, 3, data_seed=rank + 9)\n"
+        "final = train(model, 2, data_seed=rank + 13)\n"
+        f"reference = DDP(make_model(), {options})\n"
+        "for steps, seed in ((2, rank), (2, rank + 5), (3, rank + 9), (2, rank + 13)):\n"
+        "    expected = train(reference, steps, data_seed=seed)\n"
+        "([[sum(b['bytes'] for b in r['allreduce']) for r in w.records()] for w in (w1, w2)],\n"
+        " all(torch.equal(a, b) for a, b in zip(final, expected)), w1.notes + w2.notes)",
+        stream=False,
+    )
+    grad_bytes = 4 * sum((8 * 32 + 32, 32 * 32 + 32, 32 * 4 + 4))
+    for rank in (0, 1):
+        assert result[rank] == ([[grad_bytes] * 2, [grad_bytes] * 3], True, [])
 
 
 @pytest.mark.cluster

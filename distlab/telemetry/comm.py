@@ -2,8 +2,14 @@
 
 The hook wraps ``default_hooks.allreduce_hook`` (torch documents it as giving the same result as no
 hook at all) and only adds a timestamp before the call and one in the future's ``then`` callback.
-DDP takes one hook per model, for the model's life: a closed watch leaves the hook in place,
-switched off, and it then calls ``allreduce_hook`` and nothing else. A later watch switches it on again.
+
+DDP takes one hook per reducer and has no call to remove it. Closing a watch therefore gives the
+model a fresh reducer (what DDP itself does when it is unpickled, ``__setstate__``): the old one's
+autograd hooks are removed first, and the new one has no communication hook, so a closed model runs
+torch's C++ all-reduce path exactly as if it had never been watched, and the user may register a
+hook of their own afterwards. Where DDP was built with options a fresh reducer would not carry
+(mixed precision, the Python reducer of compiled autograd, delayed all-reduce), the hook stays,
+switched off: it then calls ``allreduce_hook`` and nothing else.
 
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations at run time and
 wants the real ``dist.GradBucket`` and ``Future[Tensor]`` objects, not strings.
@@ -20,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import theory
 
-__all__ = ["BucketTiming", "CommTimer", "attach", "summarize", "timed_allreduce_hook"]
+__all__ = ["BucketTiming", "CommTimer", "attach", "detach", "summarize", "timed_allreduce_hook"]
 
 # Where the timer lives on a DDP model, so a second watch of the same model reuses its hook.
 _ATTRIBUTE = "_distlab_comm_timer"
@@ -98,6 +104,36 @@ def attach(model: torch.nn.Module) -> tuple[CommTimer | None, str | None]:
         return None, f"all-reduce not timed: this DDP model already has a communication hook ({exc})"
     setattr(model, _ATTRIBUTE, timer)
     return timer, None
+
+
+def detach(model: torch.nn.Module, timer: CommTimer) -> bool:
+    """Take the timing hook off ``model``: True when it is gone, False when it stays switched off.
+
+    Call it between steps (no backward in flight) and on every rank alike, as closing a watch in
+    the same cell does: the fresh reducer rebuilds its buckets in its first steps, in step with the
+    other ranks' fresh reducers.
+    """
+    timer.enabled = False
+    timer.timings = []
+    if not isinstance(model, DistributedDataParallel) or getattr(model, _ATTRIBUTE, None) is not timer:
+        return False
+    if (getattr(model, "mixed_precision", None) is not None or getattr(model, "_use_python_reducer", False)
+            or getattr(model, "_delay_all_reduce_all_params", False)
+            or [h for h, _ in model._comm_hooks] != [timed_allreduce_hook]):
+        return False
+    model._remove_autograd_hooks()  # the old reducer must stop seeing gradients before the new one does
+    parameters, expect_sparse_gradient = model._build_params_for_reducer()
+    names = model._build_debug_param_to_name_mapping(parameters)
+    model._ddp_init_helper(parameters, expect_sparse_gradient, names, model.static_graph)
+    if model.static_graph:
+        model.reducer._set_static_graph()
+        model.logger._set_static_graph()
+        # A static graph's first step all-reduces at the end of backward, queued once per reducer.
+        model._static_graph_delay_allreduce_enqueued = False
+    model._comm_hooks = []
+    model._has_rebuilt_buckets = False
+    delattr(model, _ATTRIBUTE)
+    return True
 
 
 def summarize(
