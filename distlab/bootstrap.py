@@ -238,6 +238,15 @@ def run_cell(code: str, rank: int, want: str = "value") -> Any:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        _flush_telemetry()
+
+
+def _flush_telemetry() -> None:
+    """Send what open watches recorded before the cell's reply, so the notebook has their last steps."""
+    watch = sys.modules.get("distlab.telemetry.watch")  # never imported: nothing is watched
+    if watch is not None:
+        with contextlib.suppress(Exception):  # telemetry never turns a cell's result into an error
+            watch.flush()
 
 
 def _describe_failure(exc: BaseException, filename: str) -> dict[str, str]:

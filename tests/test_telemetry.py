@@ -468,3 +468,20 @@ def test_telemetry_reaches_the_notebook_while_the_cell_runs_at_a_bounded_rate(la
     for count, elapsed in published.values():
         assert count <= elapsed / 0.25 + 2
     assert len(store.records()) == 80
+
+
+@pytest.mark.cluster
+def test_a_watch_left_open_shows_every_step_when_the_cell_ends_and_goes_on_in_the_next(lab):
+    lab.run(SETUP, stream=False)
+    store = lab.telemetry
+    # One publish per minute: without the flush at the end of the cell only the first step would arrive.
+    lab.run("model = DDP(make_model())\n"
+            "w = distlab.watch(model, publish_interval_s=60)\n"
+            "train(model, 7, data_seed=rank)", stream=False)
+    steps = {rank: sorted(r["step"] for r in store.records() if r["rank"] == rank) for rank in (0, 1)}
+    assert steps == {0: list(range(7)), 1: list(range(7))}
+    assert all(r["loss"] is not None for r in store.records())
+    lab.run("train(model, 3, data_seed=rank + 1)", stream=False)
+    steps = {rank: sorted(r["step"] for r in store.records() if r["rank"] == rank) for rank in (0, 1)}
+    assert steps == {0: list(range(10)), 1: list(range(10))}
+    lab.run("w.close()", stream=False)

@@ -14,6 +14,6 @@ from __future__ import annotations
 
 from .config import WatchConfig
 from .publish import KEY
-from .watch import Watch, active, log, watch
+from .watch import Watch, active, flush, log, watch
 
-__all__ = ["KEY", "Watch", "WatchConfig", "active", "log", "watch"]
+__all__ = ["KEY", "Watch", "WatchConfig", "active", "flush", "log", "watch"]

@@ -50,6 +50,7 @@ class Publisher:
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._last_sent = 0.0
+        self._sending = threading.Lock()  # one build-and-send at a time: the thread's, or a flush
         self.sent = 0
         self.error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="distlab-telemetry", daemon=True)
@@ -71,15 +72,24 @@ class Publisher:
             self._publish(final=False)
 
     def _publish(self, final: bool) -> None:
-        if self.error is not None:
-            return
-        try:
-            self._send({KEY: self._build(final)})
-        except Exception as exc:  # noqa: BLE001 - telemetry must never break training: stop publishing
-            self.error = f"{type(exc).__name__}: {exc}"
-            return
-        self._last_sent = time.monotonic()
-        self.sent += 1
+        with self._sending:
+            if self.error is not None:
+                return
+            try:
+                self._send({KEY: self._build(final)})
+            except Exception as exc:  # noqa: BLE001 - telemetry must never break training: stop publishing
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+            self._last_sent = time.monotonic()
+            self.sent += 1
+
+    def flush(self) -> None:
+        """Send everything now, from the caller's thread, and keep publishing afterwards.
+
+        The cell is ending: what is sent before the cell's reply reaches the notebook with it.
+        """
+        self._dirty.clear()
+        self._publish(final=True)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop the thread, then send everything once more (the whole buffer), from the caller's thread."""

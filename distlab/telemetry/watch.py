@@ -36,7 +36,7 @@ from .config import WatchConfig, make_config
 from .publish import Publisher, Sender, engine_sender
 from .stats import LayerIndex
 
-__all__ = ["Watch", "active", "log", "watch"]
+__all__ = ["Watch", "active", "flush", "log", "watch"]
 
 _active: list[Watch] = []
 _runs = itertools.count()
@@ -69,6 +69,16 @@ def log(**values: Any) -> None:
 def active() -> Watch | None:
     """The open watch on this rank, if any."""
     return _active[-1] if _active else None
+
+
+def flush() -> None:
+    """Publish all that every open watch on this rank has recorded, now.
+
+    distlab calls it when a ``%%ddp`` cell ends, so a watch left open (no ``with``, no ``close()``)
+    still shows its last steps in the notebook; the watch stays open for the next cell.
+    """
+    for open_watch in list(_active):
+        open_watch.flush()
 
 
 class _Step:
@@ -158,6 +168,11 @@ class Watch:
             self._publisher.close()
             if self._publisher.error:
                 self.notes.append(f"publishing stopped: {self._publisher.error}")
+
+    def flush(self) -> None:
+        """Publish every step recorded so far, now (see :func:`flush`)."""
+        if not self.closed and self._publisher is not None:
+            self._publisher.flush()
 
     def __enter__(self) -> Watch:
         return self
