@@ -1,31 +1,40 @@
 """What watching costs: DDP step throughput with ``distlab.watch`` at its defaults, closed, and absent.
 
-Two gloo ranks of a real lab train three copies of the same MLP (same seed, same batches), one
-never watched, one watched (defaults: every bucket timed, per-layer norms and a checksum every 10
-steps, 4 publishes a second), one watched and then closed (its DDP hook stays, switched off).
-Chunks of steps alternate between the three in a rotating order, many rounds, so drift and the
-neighbour's load hit all alike; the table shows median steps/s and the median of per-round
-ratios to the unwatched copy. The notebook side runs as in use: telemetry store and dashboard on.
+Two gloo ranks of a real lab train four copies of the same MLP (same seed, same batches): one never
+watched (the baseline), a second never watched (its twin: what this machine's noise alone reads),
+one watched at the defaults (every bucket timed, per-layer norms and a checksum every 10 steps,
+4 publishes a second), and one watched and then closed. Chunks of 10 steps (one sampling period)
+rotate through the copies, many rounds, so drift and the neighbour's load hit all alike. Each rank
+is pinned to a core of its own. The table gives steps/s, and each copy's throughput relative to the
+baseline: total steps over total time, with a 95% bootstrap interval over rounds, and the median
+of per-round ratios. The notebook
+side runs as in use: telemetry store and dashboard on.
 
 Then the watched model's all-reduce timings are checked against torch.profiler's ``gloo:all_reduce``
 events over the same steps (the profiler runs only for that part).
 
-    python benchmarks/bench_telemetry.py [--rounds 20] [--widths 256 1024 1732]
+    python benchmarks/bench_telemetry.py [--rounds 100] [--widths 256 1024 1732] [--options stats_every=0]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import random
 import statistics
 
 import distlab
 
-# Runs on every rank. WIDTH, STEPS, ROUNDS and PROFILE_STEPS are pushed by the client.
+# Runs on every rank. WIDTH, STEPS, ROUNDS, OPTIONS and PROFILE_STEPS are pushed by the client.
 _RANK_CODE = r"""
-import statistics, time
+import os, time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
+
+# One core each: without it the two ranks migrate across the two cores and chunk times scatter.
+if len(os.sched_getaffinity(0)) >= world_size:
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
 
 def _make():
     torch.manual_seed(0)
@@ -35,10 +44,10 @@ def _make():
 
 _x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(rank))
 _y = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(rank))
-_copies = {name: DDP(_make()) for name in ("unwatched", "watched", "closed")}
+_copies = {name: DDP(_make()) for name in ("unwatched", "twin", "watched", "closed")}
 _opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in _copies.items()}
 distlab.watch(_copies["closed"]).close()
-_watch = distlab.watch(_copies["watched"])
+_watch = distlab.watch(_copies["watched"], **OPTIONS)
 
 def _chunk(name, steps):
     model, opt = _copies[name], _opts[name]
@@ -48,7 +57,7 @@ def _chunk(name, steps):
         loss = torch.nn.functional.cross_entropy(model(_x), _y)
         loss.backward()
         opt.step()
-        if name == "watched":
+        if name == "watched":  # log() reaches the open watch from any loop: only this one may call it
             distlab.log(loss=loss)
     return time.perf_counter() - t0
 
@@ -70,51 +79,69 @@ _theirs = [(e.time_range.start, (e.time_range.end - e.time_range.start) / 1e6)
            for e in _prof.events() if e.name == "gloo:all_reduce"]
 _theirs = [d for _, d in sorted(_theirs)]
 _watch.close()
+os.sched_setaffinity(0, range(os.cpu_count()))
 _params = sum(p.numel() for p in _copies["unwatched"].parameters())
 (_params, _times, _ours, _theirs)
 """
 
 
-def _fmt_ratio(values: list[float]) -> str:
-    return f"{100 * statistics.median(values):.1f}%"
+def relative(base: list[float], other: list[float], draws: int = 4000) -> tuple[float, float, float]:
+    """Throughput of ``other`` relative to ``base`` (same steps each round): point and 95% interval."""
+    pairs = list(zip(base, other))
+
+    def ratio(sample: list[tuple[float, float]]) -> float:
+        return sum(b for b, _ in sample) / sum(o for _, o in sample)
+
+    rng = random.Random(0)
+    boots = sorted(ratio(rng.choices(pairs, k=len(pairs))) for _ in range(draws))
+    return ratio(pairs), boots[int(0.025 * draws)], boots[int(0.975 * draws)]
+
+
+def _fmt(base: list[float], other: list[float]) -> str:
+    point, low, high = relative(base, other)
+    median = statistics.median(b / o for b, o in zip(base, other))
+    return f"{100 * point:.1f}% [{100 * low:.1f}, {100 * high:.1f}], median {100 * median:.1f}%"
+
+
+def _option(text: str) -> tuple[str, object]:
+    name, _, value = text.partition("=")
+    return name, ast.literal_eval(value)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 1024, 1732],
                         help="MLP width w: 4w^2 parameters (0.27M, 4.2M, 12M)")
+    parser.add_argument("--options", nargs="*", default=[], type=_option,
+                        help="watch options for the watched copy, e.g. stats_every=0 publish=False")
+    parser.add_argument("--no-dashboard", action="store_true",
+                        help="leave the notebook side idle (what the ranks' own work costs, alone)")
     args = parser.parse_args()
+    options = dict(args.options)
     with distlab.start(ranks=2, timeout=120) as lab:
-        lab.dashboard()  # the notebook side runs as in use: store merging, throttled redraws
-        print("| params | steps/chunk | unwatched (steps/s) | watched (steps/s) | watched / unwatched "
-              "| closed (steps/s) | closed / unwatched | all-reduces | ours / profiler (total) "
-              "| per-bucket median abs diff |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        if not args.no_dashboard:
+            lab.dashboard()  # the notebook side runs as in use: store merging, throttled redraws
+        print(f"watch options: {options or 'defaults'}; {args.rounds} rounds; "
+              f"dashboard {'off' if args.no_dashboard else 'on'}")
+        print("| params | unwatched (steps/s) | twin / unwatched (noise) | watched / unwatched "
+              "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff |")
+        print("|---|---|---|---|---|---|---|---|")
         for width in args.widths:
-            # Chunks of a multiple of 10 steps: each holds the same number of sampled steps.
-            steps = 50 if width <= 512 else 10
-            lab.push(WIDTH=width, STEPS=steps, ROUNDS=args.rounds, PROFILE_STEPS=10)
-            params, times, ours, theirs = _run(lab)
-            rate = {name: [steps / t for t in ts] for name, ts in times.items()}
-            watched = [u / w for u, w in zip(times["unwatched"], times["watched"])]
-            closed = [u / c for u, c in zip(times["unwatched"], times["closed"])]
+            steps = 10  # one sampling period: every chunk holds one sampled step
+            lab.push(WIDTH=width, STEPS=steps, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
+            params, times, ours, theirs = lab.run(_RANK_CODE, stream=False, timeout=3600)[0]
+            base = times["unwatched"]
             n = min(len(ours), len(theirs))
             diffs = [abs(a - b) / b for a, b in zip(ours[:n], theirs[:n]) if b > 0] or [float("nan")]
             total = sum(ours[:n]) / sum(theirs[:n]) if n else float("nan")
             print(
-                f"| {params / 1e6:.2f}M | {steps} | {statistics.median(rate['unwatched']):.1f} "
-                f"| {statistics.median(rate['watched']):.1f} | {_fmt_ratio(watched)} "
-                f"| {statistics.median(rate['closed']):.1f} | {_fmt_ratio(closed)} "
+                f"| {params / 1e6:.2f}M | {steps * len(base) / sum(base):.1f} "
+                f"| {_fmt(base, times['twin'])} | {_fmt(base, times['watched'])} | {_fmt(base, times['closed'])} "
                 f"| {n} (ours {len(ours)}, profiler {len(theirs)}) | {total:.3f} "
                 f"| {100 * statistics.median(diffs):.1f}% |",
                 flush=True,
             )
-
-
-def _run(lab: distlab.Lab) -> tuple[int, dict[str, list[float]], list[float], list[float]]:
-    """Run the benchmark cell on every rank; rank 0's numbers (steps are in lockstep across ranks)."""
-    return lab.run(_RANK_CODE, stream=False, timeout=900)[0]  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

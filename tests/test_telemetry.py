@@ -206,33 +206,54 @@ def test_training_with_and_without_watch_gives_bit_identical_parameters(lab):
 def test_a_closed_watch_leaves_no_hook_and_training_matches_an_unwatched_model(lab):
     lab.run(SETUP, stream=False)
     result = lab.run(
+        "import gc, weakref\n"
         "from torch.optim.optimizer import _global_optimizer_post_hooks\n"
         "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
         "hooks_before = len(_global_optimizer_post_hooks)\n"
         "model = DDP(make_model())\n"
         "with distlab.watch(model) as w:\n"
         "    train(model, 3, data_seed=rank)\n"
-        "    hooked = model._get_ddp_logging_data().get('comm_hook', '')\n"
+        "    stand_in = weakref.ref(w._timer.group)\n"
+        "del w._timer\n"
+        "gc.collect()\n"
         "left = (len(model._forward_pre_hooks), len(_global_optimizer_post_hooks) - hooks_before,\n"
-        "        model._get_ddp_logging_data().get('comm_hook', ''), len(w.records()), w.notes)\n"
+        "        model._get_ddp_logging_data().get('comm_hook', ''), stand_in() is None, len(w.records()))\n"
         "after_close = train(model, 5, data_seed=rank + 10)\n"
-        # DDP refuses a second communication hook: this one is accepted only if ours is gone.
+        # DDP refuses a second communication hook: the user's own is accepted after a watch.
         "model.register_comm_hook(None, default_hooks.allreduce_hook)\n"
         "after_users_hook = train(model, 2, data_seed=rank + 20)\n"
         "reference = DDP(make_model())\n"
         "train(reference, 3, data_seed=rank)\n"
         "expected = train(reference, 5, data_seed=rank + 10)\n"
         "expected_2 = train(reference, 2, data_seed=rank + 20)\n"
-        "(hooked, left, all(torch.equal(a, b) for a, b in zip(after_close, expected)),\n"
+        "(left, all(torch.equal(a, b) for a, b in zip(after_close, expected)),\n"
         " all(torch.equal(a, b) for a, b in zip(after_users_hook, expected_2)))",
         stream=False,
     )
     for rank in (0, 1):
-        hooked, (pre_hooks, optimizer_hooks, comm_hook, recorded, notes), identical, identical_2 = result[rank]
-        assert "timed_allreduce_hook" in hooked  # the hook was there while watched...
-        assert (pre_hooks, optimizer_hooks, comm_hook, notes) == (0, 0, "", [])  # ...and is gone
+        (pre_hooks, optimizer_hooks, comm_hook, stand_in_gone, recorded), identical, identical_2 = result[rank]
+        # No hook of any kind is left, and the reducer no longer holds the timing stand-in.
+        assert (pre_hooks, optimizer_hooks, comm_hook, stand_in_gone) == (0, 0, "", True)
         assert recorded == 3  # nothing recorded after close
         assert identical and identical_2
+
+
+@pytest.mark.cluster
+def test_a_model_with_its_own_communication_hook_is_watched_untimed_and_says_why(lab):
+    lab.run(SETUP, stream=False)
+    result = lab.run(
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+        "model = DDP(make_model())\n"
+        "model.register_comm_hook(None, default_hooks.allreduce_hook)\n"
+        "with distlab.watch(model) as w:\n"
+        "    train(model, 2, data_seed=rank)\n"
+        "([r['allreduce'] for r in w.records()], w.notes)",
+        stream=False,
+    )
+    for rank in (0, 1):
+        buckets, notes = result[rank]
+        assert buckets == [[], []]
+        assert notes == ["all-reduce not timed: this DDP model has a communication hook (allreduce_hook)"]
 
 
 @pytest.mark.cluster

@@ -144,16 +144,15 @@ class Watch:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Remove every hook (DDP's communication hook too), finish the last step, publish it all."""
+        """Remove every hook (and give DDP's reducer its own group back), finish the last step, publish it all."""
         if self.closed:
             return
         self.closed = True
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._timer is not None and not comm.detach(self.model, self._timer):
-            self.notes.append("the all-reduce timing hook stays on this DDP model, switched off "
-                              "(DDP cannot take it off a model built with these options)")
+        if self._timer is not None:
+            comm.detach(self.model, self._timer)
         step = self._open
         if step is not None:
             if step.record is None and self._weights_version() != step.version:

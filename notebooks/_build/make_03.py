@@ -130,7 +130,7 @@ cells = [
     and an extra flat copy of the gradients in memory; tiny buckets are the latency trap again.
 
     Below, one model of 4.2 M parameters (16.8 MB of fp32 gradients) is trained for a few steps with
-    four bucket caps. `distlab.watch` times every bucket through a DDP communication hook; the
+    four bucket caps. `distlab.watch` times every bucket's all-reduce as DDP launches it; the
     dashboard under the cell follows the runs live (it shows the latest watch: the all-reduce
     timeline of its last steps, bucket by bucket).
     """),
