@@ -214,7 +214,6 @@ def test_a_closed_watch_leaves_no_hook_and_training_matches_an_unwatched_model(l
         "with distlab.watch(model) as w:\n"
         "    train(model, 3, data_seed=rank)\n"
         "    stand_in = weakref.ref(w._timer.group)\n"
-        "del w._timer\n"
         "gc.collect()\n"
         "left = (len(model._forward_pre_hooks), len(_global_optimizer_post_hooks) - hooks_before,\n"
         "        model._get_ddp_logging_data().get('comm_hook', ''), stand_in() is None, len(w.records()))\n"

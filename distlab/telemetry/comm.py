@@ -106,7 +106,7 @@ class TimedGroup(dist.ProcessGroup):
     def barrier(self, opts):  # type: ignore[no-untyped-def]
         return self.inner.barrier(opts)
 
-    def getBackendName(self):  # type: ignore[no-untyped-def]  # noqa: N802 - torch's name
+    def getBackendName(self):  # type: ignore[no-untyped-def]  # torch's name
         return self.inner.name()
 
 

@@ -12,12 +12,12 @@ __all__ = ["WatchConfig", "make_config"]
 class WatchConfig:
     """Sampling and rate limits of ``distlab.watch``.
 
-    The defaults keep a watched run at >= 97% of an unwatched one's speed from ~4M parameters
-    (benchmarks/RESULTS.md). Per-layer statistics are the one cost that grows with the model: a
-    sampled step reads the weights and gradients about seven times over (snapshot, difference,
+    With the defaults a watched run keeps 95.6-96.5% of an unwatched one's speed at 4.2M parameters
+    on 2 shared CPU cores (benchmarks/RESULTS.md; the >= 97% aim is not reached yet). Per-layer
+    statistics are the one cost that grows with the model: a sampled step reads the weights and gradients about seven times over (snapshot, difference,
     four norms, checksum), ~10 ms at 4M parameters on one CPU core, so they come every 20 steps
     (~1% of a 50 ms step). Replica checksums are one pass and come every 10. The all-reduce timing,
-    the step clock and publishing twice a second cost 1-2% together.
+    the step clock and publishing twice a second cost about 1-2% together (profiled).
     """
 
     #: Per-layer gradient norm, weight norm and update-to-weight ratio every this many steps (0: never).

@@ -20,6 +20,9 @@ KEY = "distlab.telemetry"
 
 Sender = Callable[[dict[str, Any]], None]
 
+#: How long a publish waits for another one in progress (the thread's, or a flush) before giving up.
+_SEND_WAIT_S = 2.0
+
 
 def engine_sender() -> Sender | None:
     """ipyparallel's ``publish_data`` when this process is an ipyparallel engine, else None."""
@@ -72,7 +75,10 @@ class Publisher:
             self._publish(final=False)
 
     def _publish(self, final: bool) -> None:
-        with self._sending:
+        # Bounded wait: a send that never returns must not hold a cell's end (flush) or close forever.
+        if not self._sending.acquire(timeout=_SEND_WAIT_S):
+            return
+        try:
             if self.error is not None:
                 return
             try:
@@ -82,6 +88,8 @@ class Publisher:
                 return
             self._last_sent = time.monotonic()
             self.sent += 1
+        finally:
+            self._sending.release()
 
     def flush(self) -> None:
         """Send everything now, from the caller's thread, and keep publishing afterwards.

@@ -77,7 +77,7 @@ def flush() -> None:
     distlab calls it when a ``%%ddp`` cell ends, so a watch left open (no ``with``, no ``close()``)
     still shows its last steps in the notebook; the watch stays open for the next cell.
     """
-    for open_watch in list(_active):
+    for open_watch in _active:  # flushing closes nothing: _active does not change
         open_watch.flush()
 
 
