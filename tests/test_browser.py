@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "00-start-here.ipynb"
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 CELL_DEADLINE_MS = 180_000
+# A wrong option leaves Check enabled, so each option is given this long to close the question; the
+# verdict then has longer (a kernel answering widget messages slowly on a loaded CI machine, not a bug).
+ANSWER_MS = 8_000
+VERDICT_MS = 60_000
 
 
 def _clean_copy(src: Path, dst: Path) -> list[str]:
@@ -159,7 +163,7 @@ def _answer_quiz(quiz: Any) -> list[str]:
                 radios.nth(k).check()
                 check.click()
                 try:
-                    expect(check).to_be_disabled(timeout=5_000)
+                    expect(check).to_be_disabled(timeout=ANSWER_MS)
                     break
                 except AssertionError:
                     continue
@@ -167,10 +171,13 @@ def _answer_quiz(quiz: Any) -> list[str]:
         else:
             quiz.locator("button", has_text="Show answer").click()
             verdict = quiz.locator(".widget-html-content", has_text="The answer:")
-        verdicts.append(verdict.first.inner_text(timeout=10_000).strip())
+        try:
+            verdicts.append(verdict.first.inner_text(timeout=VERDICT_MS).strip())
+        except Exception as error:  # noqa: BLE001 - playwright's TimeoutError: say what the page showed
+            raise AssertionError(f"no verdict on the page; the quiz read:\n{quiz.inner_text()}") from error
         before = header.inner_text()
         quiz.locator("button", has_text=re.compile(r"^\s*(Next|Finish)\s*$")).click()
-        expect(header).not_to_have_text(before, timeout=10_000)
+        expect(header).not_to_have_text(before, timeout=VERDICT_MS)
     raise AssertionError("the quiz did not finish within 20 questions")
 
 
