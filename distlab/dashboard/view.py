@@ -29,7 +29,7 @@ MESSAGES_PER_FIGURE = 4
 
 @dataclass(frozen=True)
 class DashboardConfig:
-    #: Seconds between refreshes, at least (the ranks publish twice a second by default).
+    #: Seconds between refreshes, at least (each rank publishes once a second by default).
     min_interval_s: float = 0.5
     #: Widget messages in any one second, at most, while a cell runs (the final redraw excepted).
     max_messages_per_s: int = 20

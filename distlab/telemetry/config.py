@@ -12,24 +12,24 @@ __all__ = ["WatchConfig", "make_config"]
 class WatchConfig:
     """Sampling and rate limits of ``distlab.watch``.
 
-    With the defaults a watched run keeps 95.6-96.5% of an unwatched one's speed at 4.2M parameters
-    on 2 shared CPU cores (benchmarks/RESULTS.md; the >= 97% aim is not reached yet). Per-layer
-    statistics are the one cost that grows with the model: a sampled step reads the weights and gradients about seven times over (snapshot, difference,
-    four norms, checksum), ~10 ms at 4M parameters on one CPU core, so they come every 20 steps
-    (~1% of a 50 ms step). Replica checksums are one pass and come every 10. The all-reduce timing,
-    the step clock and publishing twice a second cost about 1-2% together (profiled).
+    Every step gets its clock, loss and timed all-reduce buckets. What reads the whole model is
+    sampled: per-layer statistics (snapshot, difference, four norms: ~6 ms at 4M parameters on one
+    CPU core) and replica checksums (one pass, ~0.4 ms) every 50 steps, the interval PyTorch
+    Lightning logs at by default. Each rank publishes once a second: every publish costs CPU on the
+    rank, the controller and the notebook, which on a small machine share the ranks' cores.
+    benchmarks/RESULTS.md has what these defaults cost (about 3% of a 4M-parameter step on 2 shared
+    cores) and what faster settings cost; pass ``stats_every=1`` to see every step's norms.
     """
 
     #: Per-layer gradient norm, weight norm and update-to-weight ratio every this many steps (0: never).
-    stats_every: int = 20
+    stats_every: int = 50
     #: Replica checksum (exact, per layer) every this many steps (0: never).
-    checksum_every: int = 10
+    checksum_every: int = 50
     #: Time every all-reduce bucket of a DDP model (see ``telemetry.comm``).
     time_allreduce: bool = True
-    #: At most one publish per this many seconds per rank (ipyparallel ``publish_data``). Each publish
-    #: costs CPU on the rank, the controller and the notebook; on a small machine all three share
-    #: the ranks' cores, so twice a second is the default (measured: 4/s cost ~1-3% more at 4M).
-    publish_interval_s: float = 0.5
+    #: At most one publish per this many seconds per rank (ipyparallel ``publish_data``); the
+    #: notebook's dashboard redraws as they arrive.
+    publish_interval_s: float = 1.0
     #: Steps kept on the rank (the final publish sends them all).
     buffer_steps: int = 512
     #: Steps sent in one live publish at most (older ones stay on the rank).
@@ -55,7 +55,7 @@ def make_config(config: WatchConfig | None, overrides: dict[str, Any]) -> WatchC
         _whole(name, values[name], minimum=1)
     interval = values["publish_interval_s"]
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-        raise ValueError(f"publish_interval_s must be a number of seconds > 0, like 0.5 (got {interval!r})")
+        raise ValueError(f"publish_interval_s must be a number of seconds > 0, like 1.0 (got {interval!r})")
     for name in ("time_allreduce", "publish"):
         if not isinstance(values[name], bool):
             raise ValueError(f"{name} must be True or False (got {values[name]!r})")
