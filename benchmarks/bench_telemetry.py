@@ -2,9 +2,11 @@
 
 Two gloo ranks of a real lab train four copies of the same MLP (same seed, same batches): one never
 watched (the baseline), a second never watched (its twin: what this machine's noise alone reads),
-one watched at the defaults (every bucket timed, per-layer norms and a checksum every 10 steps,
-4 publishes a second), and one watched and then closed. Chunks of 10 steps (one sampling period)
-rotate through the copies, many rounds, so drift and the neighbour's load hit all alike. Each rank
+one watched at the defaults (every bucket timed, per-layer norms and a checksum every 50 steps,
+one publish a second), and one watched and then closed. Chunks of just under two publish
+intervals rotate through the copies, each followed by a pause of one interval, many rounds, so
+drift and the neighbour's load hit all alike, and every publish is paid for in the watched copy's
+own chunk (without the pause, half of them landed in the next copy's). Each rank
 is pinned to a core of its own. The table gives steps/s, and each copy's throughput relative to the
 baseline: total steps over total time, with a 95% bootstrap interval over rounds, and the median
 of per-round ratios. The notebook
@@ -13,7 +15,7 @@ side runs as in use: telemetry store and dashboard on.
 Then the watched model's all-reduce timings are checked against torch.profiler's ``gloo:all_reduce``
 events over the same steps (the profiler runs only for that part).
 
-    python benchmarks/bench_telemetry.py [--rounds 100] [--widths 256 1024 1732] [--options stats_every=0]
+    python benchmarks/bench_telemetry.py [--rounds 40] [--widths 256 1024 1732] [--options stats_every=0]
 """
 
 from __future__ import annotations
@@ -63,12 +65,21 @@ def _chunk(name, steps):
 
 for name in _copies:
     _chunk(name, 3)  # warm-up: DDP rebuilds its buckets after the first step
+# Chunks last just under two publish intervals, with a pause of one interval after each: a watched
+# chunk then holds the publishes a watched run makes in that time (one at its start, one an interval
+# later), and the publish its last steps ask for falls in the pause, not in the next copy's chunk.
+_interval = _watch.config.publish_interval_s if _watch.config.publish else 0.0
+_step_s = torch.tensor([_chunk("unwatched", 5) / 5])
+dist.all_reduce(_step_s, op=dist.ReduceOp.MAX)  # both ranks must run the same number of steps
+_steps = max(STEPS, round(1.9 * _interval / _step_s.item()))
+_pause_s = _interval + 0.2 if _interval else 0.0
 _order = list(_copies)
 _times = {name: [] for name in _copies}
 for r in range(ROUNDS):
     _order = _order[1:] + _order[:1]
     for name in _order:
-        _times[name].append(_chunk(name, STEPS))
+        _times[name].append(_chunk(name, _steps))
+        time.sleep(_pause_s)
 
 # All-reduce times: ours against the profiler's, bucket by bucket in launch order, same steps.
 _first = _watch.records()[-1]["step"] + 1
@@ -81,7 +92,7 @@ _theirs = [d for _, d in sorted(_theirs)]
 _watch.close()
 os.sched_setaffinity(0, range(os.cpu_count()))
 _params = sum(p.numel() for p in _copies["unwatched"].parameters())
-(_params, _times, _ours, _theirs)
+(_params, _steps, _times, _ours, _theirs)
 """
 
 
@@ -110,7 +121,7 @@ def _option(text: str) -> tuple[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 1024, 1732],
                         help="MLP width w: 4w^2 parameters (0.27M, 4.2M, 12M)")
     parser.add_argument("--options", nargs="*", default=[], type=_option,
@@ -124,19 +135,18 @@ def main() -> None:
             lab.dashboard()  # the notebook side runs as in use: store merging, throttled redraws
         print(f"watch options: {options or 'defaults'}; {args.rounds} rounds; "
               f"dashboard {'off' if args.no_dashboard else 'on'}")
-        print("| params | unwatched (steps/s) | twin / unwatched (noise) | watched / unwatched "
+        print("| params | steps per chunk | unwatched (steps/s) | twin / unwatched (noise) | watched / unwatched "
               "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for width in args.widths:
-            steps = 10  # one sampling period: every chunk holds one sampled step
-            lab.push(WIDTH=width, STEPS=steps, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
-            params, times, ours, theirs = lab.run(_RANK_CODE, stream=False, timeout=3600)[0]
+            lab.push(WIDTH=width, STEPS=10, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
+            params, steps, times, ours, theirs = lab.run(_RANK_CODE, stream=False, timeout=3600)[0]
             base = times["unwatched"]
             n = min(len(ours), len(theirs))
             diffs = [abs(a - b) / b for a, b in zip(ours[:n], theirs[:n]) if b > 0] or [float("nan")]
             total = sum(ours[:n]) / sum(theirs[:n]) if n else float("nan")
             print(
-                f"| {params / 1e6:.2f}M | {steps * len(base) / sum(base):.1f} "
+                f"| {params / 1e6:.2f}M | {steps} | {steps * len(base) / sum(base):.1f} "
                 f"| {_fmt(base, times['twin'])} | {_fmt(base, times['watched'])} | {_fmt(base, times['closed'])} "
                 f"| {n} (ours {len(ours)}, profiler {len(theirs)}) | {total:.3f} "
                 f"| {100 * statistics.median(diffs):.1f}% |",
