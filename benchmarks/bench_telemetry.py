@@ -27,7 +27,7 @@ import statistics
 
 import distlab
 
-# Runs on every rank. WIDTH, STEPS, ROUNDS, OPTIONS and PROFILE_STEPS are pushed by the client.
+# Runs on every rank. WIDTH, MIN_STEPS (per chunk), ROUNDS, OPTIONS and PROFILE_STEPS are pushed by the client.
 _RANK_CODE = r"""
 import os, time
 import torch
@@ -71,7 +71,7 @@ for name in _copies:
 _interval = _watch.config.publish_interval_s if _watch.config.publish else 0.0
 _step_s = torch.tensor([_chunk("unwatched", 5) / 5])
 dist.all_reduce(_step_s, op=dist.ReduceOp.MAX)  # both ranks must run the same number of steps
-_steps = max(STEPS, round(1.9 * _interval / _step_s.item()))
+_steps = max(MIN_STEPS, round(1.9 * _interval / _step_s.item()))
 _pause_s = _interval + 0.2 if _interval else 0.0
 _order = list(_copies)
 _times = {name: [] for name in _copies}
@@ -139,7 +139,7 @@ def main() -> None:
               "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff |")
         print("|---|---|---|---|---|---|---|---|---|")
         for width in args.widths:
-            lab.push(WIDTH=width, STEPS=10, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
+            lab.push(WIDTH=width, MIN_STEPS=10, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
             params, steps, times, ours, theirs = lab.run(_RANK_CODE, stream=False, timeout=3600)[0]
             base = times["unwatched"]
             n = min(len(ours), len(theirs))
