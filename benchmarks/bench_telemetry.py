@@ -29,7 +29,7 @@ import distlab
 
 # Runs on every rank. WIDTH, MIN_STEPS (per chunk), ROUNDS, OPTIONS and PROFILE_STEPS are pushed by the client.
 _RANK_CODE = r"""
-import os, time
+import os, resource, time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
@@ -51,8 +51,11 @@ _opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in _copies.i
 distlab.watch(_copies["closed"]).close()
 _watch = distlab.watch(_copies["watched"], **OPTIONS)
 
+_faults = {name: 0 for name in _copies}  # minor page faults while each copy trained
+
 def _chunk(name, steps):
     model, opt = _copies[name], _opts[name]
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     for _ in range(steps):
         opt.zero_grad()
@@ -61,7 +64,9 @@ def _chunk(name, steps):
         opt.step()
         if name == "watched":  # log() reaches the open watch from any loop: only this one may call it
             distlab.log(loss=loss)
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    _faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    return elapsed
 
 for name in _copies:
     _chunk(name, 3)  # warm-up: DDP rebuilds its buckets after the first step
@@ -75,6 +80,7 @@ _steps = max(MIN_STEPS, round(1.9 * _interval / _step_s.item()))
 _pause_s = _interval + 0.2 if _interval else 0.0
 _order = list(_copies)
 _times = {name: [] for name in _copies}
+_faults = {name: 0 for name in _copies}
 for r in range(ROUNDS):
     _order = _order[1:] + _order[:1]
     for name in _order:
@@ -92,7 +98,7 @@ _theirs = [d for _, d in sorted(_theirs)]
 _watch.close()
 os.sched_setaffinity(0, range(os.cpu_count()))
 _params = sum(p.numel() for p in _copies["unwatched"].parameters())
-(_params, _steps, _times, _ours, _theirs)
+(_params, _steps, _times, _ours, _theirs, {k: v / (ROUNDS * _steps) for k, v in _faults.items()})
 """
 
 
@@ -136,11 +142,13 @@ def main() -> None:
         print(f"watch options: {options or 'defaults'}; {args.rounds} rounds; "
               f"dashboard {'off' if args.no_dashboard else 'on'}")
         print("| params | steps per chunk | unwatched (steps/s) | twin / unwatched (noise) | watched / unwatched "
-              "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff | page faults per step (rank 0 / 1) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for width in args.widths:
             lab.push(WIDTH=width, MIN_STEPS=10, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
-            params, steps, times, ours, theirs = lab.run(_RANK_CODE, stream=False, timeout=3600)[0]
+            results = lab.run(_RANK_CODE, stream=False, timeout=3600)
+            params, steps, times, ours, theirs, _ = results[0]
+            faults = " / ".join(", ".join(f"{f:.0f}" for f in r[5].values()) for r in (results[0], results[1]))
             base = times["unwatched"]
             n = min(len(ours), len(theirs))
             diffs = [abs(a - b) / b for a, b in zip(ours[:n], theirs[:n]) if b > 0] or [float("nan")]
@@ -149,7 +157,7 @@ def main() -> None:
                 f"| {params / 1e6:.2f}M | {steps} | {steps * len(base) / sum(base):.1f} "
                 f"| {_fmt(base, times['twin'])} | {_fmt(base, times['watched'])} | {_fmt(base, times['closed'])} "
                 f"| {n} (ours {len(ours)}, profiler {len(theirs)}) | {total:.3f} "
-                f"| {100 * statistics.median(diffs):.1f}% |",
+                f"| {100 * statistics.median(diffs):.1f}% | {faults} |",
                 flush=True,
             )
 
