@@ -9,7 +9,9 @@ drift and the neighbour's load hit all alike, and every publish is paid for in t
 own chunk (without the pause, half of them landed in the next copy's). Each rank
 is pinned to a core of its own. The table gives steps/s, and each copy's throughput relative to the
 baseline: total steps over total time, with a 95% bootstrap interval over rounds, and the median
-of per-round ratios. The notebook
+of per-round ratios, and the page faults each copy's steps took (rank 0's copies / rank 1's:
+unwatched, twin, watched, closed), which show whether freed memory is being faulted back in.
+The notebook
 side runs as in use: telemetry store and dashboard on.
 
 Then the watched model's all-reduce timings are checked against torch.profiler's ``gloo:all_reduce``
