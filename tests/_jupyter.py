@@ -172,8 +172,21 @@ class JupyterLab:
         client = BlockingKernelClient(connection_file=str(self.runtime_dir / f"kernel-{kernel_id}.json"))
         client.load_connection_file()
         client.start_channels()
-        client.wait_for_ready(timeout=60)
-        return client
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+                return client
+            except RuntimeError:
+                # A client that did not start the kernel judges it by heartbeats, and on a loaded
+                # machine one can go unanswered while the kernel starts ("Kernel died before
+                # replying to kernel_info", seen in CI). Ask the server, which started it.
+                status, body = self.request("GET", f"/api/kernels/{kernel_id}")
+                alive = status == 200 and body.get("execution_state") != "dead"
+                if not alive or time.monotonic() > deadline:
+                    client.stop_channels()
+                    raise
+                time.sleep(0.5)
 
 
 def execute(client: Any, code: str, timeout: float = 120) -> str:
