@@ -82,7 +82,7 @@ _steps = max(MIN_STEPS, round(1.9 * _interval / _step_s.item()))
 _pause_s = _interval + 0.2 if _interval else 0.0
 _order = list(_copies)
 _times = {name: [] for name in _copies}
-_faults = {name: 0 for name in _copies}
+_faults = {name: 0 for name in _copies}  # counted from here: warm-up and chunk sizing left out
 for r in range(ROUNDS):
     _order = _order[1:] + _order[:1]
     for name in _order:
