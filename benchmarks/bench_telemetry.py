@@ -144,13 +144,13 @@ def main() -> None:
         print(f"watch options: {options or 'defaults'}; {args.rounds} rounds; "
               f"dashboard {'off' if args.no_dashboard else 'on'}")
         print("| params | steps per chunk | unwatched (steps/s) | twin / unwatched (noise) | watched / unwatched "
-              "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff | page faults per step (rank 0 / 1) |")
+              "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff | page faults per step (rank 0 / 1 / ...) |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for width in args.widths:
             lab.push(WIDTH=width, MIN_STEPS=10, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
             results = lab.run(_RANK_CODE, stream=False, timeout=3600)
             params, steps, times, ours, theirs, _ = results[0]
-            faults = " / ".join(", ".join(f"{f:.0f}" for f in r[5].values()) for r in (results[0], results[1]))
+            faults = " / ".join(", ".join(f"{f:.0f}" for f in results[rank][5].values()) for rank in sorted(results))
             base = times["unwatched"]
             n = min(len(ours), len(theirs))
             diffs = [abs(a - b) / b for a, b in zip(ours[:n], theirs[:n]) if b > 0] or [float("nan")]
