@@ -54,6 +54,7 @@ class Publisher:
         self._stop = threading.Event()
         self._last_sent = 0.0
         self._sending = threading.Lock()  # one build-and-send at a time: the thread's, or a flush
+        self._owed_final = False  # a final publish that could not go out yet: the thread sends it
         self.sent = 0
         self.error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="distlab-telemetry", daemon=True)
@@ -72,11 +73,15 @@ class Publisher:
             if wait_s > 0 and self._stop.wait(wait_s):
                 return
             self._dirty.clear()
-            self._publish(final=False)
+            self._publish(final=self._owed_final)
 
     def _publish(self, final: bool) -> None:
         # Bounded wait: a send that never returns must not hold a cell's end (flush) or close forever.
         if not self._sending.acquire(timeout=_SEND_WAIT_S):
+            # Owe it rather than drop it: the thread sends it (the whole buffer, if this was a
+            # final one) once the send in the way returns.
+            self._owed_final = self._owed_final or final
+            self._dirty.set()
             return
         try:
             if self.error is not None:
@@ -88,6 +93,8 @@ class Publisher:
                 return
             self._last_sent = time.monotonic()
             self.sent += 1
+            if final:
+                self._owed_final = False
         finally:
             self._sending.release()
 

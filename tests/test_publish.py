@@ -1,0 +1,59 @@
+"""The rank-side publisher: rate-limited, and a publish that cannot go out at once is sent later."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from distlab.telemetry import publish
+from distlab.telemetry.publish import KEY, Publisher
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_thread_sends_at_most_once_an_interval():
+    sent: list[float] = []
+    publisher = Publisher(lambda final: {"final": final}, lambda payload: sent.append(time.monotonic()), 0.2)
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # new data far faster than the interval
+            publisher.notify()
+            time.sleep(0.005)
+        assert _wait_for(lambda: len(sent) >= 3, 2.0)
+        gaps = [b - a for a, b in zip(sent, sent[1:])]
+        assert min(gaps) >= 0.19, gaps
+        assert len(sent) <= 7  # 1 s of data at one send per 0.2 s, plus the first
+    finally:
+        publisher.close()
+
+
+def test_a_final_publish_that_meets_a_stuck_send_is_sent_when_that_send_returns(monkeypatch):
+    monkeypatch.setattr(publish, "_SEND_WAIT_S", 0.1)
+    in_send, go_on = threading.Event(), threading.Event()
+    sent: list[dict] = []
+
+    def send(payload: dict) -> None:
+        if not sent and not in_send.is_set():
+            in_send.set()
+            go_on.wait(5.0)  # the thread's first send hangs (a busy IOPub)
+        sent.append(payload[KEY])
+
+    publisher = Publisher(lambda final: {"final": final}, send, 0.05)
+    try:
+        publisher.notify()
+        assert in_send.wait(2.0)
+        publisher.flush()  # the cell ends while the thread's send hangs: the flush cannot send now
+        assert sent == []
+        go_on.set()
+        assert _wait_for(lambda: any(p["final"] for p in sent), 2.0), sent
+        assert sent[0] == {"final": False} and sent[-1] == {"final": True}
+    finally:
+        go_on.set()
+        publisher.close()
