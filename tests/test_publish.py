@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 
 from distlab.telemetry import publish
 from distlab.telemetry.publish import KEY, Publisher
@@ -27,7 +28,7 @@ def test_the_thread_sends_at_most_once_an_interval():
             publisher.notify()
             time.sleep(0.005)
         assert _wait_for(lambda: len(sent) >= 3, 2.0)
-        gaps = [b - a for a, b in zip(sent, sent[1:])]
+        gaps = [b - a for a, b in pairwise(sent)]
         assert min(gaps) >= 0.19, gaps
         assert len(sent) <= 7  # 1 s of data at one send per 0.2 s, plus the first
     finally:
