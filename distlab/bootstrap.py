@@ -12,6 +12,7 @@ import contextlib
 import json
 import linecache
 import os
+import signal
 import socket
 import sys
 import threading
@@ -207,6 +208,23 @@ def _user_namespace() -> dict[str, Any]:
 
 _fallback_namespace: dict[str, Any] = {}
 
+# True only while a cell's own code runs: the one time a SIGINT may interrupt this rank.
+_in_cell_code = False
+
+
+def _interrupt_cell_code(signum: int, frame: Any) -> None:
+    """SIGINT handler while a cell is being handled: interrupt the cell's code, never the reply.
+
+    distlab stops a rank's cell with SIGINT, and a cell can end on its own just as the signal is
+    sent (a collective released by the group's teardown returns at once). ipykernel's handler
+    would then raise KeyboardInterrupt while the engine sends the reply, and ipykernel drops a
+    reply so interrupted: the notebook would wait out its grace periods for an answer that never
+    comes, and kill a rank that had finished (seen in about one run in five of a released DDP
+    cell). A SIGINT that arrives after the code has finished has nothing left to stop.
+    """
+    if _in_cell_code:
+        raise KeyboardInterrupt
+
 
 def run_cell(code: str, rank: int, want: str = "value") -> Any:
     """Run a cell's code in the rank's namespace, as a notebook would; return its last expression.
@@ -217,8 +235,12 @@ def run_cell(code: str, rank: int, want: str = "value") -> Any:
     """
     from IPython import get_ipython
 
+    global _in_cell_code
     shell = get_ipython()
     filename = f"<rank {rank} cell>"
+    if getattr(shell, "kernel", None) is not None and threading.current_thread() is threading.main_thread():
+        # Only inside the engine's request handler: ipykernel puts its own handler back after it.
+        signal.signal(signal.SIGINT, _interrupt_cell_code)
     try:
         source = shell.transform_cell(code) if shell is not None else code
         # Register the source so tracebacks show the offending line, as in a notebook.
@@ -228,8 +250,12 @@ def run_cell(code: str, rank: int, want: str = "value") -> Any:
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         namespace = _user_namespace()
-        exec(compile(tree, filename, "exec"), namespace)
-        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
+        _in_cell_code = True
+        try:
+            exec(compile(tree, filename, "exec"), namespace)
+            value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
+        finally:
+            _in_cell_code = False
         if want == "repr":
             return {"repr": None if value is None else repr(value)}
         return {"value": value}

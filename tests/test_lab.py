@@ -176,6 +176,21 @@ def test_interrupting_the_kernel_stops_the_cell_on_every_rank_within_two_seconds
     assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
 
 
+def test_a_stop_signal_that_arrives_as_the_cell_ends_does_not_lose_the_ranks_reply(lab):
+    # distlab stops ranks with SIGINT, and a rank can finish on its own just as the signal is sent.
+    # Here it lands while the engine packs the reply (the value's __reduce__ runs after the code).
+    code = (
+        "import os, signal\n"
+        "class Late:\n"
+        "    def __reduce__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return (int, (7 + rank,))\n"
+        "Late()"
+    )
+    assert dict(lab.run(code, timeout=5, stream=False)) == {0: 7, 1: 8}
+    assert dict(lab.run("rank", stream=False)) == {0: 0, 1: 1}
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
