@@ -27,6 +27,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from . import _registry
+from ._allocator import engine_environment
 from ._calls import on_rank
 from ._procs import pid_alive as _pid_alive
 from ._streams import RankPrinter
@@ -242,7 +243,11 @@ class Lab:
         assert self._cluster is not None
         if self.launcher in ("local", "mpi"):
             # Engines on this machine run our entry point, which imports torch while they register.
-            extra: dict[str, Any] = {"engine_cmd": [sys.executable, "-m", "distlab._engine"]}
+            # Their malloc keeps freed tensor memory instead of faulting it back in every step.
+            extra: dict[str, Any] = {
+                "engine_cmd": [sys.executable, "-m", "distlab._engine"],
+                "environment": engine_environment(os.environ),
+            }
         else:
             # Elsewhere the remote command stays the launcher's own; torch loads after registration.
             extra = {"engine_args": ["--IPEngine.startup_command=import distlab.bootstrap"]}
