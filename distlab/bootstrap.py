@@ -208,8 +208,10 @@ def _user_namespace() -> dict[str, Any]:
 
 _fallback_namespace: dict[str, Any] = {}
 
-# True only while a cell's own code runs: the one time a SIGINT may interrupt this rank.
-_in_cell_code = False
+# Where the cell being handled is: "starting" until its code runs, "running" while it does, then
+# "ending" (packing the reply). A SIGINT in "starting" is kept for the moment the code would start.
+_cell_phase = "ending"
+_interrupt_pending = False
 
 
 def _interrupt_cell_code(signum: int, frame: Any) -> None:
@@ -220,10 +222,14 @@ def _interrupt_cell_code(signum: int, frame: Any) -> None:
     would then raise KeyboardInterrupt while the engine sends the reply, and ipykernel drops a
     reply so interrupted: the notebook would wait out its grace periods for an answer that never
     comes, and kill a rank that had finished (seen in about one run in five of a released DDP
-    cell). A SIGINT that arrives after the code has finished has nothing left to stop.
+    cell). A SIGINT that arrives after the code has finished has nothing left to stop; one that
+    arrives before it starts stops it as it starts.
     """
-    if _in_cell_code:
+    global _interrupt_pending
+    if _cell_phase == "running":
         raise KeyboardInterrupt
+    if _cell_phase == "starting":
+        _interrupt_pending = True
 
 
 def run_cell(code: str, rank: int, want: str = "value") -> Any:
@@ -235,9 +241,10 @@ def run_cell(code: str, rank: int, want: str = "value") -> Any:
     """
     from IPython import get_ipython
 
-    global _in_cell_code
+    global _cell_phase, _interrupt_pending
     shell = get_ipython()
     filename = f"<rank {rank} cell>"
+    _cell_phase, _interrupt_pending = "starting", False
     if getattr(shell, "kernel", None) is not None and threading.current_thread() is threading.main_thread():
         # Only inside the engine's request handler: ipykernel puts its own handler back after it.
         signal.signal(signal.SIGINT, _interrupt_cell_code)
@@ -250,18 +257,21 @@ def run_cell(code: str, rank: int, want: str = "value") -> Any:
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         namespace = _user_namespace()
-        _in_cell_code = True
         try:
+            _cell_phase = "running"
+            if _interrupt_pending:
+                raise KeyboardInterrupt
             exec(compile(tree, filename, "exec"), namespace)
             value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
         finally:
-            _in_cell_code = False
+            _cell_phase = "ending"
         if want == "repr":
             return {"repr": None if value is None else repr(value)}
         return {"value": value}
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the client reports it
         return {"error": _describe_failure(exc, filename)}
     finally:
+        _cell_phase = "ending"
         sys.stdout.flush()
         sys.stderr.flush()
         _flush_telemetry()

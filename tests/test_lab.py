@@ -191,6 +191,29 @@ def test_a_stop_signal_that_arrives_as_the_cell_ends_does_not_lose_the_ranks_rep
     assert dict(lab.run("rank", stream=False)) == {0: 0, 1: 1}
 
 
+def test_a_stop_signal_that_arrives_before_the_cells_code_starts_still_stops_it(lab):
+    # Here it lands while the rank prepares the cell (IPython's input transformers run then).
+    lab.run(
+        "import os, signal\n"
+        "from IPython import get_ipython\n"
+        "_shots = [1]\n"
+        "def _stop_now(lines):\n"
+        "    if _shots:\n"
+        "        _shots.pop()\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return lines\n"
+        "get_ipython().input_transformers_cleanup.append(_stop_now)",
+        stream=False,
+    )
+    try:
+        with pytest.raises(RankError) as info:
+            lab.run("ran = True", timeout=10, stream=False)
+        assert {r: f.ename for r, f in info.value.failures.items()} == {0: "KeyboardInterrupt", 1: "KeyboardInterrupt"}
+        assert dict(lab.run("'ran' in globals()", stream=False)) == {0: False, 1: False}
+    finally:
+        lab.run("get_ipython().input_transformers_cleanup.remove(_stop_now)", stream=False)
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
