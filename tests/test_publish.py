@@ -6,17 +6,10 @@ import threading
 import time
 from itertools import pairwise
 
+from _jupyter import wait_for
+
 from distlab.telemetry import publish
 from distlab.telemetry.publish import KEY, Publisher
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 def test_the_thread_sends_at_most_once_an_interval():
@@ -27,7 +20,7 @@ def test_the_thread_sends_at_most_once_an_interval():
         while time.monotonic() < end:  # new data far faster than the interval
             publisher.notify()
             time.sleep(0.005)
-        assert _wait_for(lambda: len(sent) >= 3, 2.0)
+        wait_for(lambda: len(sent) >= 3, 2.0, "three sends", poll_s=0.01)
         gaps = [b - a for a, b in pairwise(sent)]
         assert min(gaps) >= 0.19, gaps
         assert len(sent) <= 7  # 1 s of data at one send per 0.2 s, plus the first
@@ -53,7 +46,7 @@ def test_a_final_publish_that_meets_a_stuck_send_is_sent_when_that_send_returns(
         publisher.flush()  # the cell ends while the thread's send hangs: the flush cannot send now
         assert sent == []
         go_on.set()
-        assert _wait_for(lambda: any(p["final"] for p in sent), 2.0), sent
+        wait_for(lambda: any(p["final"] for p in sent), 2.0, "the owed final publish", poll_s=0.01)
         assert sent[0] == {"final": False} and sent[-1] == {"final": True}
     finally:
         go_on.set()
