@@ -6,8 +6,9 @@ one watched at the defaults (every bucket timed, per-layer norms and a checksum 
 one publish a second), and one watched and then closed. Chunks of just under two publish
 intervals rotate through the copies, each followed by a pause of one interval, many rounds, so
 drift and the neighbour's load hit all alike, and every publish is paid for in the watched copy's
-own chunk (without the pause, half of them landed in the next copy's). Each rank
-is pinned to a core of its own. The table gives steps/s, and each copy's throughput relative to the
+own chunk (without the pause, half of them landed in the next copy's). Every few rounds the four
+copies are built afresh in a random order, so no role keeps a lucky or unlucky place in memory
+for the whole run (a watch is opened on each new watched copy). Each rank is pinned to a core of its own. The table gives steps/s, and each copy's throughput relative to the
 baseline: total steps over total time, with a 95% bootstrap interval over rounds, and the median
 of per-round ratios, and the page faults each copy's steps took (rank 0's copies / rank 1's:
 unwatched, twin, watched, closed), which show whether freed memory is being faulted back in.
@@ -29,9 +30,9 @@ import statistics
 
 import distlab
 
-# Runs on every rank. WIDTH, MIN_STEPS (per chunk), ROUNDS, OPTIONS and PROFILE_STEPS are pushed by the client.
+# Runs on every rank. WIDTH, MIN_STEPS (per chunk), ROUNDS, REBUILD_EVERY, OPTIONS and PROFILE_STEPS are pushed by the client.
 _RANK_CODE = r"""
-import os, resource, time
+import gc, os, random, resource, time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
@@ -48,14 +49,32 @@ def _make():
 
 _x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(rank))
 _y = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(rank))
-_copies = {name: DDP(_make()) for name in ("unwatched", "twin", "watched", "closed")}
-_opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in _copies.items()}
-distlab.watch(_copies["closed"]).close()
-_watch = distlab.watch(_copies["watched"], **OPTIONS)
+_NAMES = ("unwatched", "twin", "watched", "closed")
+_shuffle = random.Random(0)  # the same order on every rank: building a DDP model is a collective
+_copies, _opts, _watch = {}, {}, None
 
-_faults = {name: 0 for name in _copies}  # minor page faults while each copy trained
+def _build():
+    # Fresh copies, made in a new order each time: where a copy's tensors land in memory changes
+    # its speed by a few percent for as long as it lives, so the copies are rebuilt every few
+    # rounds and each role draws its memory at random (the twin shows what is left of it).
+    global _copies, _opts, _watch
+    if _watch is not None:
+        _watch.close()
+    _copies.clear()
+    _opts.clear()
+    gc.collect()
+    for name in _shuffle.sample(_NAMES, len(_NAMES)):
+        _copies[name] = DDP(_make())
+    _copies = {name: _copies[name] for name in _NAMES}
+    _opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in _copies.items()}
+    distlab.watch(_copies["closed"]).close()
+    _watch = distlab.watch(_copies["watched"], **OPTIONS)
+    for name in _copies:
+        _chunk(name, 3, count=False)  # warm-up, not timed: DDP rebuilds its buckets after the first step
 
-def _chunk(name, steps):
+_faults = {name: 0 for name in _NAMES}  # minor page faults while each copy trained
+
+def _chunk(name, steps, count=True):
     model, opt = _copies[name], _opts[name]
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
@@ -67,11 +86,11 @@ def _chunk(name, steps):
         if name == "watched":  # log() reaches the open watch from any loop: only this one may call it
             distlab.log(loss=loss)
     elapsed = time.perf_counter() - t0
-    _faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    if count:
+        _faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     return elapsed
 
-for name in _copies:
-    _chunk(name, 3)  # warm-up: DDP rebuilds its buckets after the first step
+_build()
 # Chunks last just under two publish intervals, with a pause of one interval after each: a watched
 # chunk then holds the publishes a watched run makes in that time (one at its start, one an interval
 # later), and the publish its last steps ask for falls in the pause, not in the next copy's chunk.
@@ -84,6 +103,8 @@ _order = list(_copies)
 _times = {name: [] for name in _copies}
 _faults = {name: 0 for name in _copies}  # counted from here: warm-up and chunk sizing left out
 for r in range(ROUNDS):
+    if r and r % REBUILD_EVERY == 0:
+        _build()
     _order = _order[1:] + _order[:1]
     for name in _order:
         _times[name].append(_chunk(name, _steps))
@@ -130,6 +151,8 @@ def _option(text: str) -> tuple[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rebuild-every", type=int, default=5,
+                        help="rounds between fresh copies of the four models (new memory for each role)")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 1024, 1732],
                         help="MLP width w: 4w^2 parameters (0.27M, 4.2M, 12M)")
     parser.add_argument("--options", nargs="*", default=[], type=_option,
@@ -147,7 +170,7 @@ def main() -> None:
               "| closed / unwatched | all-reduces | ours / profiler (total) | per-bucket median abs diff | page faults per step (rank 0 / 1 / ...) |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for width in args.widths:
-            lab.push(WIDTH=width, MIN_STEPS=10, ROUNDS=args.rounds, PROFILE_STEPS=10, OPTIONS=options)
+            lab.push(WIDTH=width, MIN_STEPS=10, ROUNDS=args.rounds, REBUILD_EVERY=args.rebuild_every, PROFILE_STEPS=10, OPTIONS=options)
             results = lab.run(_RANK_CODE, stream=False, timeout=3600)
             params, steps, times, ours, theirs, _ = results[0]
             faults = " / ".join(", ".join(f"{f:.0f}" for f in results[rank][5].values()) for rank in sorted(results))
