@@ -27,7 +27,7 @@ def autoshow(lab: Any) -> Iterator[None]:
         from IPython.display import display
 
         board = lab.dashboard()
-        board.refresh(force=True)
+        board.refresh()  # within the message budget, like every live redraw; the rest follows
         shown.extend([board, display(board, display_id=True)])
 
     store.subscribe(on_change)

@@ -25,6 +25,8 @@ __all__ = ["Dashboard", "DashboardConfig", "dashboard_for"]
 
 #: Widget messages one FigureWidget ``batch_update`` sends (two edit ids, the update, its reset).
 MESSAGES_PER_FIGURE = 4
+#: Widget messages a FigureWidget sends as it is made, after its opening one (view count, layout, data).
+MESSAGES_PER_NEW_FIGURE = 3
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,11 @@ class _Snapshot:
 
     @cached_property
     def stragglers(self) -> list[analysis.Straggler]:
-        return analysis.stragglers(self.records)
+        # Only the timeline marks them, and only for the steps it shows: a straggler is found from
+        # one step's records alone, so the rest need not be read (a quarter of a refresh's time).
+        timed = sorted({rec["step"] for rec in self.records if rec.get("allreduce")})[-self.config.timeline_steps:]
+        first = timed[0] if timed else 0
+        return analysis.stragglers([rec for rec in self.records if rec["step"] >= first])
 
     @cached_property
     def link(self) -> analysis.LinkModel:
@@ -112,6 +118,8 @@ class Dashboard(widgets.VBox):
         self._drawn = {name: -1 for name in self.figures}  # store version each figure shows
         self._order = list(self.figures)  # least recently drawn first
         self._sent: deque[tuple[float, int]] = deque()  # (time, messages) over the last second
+        # Making the figures sent messages too: the first redraws wait for them to leave the window.
+        self._sent.append((self._clock(), MESSAGES_PER_NEW_FIGURE * len(self.figures)))
         self._last_refresh = float("-inf")
         #: Widget messages sent by refreshes so far (figures and status).
         self.messages = 0

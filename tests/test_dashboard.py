@@ -1,0 +1,127 @@
+"""The dashboard as the notebook gets it: stragglers marked, the widget message rate bounded in a
+real kernel, and the final state kept for saved notebooks."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from distlab.dashboard import analysis
+from distlab.dashboard.view import DashboardConfig
+
+pytestmark = pytest.mark.cluster
+
+# A small DDP model; rank 1 starts each backward LAG_S late, so rank 0 waits for it in every all-reduce.
+LATE_RANK = r"""
+import time, torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with distlab.watch(model, stats_every=0, checksum_every=0):
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = model(torch.randn(16, 8)).square().mean()
+        if rank == 1:
+            time.sleep(LAG_S)  # between forward and backward: rank 0 waits in the all-reduce, not elsewhere
+        loss.backward()
+        opt.step()
+        distlab.log(loss=loss)
+"""
+
+
+def test_a_rank_that_starts_its_backward_late_is_the_straggler_marked_on_the_timeline(lab):
+    lab.push(STEPS=8, LAG_S=0.03)
+    lab.run(LATE_RANK, stream=False)
+    records = lab.telemetry.records()
+    late = analysis.stragglers(records)
+    buckets = {(r["step"], b["bucket"]) for r in records for b in r["allreduce"]}
+    assert buckets and {(s.step, s.bucket) for s in late} == buckets, "every all-reduce waited for rank 1"
+    assert {s.rank for s in late} == {1}
+    assert all(0.02 < s.lag_s < 0.5 for s in late), [s.lag_s for s in late]
+
+    board = lab.dashboard()
+    board.refresh(force=True)
+    bars, marks = board.figures["timeline"].data
+    shown = {int(h.split(",")[0].removeprefix("step ")) for h in bars.hovertext}
+    assert shown == set(range(8 - DashboardConfig().timeline_steps, 8))
+    # One mark per late all-reduce of the steps shown, each on rank 1's row.
+    expected = [s for s in late if s.step in shown]
+    assert list(marks.y) == ["rank 1"] * len(expected)
+    assert f"{len(expected)} late arrivals" in board.figures["timeline"].layout.title.text
+
+
+# ------------------------------------------------------------------ in a real kernel
+
+_FAST_PUBLISHER = """%%ddp
+import time, torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+# Twenty publishes a second per rank: far more changes than the dashboard may draw.
+with distlab.watch(model, publish_interval_s=0.05, stats_every=5, checksum_every=5):
+    for step in range(600):  # about 7 s; a fixed count, so both ranks make the same all-reduces
+        opt.zero_grad()
+        loss = model(torch.randn(16, 8)).square().mean()
+        loss.backward()
+        opt.step()
+        distlab.log(loss=loss)
+        time.sleep(0.01)
+"""
+
+
+def _run(client, code: str, timeout: float = 120) -> list[dict]:
+    """Execute ``code``; every IOPub message of it, until the kernel is idle again."""
+    msg_id = client.execute(code)
+    messages = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+def _sent_at(msg: dict) -> float:
+    date = msg["header"]["date"]
+    if isinstance(date, str):
+        date = datetime.datetime.fromisoformat(date)
+    return date.timestamp()
+
+
+def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_keeps_its_last_state():
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        _run(kc, "%load_ext distlab\n%dist start -n 2")
+        messages = _run(kc, _FAST_PUBLISHER)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+
+    kinds = [m["msg_type"] for m in messages]
+    texts = [m["content"].get("text", "") for m in messages if m["msg_type"] == "stream"]
+    assert not any("rate exceeded" in t for t in texts), texts
+    assert "display_data" in kinds, "the dashboard was not shown"
+    shown_at = _sent_at(next(m for m in messages if m["msg_type"] == "display_data"))
+    updates = [m for m in messages if m["msg_type"] == "comm_msg"]
+    # The final redraw (every figure, whatever the budget) comes with the refreshed display at the end.
+    final_at = _sent_at(next(m for m in messages if m["msg_type"] == "update_display_data"))
+    live = sorted(_sent_at(m) for m in updates if _sent_at(m) < final_at - 0.3)
+    redraws_after_shown = {round(t) for t in live if t > shown_at + 0.5}
+    assert len(redraws_after_shown) >= 3, "the dashboard did not keep updating while the cell ran"
+    busiest = max(sum(1 for u in live if t <= u < t + 1.0) for t in live)
+    assert busiest <= DashboardConfig().max_messages_per_s, f"{busiest} widget messages in one second"
+
+    # The saved notebook's view: the refreshed display's text says what the dashboard showed.
+    final = next(m for m in messages if m["msg_type"] == "update_display_data")
+    text = final["content"]["data"]["text/plain"]
+    assert text.startswith("distlab dashboard: 2 ranks, steps 0-"), text
+    assert "replicas agree" in text, text
