@@ -17,8 +17,10 @@ class WatchConfig:
     CPU core) and replica checksums (one pass, ~0.4 ms) every 50 steps, the interval PyTorch
     Lightning logs at by default. Each rank publishes once a second: every publish costs CPU on the
     rank, the controller and the notebook, which on a small machine share the ranks' cores.
-    benchmarks/RESULTS.md has what these defaults cost (about 3% of a 4M-parameter step on 2 shared
-    cores) and what faster settings cost; pass ``stats_every=1`` to see every step's norms.
+    benchmarks/RESULTS.md has what these defaults cost (2-3% of the step throughput at 4M and 12M
+    parameters on 2 shared cores; about 1 point of it is the notebook's store and redraws, which
+    share the ranks' cores there) and what faster settings cost;
+    pass ``stats_every=1`` to see every step's norms.
     """
 
     #: Per-layer gradient norm, weight norm and update-to-weight ratio every this many steps (0: never).
