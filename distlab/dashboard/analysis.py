@@ -23,10 +23,16 @@ __all__ = [
     "link_model",
     "stragglers",
     "summary",
+    "timed_steps",
     "trace_rows",
 ]
 
 Record = dict[str, Any]
+
+
+def timed_steps(records: Sequence[Record], last: int) -> list[int]:
+    """The last ``last`` steps that have a timed all-reduce, in order (what the timeline shows)."""
+    return sorted({rec["step"] for rec in records if rec.get("allreduce")})[-last:]
 
 
 def complete_steps(records: Sequence[Record], ranks: Sequence[int]) -> list[int]:

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .analysis import Divergence, LinkModel, Record, Straggler, TraceRow
+from .analysis import Divergence, LinkModel, Record, Straggler, TraceRow, timed_steps
 
 __all__ = [
     "draw_divergence",
@@ -86,7 +86,7 @@ def make_timeline(world_size: int) -> go.FigureWidget:
 
 def draw_timeline(fig: go.FigureWidget, records: Sequence[Record], late: Sequence[Straggler], steps: int = 5) -> None:
     """The buckets of the last ``steps`` steps, on each rank's wall clock (ranks on one host share it)."""
-    shown = sorted({rec["step"] for rec in records if rec.get("allreduce")})[-steps:]
+    shown = timed_steps(records, steps)
     recs = [rec for rec in records if rec["step"] in set(shown)]
     origin = min((rec["t"] for rec in recs), default=0.0)
     flagged = {(s.step, s.bucket, s.rank) for s in late}

@@ -65,12 +65,16 @@ class _Snapshot:
         return analysis.divergence(self.records, self.meta)
 
     @cached_property
+    def timeline(self) -> list[dict[str, Any]]:
+        """The records of the steps the all-reduce timeline shows."""
+        shown = set(analysis.timed_steps(self.records, self.config.timeline_steps))
+        return [rec for rec in self.records if rec["step"] in shown]
+
+    @cached_property
     def stragglers(self) -> list[analysis.Straggler]:
         # Only the timeline marks them, and only for the steps it shows: a straggler is found from
         # one step's records alone, so the rest need not be read (a quarter of a refresh's time).
-        timed = sorted({rec["step"] for rec in self.records if rec.get("allreduce")})[-self.config.timeline_steps:]
-        first = timed[0] if timed else 0
-        return analysis.stragglers([rec for rec in self.records if rec["step"] >= first])
+        return analysis.stragglers(self.timeline)
 
     @cached_property
     def link(self) -> analysis.LinkModel:
@@ -160,7 +164,7 @@ class Dashboard(widgets.VBox):
         if name == "loss":
             figures.draw_loss(fig, snap.records, snap.world_size)
         elif name == "timeline":
-            figures.draw_timeline(fig, snap.records, snap.stragglers, snap.config.timeline_steps)
+            figures.draw_timeline(fig, snap.timeline, snap.stragglers, snap.config.timeline_steps)
         elif name == "heatmap":
             figures.draw_heatmap(fig, snap.records, snap.layers, snap.ranks)
         elif name == "divergence":
