@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["JupyterLab", "free_port", "wait_for"]
+__all__ = ["JupyterLab", "execute", "free_port", "wait_for"]
 
 
 def free_port() -> int:
@@ -189,11 +189,17 @@ class JupyterLab:
                 time.sleep(0.5)
 
 
-def execute(client: Any, code: str, timeout: float = 120) -> str:
-    """Run ``code`` in a kernel; its stream output, or AssertionError with the traceback."""
+def execute(client: Any, code: str, timeout: float = 120, messages: list[dict[str, Any]] | None = None) -> str:
+    """Run ``code`` in a kernel; its stream output, or AssertionError with the traceback.
+
+    ``messages``, if given, receives every IOPub message of the request, in order (comm updates,
+    displays, status), for tests that look at what a front end would have been sent.
+    """
     out: list[str] = []
 
     def hook(msg: dict[str, Any]) -> None:
+        if messages is not None:
+            messages.append(msg)
         if msg["msg_type"] == "stream":
             out.append(msg["content"]["text"])
 

@@ -4,9 +4,9 @@ real kernel, and the final state kept for saved notebooks."""
 from __future__ import annotations
 
 import datetime
-import time
 
 import pytest
+from _jupyter import execute
 from jupyter_client.manager import start_new_kernel
 
 from distlab.dashboard import analysis
@@ -74,22 +74,6 @@ with distlab.watch(model, publish_interval_s=0.05, stats_every=5, checksum_every
 """
 
 
-def _run(client, code: str, timeout: float = 120) -> list[dict]:
-    """Execute ``code``; every IOPub message of it, until the kernel is idle again."""
-    msg_id = client.execute(code)
-    messages = []
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "error":
-            raise AssertionError("\n".join(msg["content"]["traceback"]))
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return messages
-
-
 def _sent_at(msg: dict) -> float:
     date = msg["header"]["date"]
     if isinstance(date, str):
@@ -100,8 +84,9 @@ def _sent_at(msg: dict) -> float:
 def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_keeps_its_last_state():
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        _run(kc, "%load_ext distlab\n%dist start -n 2")
-        messages = _run(kc, _FAST_PUBLISHER)
+        execute(kc, "%load_ext distlab\n%dist start -n 2")
+        messages: list[dict] = []
+        execute(kc, _FAST_PUBLISHER, messages=messages)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)

@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import psutil
 import pytest
+from _jupyter import execute
 from jupyter_client.manager import start_new_kernel
 
 pytestmark = pytest.mark.cluster
-
-
-def _execute(client, code: str, timeout: float = 60) -> str:
-    msg_id = client.execute(code)
-    out = []
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind = msg["msg_type"]
-        if kind == "stream":
-            out.append(msg["content"]["text"])
-        elif kind == "error":
-            raise AssertionError("\n".join(msg["content"]["traceback"]))
-        elif kind == "status" and msg["content"]["execution_state"] == "idle":
-            return "".join(out)
 
 
 def _lab_processes(kernel_pid: int) -> list[psutil.Process]:
@@ -42,10 +25,10 @@ def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Proce
 
 def _start_kernel_with_lab():
     km, kc = start_new_kernel(kernel_name="python3")
-    _execute(kc, "%load_ext distlab\n%dist start -n 2")
+    execute(kc, "%load_ext distlab\n%dist start -n 2", timeout=60)
     pid = km.provisioner.process.pid
     procs = _lab_processes(pid)
-    shown = _execute(kc, "print(','.join(str(r.pid) for r in get_ipython().run_line_magic('dist', 'status')))")
+    shown = execute(kc, "print(','.join(str(r.pid) for r in get_ipython().run_line_magic('dist', 'status')))")
     engine_pids = [int(p) for p in shown.split(",")]
     assert set(engine_pids) <= {p.pid for p in procs}
     assert len(procs) >= 4, [p.cmdline() for p in procs]
