@@ -16,7 +16,7 @@ import time
 
 from IPython.testing.globalipapp import start_ipython
 
-import distlab.magics
+import distlab.notebook.magics
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     ip = start_ipython()
     ip.run_line_magic("load_ext", "distlab")
-    magics = distlab.magics._registered[id(ip)]
+    magics = distlab.notebook.magics._registered[id(ip)]
     print("| ranks | ipyparallel execute p50 (ms) | %%ddp p50 (ms) | ratio p50 | execute p90 (ms) | %%ddp p90 (ms) |")
     print("|---|---|---|---|---|---|")
     for n in args.ranks:

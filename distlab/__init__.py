@@ -38,15 +38,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
-    from .lab import Lab, start
-    from .magics import current_lab
+    from .notebook.lab import Lab, start
+    from .notebook.magics import current_lab
     from .telemetry import log, watch
 
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
-    "Lab": "lab",
-    "current_lab": "magics",
-    "start": "lab",
+    "Lab": "notebook.lab",
+    "current_lab": "notebook.magics",
+    "start": "notebook.lab",
     "CellTimeout": "errors",
     "DistlabError": "errors",
     "LabUsageError": "errors",
@@ -54,7 +54,7 @@ _LAZY = {
     "watch": "telemetry",
     "log": "telemetry",
 }
-_SUBMODULES = ("theory", "quiz", "lab", "errors", "bootstrap", "magics", "checkpoint")
+_SUBMODULES = ("theory", "quiz", "errors", "checkpoint", "checks", "notebook", "rank")
 
 
 def __getattr__(name: str) -> Any:
@@ -71,12 +71,12 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext distlab``: register %dist, %%ddp and %quiz."""
-    from .magics import register
+    from .notebook.magics import register
 
     register(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .magics import unregister
+    from .notebook.magics import unregister
 
     unregister(ipython)

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import distlab
-from distlab.lab import Lab
+from distlab.notebook.lab import Lab
 
 # Open MPI refuses to run as root unless told it may (CI containers run as root).
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -63,7 +63,7 @@ def ipython() -> Iterator[object]:
 
     ip = start_ipython() or get_ipython()  # the global shell is created once per session
     ip.run_line_magic("load_ext", "distlab")
-    magics = distlab.magics._registered[id(ip)]
+    magics = distlab.notebook.magics._registered[id(ip)]
     try:
         yield ip
     finally:
@@ -96,7 +96,7 @@ def distlab_processes() -> list[psutil.Process]:
             continue
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if any(k in cmd for k in ("ipyparallel.engine", "ipyparallel.controller", "distlab._reaper",
+        if any(k in cmd for k in ("ipyparallel.engine", "ipyparallel.controller", "distlab.cluster.reaper",
                                    "ipengine", "ipcontroller")) and _ours(proc):
             found.append(proc)
     return found

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distlab._allocator import MMAP_THRESHOLD, TRIM_THRESHOLD, engine_environment
+from distlab.cluster.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD, engine_environment
 
 # A training step: zero_grad() frees the gradients (8 MiB for the larger layer) and backward makes
 # them again. Page faults per step, after 30 steps of warm-up, are the value of the last line.

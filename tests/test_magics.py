@@ -6,7 +6,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import distlab
-import distlab.magics
+import distlab.notebook.magics
 from conftest import distlab_processes
 
 
@@ -15,8 +15,8 @@ BAD_BEFORE_START = [
     ("dist", "start -n -1", "-n must be >= 1"),
     ("dist", "start -n two", "-n must be a whole number"),
     ("dist", "start -n 2 --backend nvlink", "unknown backend 'nvlink'"),
-    ("dist", "start -n 2 --timeout 0", "--timeout must be > 0"),
-    ("dist", "start -n 2 --timeout -5", "--timeout must be > 0"),
+    ("dist", "start -n 2 --timeout 0", "--timeout must be a number of seconds > 0"),
+    ("dist", "start -n 2 --timeout -5", "--timeout must be a number of seconds > 0"),
     ("dist", "start -n 2 --timeout soon", "--timeout must be a number of seconds"),
     ("dist", "start -n 2 --launcher pigeon", "unknown launcher 'pigeon'"),
     ("dist", "start -n __import__('os').getpid()", "-n must be a whole number"),  # never evaluated
@@ -39,7 +39,7 @@ BAD_WHILE_RUNNING = [
     ("ddp", "-r 2", "rank 2 does not exist in a world of 2"),
     ("ddp", "-r 0-", "not a rank or a range"),
     ("ddp", "-r 1-0", "runs backwards"),
-    ("ddp", "--timeout 0", "--timeout must be > 0"),
+    ("ddp", "--timeout 0", "--timeout must be a number of seconds > 0"),
     ("dist", "restart -n 0", "-n must be >= 1"),
     ("dist", "restart -n two", "-n must be a whole number"),
     ("dist", "restart now", "unrecognized arguments"),
@@ -60,13 +60,13 @@ def test_bad_input_before_start_gets_one_line_and_starts_nothing(ipython, magic,
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
     assert {p.pid for p in distlab_processes()} <= before
-    assert distlab.magics._registered[id(ipython)].lab is None
+    assert distlab.notebook.magics._registered[id(ipython)].lab is None
 
 
 @pytest.mark.cluster
 def test_bad_input_while_running_gets_one_line_and_changes_nothing(ipython, capsys):
     ipython.run_line_magic("dist", "start -n 2")
-    lab = distlab.magics._registered[id(ipython)].lab
+    lab = distlab.notebook.magics._registered[id(ipython)].lab
     table = [(r.rank, r.pid) for r in lab.status()]
     capsys.readouterr()
     for magic, line, fragment in BAD_WHILE_RUNNING:

@@ -6,7 +6,7 @@ own (so a kill of the kernel's process group spares it), it polls its parent; on
 gone it kills every process group listed in its file. Lab rewrites the file whenever the world
 changes and terminates the reaper on a clean stop.
 
-    python -m distlab._reaper OWNER_PID PGID_FILE
+    python -m distlab.cluster.reaper OWNER_PID PGID_FILE
 """
 
 from __future__ import annotations

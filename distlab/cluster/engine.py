@@ -3,7 +3,7 @@
 An engine spends ~1 s starting ipyparallel and registering, then ~1.5 s importing torch. Here
 the import runs in a thread from the first instant, so the two overlap (see benchmarks/RESULTS.md).
 
-    python -m distlab._engine [ipengine arguments]
+    python -m distlab.cluster.engine [ipengine arguments]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 
 
 def _preload() -> None:
-    import distlab.bootstrap  # noqa: F401  (imports torch and torch.distributed)
+    import distlab.rank.group  # noqa: F401  (imports torch and torch.distributed)
 
 
 def main() -> None:

@@ -10,28 +10,41 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
 
-from .errors import LabUsageError
+from .. import checks
+from ..errors import LabUsageError
+from .config import LabConfig
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
 _SUBCOMMANDS = ("start", "status", "restart", "kill", "stop")
 
 
-def _whole(what: str, example: str, minimum: int) -> Any:
-    def convert(text: str) -> int:
+def _text(text: str) -> Any:
+    """A number if the text reads as one, else the text: the checks that follow say what is wrong
+    with it in one place (``LabConfig``, ``checks``), for the magics and the API alike."""
+    for kind in (int, float):
         try:
-            value = int(text)
+            return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a whole number, like {example} (got {text!r})") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, like {example} (got {value})")
-        return value
+            pass
+    return text
+
+
+def _checked(check: Any) -> Any:
+    """An argparse type from a ``checks`` function: its message becomes argparse's."""
+
+    def convert(text: str) -> Any:
+        try:
+            return check(_text(text))
+        except LabUsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return convert
 
@@ -40,23 +53,14 @@ def _ranks(n: int, adjective: str = "") -> str:
     return f"{n} {adjective}rank{'s' if n != 1 else ''}"
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--timeout must be a number of seconds, like --timeout 30 (got {text!r})"
-        ) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--timeout must be > 0 seconds, like --timeout 30 (got {text})")
-    return value
+_seconds = _checked(lambda v: checks.positive("--timeout", v, example="--timeout 30", kind="a number of seconds"))
 
 
 def _start_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist start", add_help=False)
-    p.add_argument("-n", "--ranks", type=_whole("-n", "-n 2", 1), default=2, help="number of ranks")
+    p.add_argument("-n", "--ranks", type=_text, default=2, help="number of ranks")
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds any wait may take")
+    p.add_argument("--timeout", type=_text, default=30.0, help="seconds any wait may take")
     p.add_argument("--launcher", default="local", help="ipyparallel engine launcher: local, mpi, ssh, slurm, ...")
     p.add_argument("--debug", action="store_true", help="torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
     return p
@@ -64,13 +68,13 @@ def _start_parser() -> MagicArgumentParser:
 
 def _restart_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist restart", add_help=False)
-    p.add_argument("-n", "--ranks", type=_whole("-n", "-n 2", 1), default=None, help="a new world size")
+    p.add_argument("-n", "--ranks", type=_text, default=None, help="a new world size")
     return p
 
 
 def _kill_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist kill", add_help=False)
-    p.add_argument("rank", type=_whole("the rank", "%dist kill 1", 0))
+    p.add_argument("rank", type=_checked(lambda v: checks.whole("the rank", v, example="%dist kill 1")))
     return p
 
 
@@ -120,9 +124,11 @@ class DistMagics(Magics):
                 f"a lab of {self.lab.world_size} ranks is already running: %dist stop first, or %dist restart"
             )
         try:
-            lab = Lab(
-                ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher, debug=args.debug
+            config = LabConfig(
+                ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher,
+                debug=args.debug, spelling="magic",
             )
+            lab = Lab.from_config(config)
             lab.start()
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
@@ -144,6 +150,8 @@ class DistMagics(Magics):
     def _restart(self, ranks: int | None = None) -> None:
         lab = self._running_lab()
         try:
+            if ranks is not None:
+                replace(lab.config, ranks=ranks, spelling="magic")  # checked, named as the flag
             lab.restart(ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
@@ -178,7 +186,7 @@ class DistMagics(Magics):
             selected = lab.ranks(args.ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
-        from .dashboard.autoshow import autoshow
+        from ..dashboard.autoshow import autoshow
 
         with autoshow(lab):  # the dashboard appears if the cell watches a model
             result = lab.run(cell, ranks=selected, timeout=args.timeout, want="repr")
@@ -190,14 +198,15 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("topic", nargs="?", default=None, help="a topic, e.g. communication-cost")
-    @argument("-n", type=_whole("-n", "-n 3", 1), default=None, help="number of questions")
+    @argument("-n", type=_checked(lambda v: checks.whole("-n", v, minimum=1, example="-n 3")), default=None,
+              help="number of questions")
     @argument("--difficulty", default=None, help="easy, medium or hard")
     @argument("--seed", type=int, default=None, help="the same questions and numbers each time")
     @line_magic
     def quiz(self, line: str) -> Any:
         """Practice questions on a topic, graded in Python: %quiz communication-cost -n 3"""
         args = parse_argstring(self.quiz, line)
-        from . import quiz
+        from .. import quiz
 
         lab = self.lab if self.lab is not None and self.lab.running else None
         try:

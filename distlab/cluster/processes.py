@@ -1,0 +1,136 @@
+"""Which processes are a lab's, and making sure none outlives it.
+
+ipyparallel starts the controller and each engine in a session of its own, so each pid is also a
+process-group id; each engine starts a nanny in yet another session. A :class:`ProcessGuard` knows
+those groups, keeps them in a file that a small watchdog (``cluster.reaper``) reads, and kills them
+when the lab stops: trusting the processes, not ipyparallel's stop call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .._procs import pid_alive
+
+__all__ = ["ProcessGuard", "kill_group", "pid_alive", "reap", "wait_for"]
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, poll_s: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds (True) or ``seconds`` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+
+
+def reap(pids: Iterable[int], seconds: float = 5.0) -> None:
+    """Wait for each process to end; kill what is still there after ``seconds``."""
+    for pid in pids:
+        if not wait_for(lambda pid=pid: not pid_alive(pid), seconds):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class ProcessGuard:
+    """The process groups of one lab's cluster, and the watchdog that ends them if the notebook dies."""
+
+    def __init__(self) -> None:
+        self._cluster: Any = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._pgid_file: str | None = None
+        #: Groups the engines started in sessions of their own (their nannies).
+        self._helpers: set[int] = set()
+
+    def watch(self, cluster: Any) -> None:
+        """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up)."""
+        self._cluster = cluster
+        fd, self._pgid_file = tempfile.mkstemp(prefix="distlab-", suffix=".pgids")
+        os.close(fd)
+        self.update()
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def pgids(self) -> list[int]:
+        """Every process group of the cluster: controller, engine sets, engines, their helpers."""
+        cluster = self._cluster
+        pids: list[int] = []
+        if cluster is not None:
+            launchers: list[Any] = [cluster.controller] if cluster.controller is not None else []
+            for engine_set in cluster.engines.values():
+                launchers.append(engine_set)
+                launchers.extend(getattr(engine_set, "launchers", {}).values())
+            for launcher in launchers:
+                pid = getattr(launcher, "pid", None) or getattr(getattr(launcher, "process", None), "pid", None)
+                if isinstance(pid, int) and pid > 0:
+                    pids.append(pid)
+        return sorted(set(pids) | self._helpers)
+
+    def update(self) -> None:
+        """Rewrite the watchdog's list (after engines started or stopped)."""
+        if self._pgid_file is None:
+            return
+        tmp = self._pgid_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("\n".join(str(p) for p in self.pgids()))
+        os.replace(tmp, self._pgid_file)
+
+    def adopt_engine_helpers(self, engine_pids: Iterable[int]) -> None:
+        """Each engine starts a nanny (it reports the engine's death at once) in a session of its own;
+        it would outlive a stop by seconds. Its group joins those the guard kills."""
+        import psutil
+
+        for pid in engine_pids:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(pid).children():
+                    if os.getpgid(child.pid) == child.pid:
+                        self._helpers.add(child.pid)
+        self.update()
+
+    def end_engines(self, engine_pids: Iterable[int]) -> None:
+        """After ipyparallel stopped the engines: make sure they and their helpers are gone."""
+        reap(engine_pids)
+        for pgid in self._helpers:
+            kill_group(pgid)
+        self._helpers = set()
+
+    def end_all(self, pgids: Iterable[int], engine_pids: Iterable[int]) -> None:
+        """After ipyparallel stopped the cluster: kill every group still standing, stop the watchdog.
+
+        ``pgids``: :meth:`pgids` as it was before the stop (ipyparallel forgets its launchers' pids).
+        """
+        for pgid in pgids:
+            kill_group(pgid)
+        reap(engine_pids)
+        self._helpers = set()
+        self._cluster = None
+        if self._reaper is not None:
+            self._reaper.terminate()
+            try:
+                self._reaper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait(timeout=5)
+            self._reaper = None
+        if self._pgid_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._pgid_file)
+            self._pgid_file = None

@@ -1,0 +1,264 @@
+"""One cell's run on the ranks: send, wait, stop what must stop, collect what each rank did.
+
+    outcome = CellRun(ctx, code, ranks=[0, 1], want="repr").run(timeout=None, printer=printer)
+
+The run is a small state machine. While ranks run, their output is streamed and the lab's
+listeners polled. It ends when every rank answered; or when one rank failed (the others get
+``FAILURE_GRACE_S`` to finish, then are stopped: an SPMD program cannot finish without it); or at
+the deadline; or on Ctrl-C. Stopping is SIGINT, then releasing ranks stuck in a collective
+(``release``), then SIGKILL. The :class:`CellOutcome` says what became of every rank and what was
+done; ``recovery`` diagnoses and repairs from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipyparallel as ipp
+
+from ..errors import RankFailure, format_ranks
+from . import rpc
+from .release import Releaser
+from .streams import RankPrinter
+from .world import RankInfo
+
+__all__ = ["CellContext", "CellOutcome", "CellRun", "RunResult"]
+
+# After SIGINT, how long ranks get to leave their cell before distlab aborts the process group
+# under them, and then how long before it kills them. Together they stay under 2 s.
+INTERRUPT_GRACE_S = 0.8
+ABORT_GRACE_S = 0.8
+# When one rank fails while others still run, how long the others get to finish on their own.
+FAILURE_GRACE_S = 0.3
+_POLL_S = 0.02
+# How gloo and NCCL word a collective failing because a peer process went away.
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited", re.I)
+
+#: Called on every poll with ``(pending, final)``: pending maps rank -> AsyncResult.
+Listener = Callable[[dict[int, Any], bool], None]
+
+
+class RunResult(dict[int, Any]):
+    """{rank: value of the cell's last expression (None for a statement)}, plus each rank's output."""
+
+    def __init__(self, values: dict[int, Any], stdout: dict[int, str], stderr: dict[int, str]):
+        super().__init__(sorted(values.items()))
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+@dataclass
+class CellOutcome:
+    """What became of one cell on each rank, and what distlab did about it."""
+
+    values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)  # ranks distlab stopped, and why
+    stopped_because: str = ""
+    interrupted: bool = False
+    timed_out: bool = False
+    group_aborted: bool = False
+
+
+@dataclass(frozen=True)
+class CellContext:
+    """What a cell's run needs of its lab."""
+
+    client: Any  # ipyparallel.Client
+    table: Sequence[RankInfo]
+    releaser: Releaser
+    kill: Callable[[int], None]
+    listeners: Sequence[Listener]
+
+
+class CellRun:
+    """One cell sent to some ranks; :meth:`run` waits for it and returns its :class:`CellOutcome`."""
+
+    def __init__(self, ctx: CellContext, code: str, ranks: Sequence[int], want: str) -> None:
+        self.ctx = ctx
+        self.outcome = CellOutcome()
+        self.pending: dict[int, Any] = {
+            r: rpc.run_cell(ctx.client[ctx.table[r].engine_id], code, r, want) for r in ranks
+        }
+        self._printer: RankPrinter | None = None
+
+    def run(self, timeout: float | None, printer: RankPrinter | None) -> CellOutcome:
+        self._printer = printer
+        try:
+            self._wait(timeout)
+        except KeyboardInterrupt:
+            self.outcome.interrupted = True
+            self._stop()
+        self._collect()
+        return self.outcome
+
+    def result(self) -> RunResult:
+        return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"))
+
+    # ------------------------------------------------------------------------ waiting
+
+    def _wait(self, timeout: float | None) -> None:
+        pending, outcome = self.pending, self.outcome
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first_failure_at: float | None = None
+        while True:
+            self._poll()
+            running = [r for r, ar in pending.items() if not ar.ready()]
+            if not running:
+                return
+            now = time.monotonic()
+            if first_failure_at is None and any(_failed(ar) for ar in pending.values() if ar.ready()):
+                first_failure_at = now
+            if first_failure_at is not None and now - first_failure_at > FAILURE_GRACE_S:
+                # One rank failed: the others cannot finish an SPMD program without it. Stop them now
+                # rather than let them wait out the collective timeout.
+                failed = [r for r, ar in pending.items() if ar.ready() and _failed(ar)]
+                dead = [r for r in failed if _died(pending[r])]
+                # A death is the cause; failures beside it are mostly its neighbours' broken collectives.
+                what = f"rank {format_ranks(dead)} died" if dead else f"rank {format_ranks(failed)} failed"
+                outcome.stopped, outcome.stopped_because = running, what
+                self._stop(abort_first=True)
+                return
+            if deadline is not None and now > deadline:
+                outcome.timed_out = True
+                outcome.stopped = running
+                outcome.stopped_because = f"the cell ran past its {timeout:g} s deadline"
+                self._stop()
+                return
+            pending[running[0]].wait(_POLL_S)
+
+    def _wait_ranks(self, ranks: list[int], seconds: float) -> list[int]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self._poll()
+            ranks = [r for r in ranks if not self.pending[r].ready()]
+            if not ranks:
+                break
+            self.pending[ranks[0]].wait(_POLL_S)
+        return [r for r in ranks if not self.pending[r].ready()]
+
+    def _poll(self, final: bool = False) -> None:
+        for listener in self.ctx.listeners:
+            listener(self.pending, final)
+        if self._printer is None:
+            return
+        for rank, ar in self.pending.items():
+            self._printer.feed(rank, "stdout", ar.stdout or "", final)
+            self._printer.feed(rank, "stderr", ar.stderr or "", final)
+
+    # ------------------------------------------------------------------------ stopping
+
+    def _stop(self, abort_first: bool = False) -> None:
+        """Interrupt ranks still in the cell; free any stuck in a collective; kill what will not stop.
+
+        ``abort_first``: another rank has failed, so the ones still running are (or soon will be)
+        waiting for it in a collective; tear the group down at once rather than after SIGINT.
+        """
+        ctx, outcome = self.ctx, self.outcome
+        running = [r for r, ar in self.pending.items() if not ar.ready()]
+        if not running:
+            return
+        if abort_first:
+            outcome.group_aborted |= ctx.releaser.abort_on_free_ranks(ctx.client, ctx.table, running)
+        with contextlib.suppress(Exception):
+            ctx.client.send_signal(signal.SIGINT, targets=[ctx.table[r].engine_id for r in running], block=True)
+        running = self._wait_ranks(running, INTERRUPT_GRACE_S)
+        if running:
+            # SIGINT cannot reach a rank blocked inside a C++ collective: release it (see release.py).
+            if not abort_first:
+                ctx.releaser.abort_on_free_ranks(ctx.client, ctx.table, running)
+            ctx.releaser.release([ctx.table[r] for r in running])
+            outcome.group_aborted = True
+            running = self._wait_ranks(running, ABORT_GRACE_S)
+        if running:
+            outcome.killed = running
+            for r in running:
+                ctx.kill(r)
+            outcome.notes.append(f"rank {format_ranks(running)} did not stop and was killed")
+
+    # ------------------------------------------------------------------------ collecting
+
+    def _collect(self) -> None:
+        outcome = self.outcome
+        for rank, ar in self.pending.items():
+            if not ar.ready():
+                if rank in outcome.killed:
+                    ar.wait(2.0)  # ipyparallel reports the dead engine promptly
+                if not ar.ready():
+                    outcome.failures[rank] = RankFailure(rank, "KeyboardInterrupt", "still running when stopped")
+                    continue
+            try:
+                reply = ar.get(timeout=0)
+            except ipp.error.EngineError:
+                outcome.failures[rank] = RankFailure(rank, "EngineError", "the rank's process died")
+                continue
+            except ipp.error.RemoteError as exc:
+                outcome.failures[rank] = RankFailure(rank, exc.ename, exc.evalue, exc.traceback or "")
+                continue
+            if "error" in reply:
+                err = reply["error"]
+                outcome.failures[rank] = RankFailure(rank, err["ename"], err["evalue"], err["traceback"])
+            else:
+                outcome.values[rank] = reply.get("value", reply.get("repr"))
+        # A rank's reply can overtake its last output (they travel on different channels).
+        output_deadline = time.monotonic() + 1.0
+        for ar in self.pending.values():
+            if ar.ready():
+                with contextlib.suppress(Exception):
+                    ar.wait_for_output(timeout=max(0.0, output_deadline - time.monotonic()))
+        dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
+        for rank, failure in list(outcome.failures.items()):
+            if dead and rank not in dead and _PEER_GONE.search(failure.evalue):
+                # gloo noticed the dead peer before distlab did: say so in the same words.
+                outcome.failures[rank] = RankFailure(
+                    rank, "Stopped", f"rank {format_ranks(dead)} died while this rank was in a collective with it"
+                    f"{_cell_line(failure.traceback)}", failure.traceback,
+                )
+        for rank in outcome.stopped:
+            # Say why distlab stopped the rank; what it was doing stays in the message.
+            was = outcome.failures.get(rank)
+            doing = _cell_line(was.traceback) if was is not None else ""
+            outcome.failures[rank] = RankFailure(
+                rank, "Stopped", f"stopped by distlab: {outcome.stopped_because}{doing}", was.traceback if was else ""
+            )
+        self._poll(final=True)
+
+    def _texts(self, name: str) -> dict[int, str]:
+        return {rank: getattr(ar, name) or "" for rank, ar in self.pending.items()}
+
+
+def _cell_line(traceback_text: str) -> str:
+    """'; it was at line 4: dist.all_reduce(t)', from the deepest frame of the user's cell."""
+    lines = traceback_text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        match = re.search(r'File "<rank \d+ cell>", line (\d+)', lines[i])
+        if match:
+            source = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"; it was at line {match.group(1)}: {source}"
+    return ""
+
+
+def _failed(ar: Any) -> bool:
+    try:
+        reply = ar.get(timeout=0)
+    except Exception:  # noqa: BLE001 - a remote or engine error is a failure
+        return True
+    return isinstance(reply, dict) and "error" in reply
+
+
+def _died(ar: Any) -> bool:
+    try:
+        ar.get(timeout=0)
+    except ipp.error.EngineError:
+        return True
+    except Exception as exc:  # noqa: BLE001 - the hub's report of a death arrives as a RemoteError
+        return getattr(exc, "ename", "") == "EngineError"
+    return False

@@ -1,0 +1,399 @@
+"""Lab: N torch.distributed ranks, each an ipyparallel engine, driven from the notebook.
+
+The Lab is the product's surface (``distlab.start``, ``%dist``, the side panel all act through it)
+and a thin one: it holds the cluster and the world, and hands each job to the module that owns it:
+
+- ``config``: the checked configuration;  ``cluster.launch``: the ipyparallel cluster;
+- ``world``: the rank table and backend (pure);  ``group``: forming the process group;
+- ``cell``: a cell's run;  ``recovery``: diagnosis and repair after a failed cell;
+- ``cluster.processes``: which processes are ours, and ending them;  ``release``: freeing stuck ranks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from ..cluster.launch import engine_start_args, make_cluster
+from ..cluster.processes import ProcessGuard, pid_alive, wait_for
+from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
+from ..server import registry
+from . import recovery, rpc
+from .cell import CellContext, CellRun, Listener, RunResult
+from .config import LabConfig
+from .group import form_group, get
+from .release import Releaser
+from .streams import RankPrinter
+from .world import RankInfo, RankTable, World, check_gpus, plan_world
+
+__all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "start"]
+
+_live: weakref.WeakSet[Lab] = weakref.WeakSet()  # stopped at interpreter exit, if still running
+
+
+class Lab:
+    """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells.
+
+    Use :func:`distlab.start` (or ``Lab(...).start()``); a Lab is also a context manager that
+    stops everything it started on exit.
+    """
+
+    def __init__(
+        self, ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local",
+        debug: bool = False,
+    ) -> None:
+        self._configure(LabConfig(ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug))
+
+    @classmethod
+    def from_config(cls, config: LabConfig) -> Lab:
+        """A lab of an already checked configuration (what ``%dist start`` builds)."""
+        lab = cls.__new__(cls)
+        lab._configure(config)
+        return lab
+
+    def _configure(self, config: LabConfig) -> None:
+        self.config = config
+        #: Backend in use once started (``auto`` resolved), else the one asked for.
+        self.backend = self.config.backend
+        self.world_size = self.config.ranks
+        self._cluster: Any = None  # ipyparallel.Cluster
+        self._client: Any = None  # ipyparallel.Client
+        self._world: World | None = None
+        self._guard = ProcessGuard()
+        self._releaser = Releaser()
+        self._listeners: list[Listener] = []
+        self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
+        self.timings: dict[str, float] = {}
+        self._phase_start = 0.0
+
+    # The configuration, as attributes (the magics and tests read them).
+    timeout = property(lambda self: self.config.timeout)
+    launcher = property(lambda self: self.config.launcher)
+    debug = property(lambda self: self.config.debug)
+    requested_backend = property(lambda self: self.config.backend)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._cluster is not None
+
+    def start(self) -> Lab:
+        """Start the controller and engines, build the rank table, initialise the process group."""
+        if self.running:
+            raise LabUsageError("this lab is already running: stop it first, or use restart()")
+        if self.config.launcher == "local":
+            check_gpus(self.world_size, self.config.backend, _local_gpus(self.config.backend))
+        t0 = self._phase_start = time.perf_counter()
+        self._cluster = make_cluster(self.world_size, self.config.launcher, self.config.local, self.timeout)
+        _stop_at_exit(self)
+        try:
+            self._cluster.start_controller_sync()
+            self._guard.watch(self._cluster)
+            self._phase("controller_s")
+            self._launch_engines()
+            self._phase("engines_s")
+            self._build_world()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["ready_s"] = time.perf_counter() - t0
+        registry.track(self)  # the side panel's view of this lab
+        return self
+
+    def _launch_engines(self) -> None:
+        self._cluster.start_engines_sync(self.world_size, **engine_start_args(self.config.local))
+        self._guard.update()
+        if self._client is None:
+            self._client = self._cluster.connect_client_sync()
+        try:
+            self._client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
+        except TimeoutError:
+            raise DistlabError(
+                f"only {len(self._client.ids)} of {self.world_size} engines registered within {self.timeout:g} s: "
+                "check the launcher's logs, or raise --timeout"
+            ) from None
+
+    def _build_world(self) -> None:
+        """Rank table, device checks, rendezvous, process group, and the ranks' namespace."""
+        client = self._client
+        ids = sorted(client.ids)[-self.world_size :]
+        controller_ip = self._cluster.controller_ip or "127.0.0.1"
+        identities = get(rpc.describe(client.direct_view(ids), controller_ip), self.timeout, "describing the engines")
+        self._phase("describe_s")  # includes engines finishing their import of torch
+        self._world = plan_world(dict(zip(ids, identities)), self.world_size, self.config.backend)
+        self.backend = self._world.backend
+        form_group(client, self._world, self.timeout, self.debug, rebuild=False)
+        self._phase("process_group_s")  # rendezvous, init_process_group, first all-reduce
+        self._releaser.listen(client, self._world.table, self.timeout)
+        self._guard.adopt_engine_helpers(self._local_pids())
+        # Let names defined in the notebook (functions, classes) travel to the ranks by value.
+        client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
+        self._phase("namespace_s")
+
+    def _phase(self, name: str) -> None:
+        """Record how long the phase that just ended took (start-up is measured phase by phase)."""
+        now = time.perf_counter()
+        self.timings[name] = now - self._phase_start
+        self._phase_start = now
+
+    def restart(self, ranks: int | None = None) -> Lab:
+        """A fresh world: new engine processes, ranks numbered the same way.
+
+        ``ranks`` changes the world size (elastic training: resume from a checkpoint on more or
+        fewer ranks); by default it stays the same.
+        """
+        self._require_running()
+        if ranks is not None:
+            new = replace(self.config, ranks=ranks)  # checked as the lab's own config is
+            if new.launcher == "local":
+                check_gpus(ranks, self.backend, _local_gpus(self.backend))
+            if ranks != self.world_size:
+                # Telemetry is per world: the next use makes a store (and dashboard) of the new size.
+                self.config, self.world_size, self._telemetry = new, ranks, None
+        t0 = self._phase_start = time.perf_counter()
+        old_ids = {r.engine_id for r in self.table}
+        self._cluster.stop_engines_sync()
+        wait_for(lambda: not old_ids & set(self._client.ids), 10.0)
+        self._guard.end_engines(self._local_pids())
+        self._world = None
+        try:
+            self._launch_engines()
+            self._build_world()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["restart_s"] = time.perf_counter() - t0
+        registry.publish(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop engines and controller and make sure their processes are gone."""
+        cluster, self._cluster = self._cluster, None
+        if cluster is None:
+            return
+        pids = self._local_pids()
+        pgids = self._guard.pgids()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+        with contextlib.suppress(Exception):
+            cluster.stop_cluster_sync()
+        self._guard.end_all(pgids, pids)  # trust the processes, not the call
+        self._world = None
+        self._releaser.close()
+        _live.discard(self)
+        registry.forget(self)
+
+    def __enter__(self) -> Lab:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<Lab {state}: {self.world_size} ranks, backend={self.backend}, launcher={self.launcher}>"
+
+    # ------------------------------------------------------------------ ranks and data
+
+    def _require_running(self) -> None:
+        if not self.running:
+            raise LabUsageError("no lab is running: start one with %dist start -n 2 (or distlab.start(2))")
+
+    def _local_pids(self) -> list[int]:
+        here = socket.gethostname()
+        return [r.pid for r in self.table if r.host == here]
+
+    def ranks(self, spec: str | int | Iterable[int] | None = None) -> list[int]:
+        """Parse a rank selection ('0,2-3', 1, [0, 1], None for all) against this world."""
+        if spec is None:
+            return list(range(self.world_size))
+        return parse_ranks(spec, self.world_size)
+
+    @property
+    def table(self) -> RankTable:
+        return RankTable(self._world.table if self._world is not None else ())
+
+    def status(self) -> RankTable:
+        """The rank table, each rank's health checked now: ok, busy or dead."""
+        self._require_running()
+        registered = set(self._client.ids)
+        alive = [r.engine_id for r in self.table if r.engine_id in registered]
+        queue = self._client.queue_status(targets=alive) if alive else {}
+        here = socket.gethostname()
+        rows = RankTable()
+        for r in self.table:
+            if r.engine_id not in registered or (r.host == here and not pid_alive(r.pid)):
+                health = "dead"
+            elif isinstance(queue.get(r.engine_id), dict) and queue[r.engine_id].get("tasks"):
+                health = "busy"
+            else:
+                health = "ok"
+            rows.append(replace(r, health=health))
+        return rows
+
+    def push(self, ranks: str | int | Iterable[int] | None = None, **names: Any) -> None:
+        """Copy names into the namespace of the given ranks (all by default)."""
+        self._require_running()
+        if not names:
+            raise LabUsageError("nothing to push: name the values, like lab.push(lr=0.1)")
+        targets = [self.table[r].engine_id for r in self.ranks(ranks)]
+        get(self._client.direct_view(targets).push(names, block=False), self.timeout, "pushing to the ranks")
+
+    def pull(self, name: str, ranks: str | int | Iterable[int] | None = None) -> dict[int, Any]:
+        """{rank: value of ``name``} from the given ranks (all by default)."""
+        import ipyparallel as ipp
+
+        self._require_running()
+        if not isinstance(name, str) or not name.isidentifier():
+            raise LabUsageError(f"pull takes one variable name, like lab.pull('loss') (got {name!r})")
+        pending = {r: self._client[self.table[r].engine_id].pull(name, block=False) for r in self.ranks(ranks)}
+        values, failures = {}, {}
+        for rank, ar in pending.items():
+            try:
+                values[rank] = ar.get(timeout=self.timeout)
+            except ipp.error.RemoteError as exc:
+                failures[rank] = RankFailure(rank, exc.ename, exc.evalue)
+            except ipp.error.TimeoutError:
+                failures[rank] = RankFailure(rank, "TimeoutError", f"no answer within {self.timeout:g} s")
+        if failures:
+            raise RankError(failures)
+        return values
+
+    def kill(self, rank: int) -> None:
+        """Fault injection: hard-kill one rank's engine process (SIGKILL), as a crash would."""
+        self._require_running()
+        (rank,) = parse_ranks(rank, self.world_size)
+        info = self.table[rank]
+        if info.host == socket.gethostname():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info.pid, signal.SIGKILL)
+            wait_for(lambda: not pid_alive(info.pid), 5.0)
+        else:
+            self._client.send_signal(signal.SIGKILL, targets=[info.engine_id], block=True)
+
+    # ------------------------------------------------------------------------ cells
+
+    def run(
+        self,
+        code: str,
+        ranks: str | int | Iterable[int] | None = None,
+        timeout: float | None = None,
+        stream: bool = True,
+        want: str = "value",
+    ) -> RunResult:
+        """Run ``code`` on the given ranks (all by default) and wait for it.
+
+        Each rank's output is printed as it arrives, labelled by rank. Returns {rank: value of the
+        last expression}. If any rank fails, raises RankError naming the ranks, with identical
+        failures grouped; ranks still running are stopped, and a broken process group is rebuilt.
+        ``timeout`` (seconds) bounds the whole cell; Ctrl-C / kernel interrupt stops it on every rank.
+        """
+        from .. import checks
+
+        self._require_running()
+        if not isinstance(code, str):
+            raise LabUsageError(f"code must be a string of Python, got {type(code).__name__}")
+        if timeout is not None:
+            checks.positive("timeout", timeout, example="timeout=30")
+        checks.choice("want", want, ("value", "repr"))
+        selected = self.ranks(ranks)
+        ctx = self._cell_context()
+        cell = CellRun(ctx, code, selected, want)
+        printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
+        outcome = cell.run(timeout, printer)
+        if outcome.failures:
+            recovery.diagnose(outcome, ctx, selected)
+            recovery.recover(outcome, ctx, rebuild_group=self._rebuild_group, restart=self.restart)
+            raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
+        return cell.result()
+
+    def _cell_context(self) -> CellContext:
+        return CellContext(self._client, self.table, self._releaser, self.kill, [self._on_poll])
+
+    def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
+        # The telemetry store reads what the ranks published before any listener looks at it, even
+        # a store made during this cell (by a listener, or anew after a restart at another size).
+        if self._telemetry is not None:
+            self._telemetry.on_poll(pending, final)
+        for listener in self._listeners:
+            listener(pending, final)
+
+    def _rebuild_group(self) -> None:
+        assert self._world is not None
+        form_group(self._client, self._world, self.timeout, self.debug, rebuild=True)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(pending, final)`` on every poll of a running cell, in the caller's thread.
+
+        ``pending`` maps rank -> ipyparallel AsyncResult (``ar.data`` holds what the rank last
+        published with ``publish_data``); ``final`` is True once, when the cell has ended. Listeners
+        run in the order they were added, all after the lab's telemetry store has read the poll.
+        A listener must be quick and must not raise.
+        """
+        self._listeners.append(listener)
+
+    @property
+    def telemetry(self) -> Any:
+        """What ``distlab.watch(model)`` publishes on the ranks: ``lab.telemetry.records()``.
+
+        A ``distlab.dashboard.TelemetryStore``, made and fed from the first use on; it also picks up
+        what earlier cells of this lab published.
+        """
+        if self._telemetry is None:
+            from ..dashboard.store import TelemetryStore
+
+            store = TelemetryStore(self.world_size)
+            if self._client is not None:
+                store.backfill(list(self._client.metadata.values()))
+            self._telemetry = store
+        return self._telemetry
+
+    def dashboard(self) -> Any:
+        """The live dashboard of this lab's telemetry (ipywidgets + plotly); one per lab."""
+        from ..dashboard.view import dashboard_for
+
+        return dashboard_for(self.telemetry)
+
+
+def start(
+    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False
+) -> Lab:
+    """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
+
+    ``debug=True`` turns on torch's collective checking on every rank (TORCH_DISTRIBUTED_DEBUG=DETAIL):
+    mismatched collectives fail at once, named; everything runs slower.
+    """
+    return Lab(ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug).start()
+
+
+def _local_gpus(backend: str) -> int:
+    if backend != "nccl":
+        return 0  # only NCCL needs them; spare the notebook importing torch
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _stop_at_exit(lab: Lab) -> None:
+    atexit.unregister(_stop_all)  # registered once, however many labs start
+    atexit.register(_stop_all)
+    _live.add(lab)
+
+
+def _stop_all() -> None:
+    for lab in list(_live):
+        with contextlib.suppress(Exception):
+            lab.stop()

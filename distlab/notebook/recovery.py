@@ -1,0 +1,105 @@
+"""After a failed cell: say what happened (who never reached a collective), then make the world usable.
+
+    diagnose(outcome, ctx, selected)   # a note naming the ranks that never arrived, and where the others waited
+    recover(outcome, ...)              # rebuild the group, or restart the world, or say how to
+
+Diagnosis reads each live rank's flight recorder (``rank.flight``) and compares them
+(``errors.diagnose_collectives``). Recovery rebuilds the process group in place when it was torn
+down or no longer completes an all-reduce (ranks keep their namespaces); restarts the world if a
+rank had to be killed; and only says how to restart when a rank died by itself (a lesson may want
+to look at the survivors first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ABSENT, FAILED, FINISHED, STUCK, DistlabError, RankError, diagnose_collectives, format_ranks
+from . import rpc
+from .cell import CellContext, CellOutcome
+
+__all__ = ["diagnose", "group_problem", "recover"]
+
+# How long a health check's tiny all-reduce may take, and how long ranks get to send their traces.
+HEALTH_TIMEOUT_S = 2.0
+TRACE_TIMEOUT_S = 2.0
+# Flight-recorder entries per rank that the diagnosis compares.
+TRACE_ENTRIES = 4
+
+
+def diagnose(outcome: CellOutcome, ctx: CellContext, selected: list[int]) -> None:
+    """After a stopped cell: which ranks never reached a collective, and where the others waited."""
+    failed = outcome.failures
+    stuck = set(outcome.stopped) | {r for r, f in failed.items() if f.ename == "KeyboardInterrupt"}
+    if not stuck:
+        return
+    dead = set(outcome.killed) | {r for r, f in failed.items() if f.ename == "EngineError"}
+    alive = set(ctx.client.ids)
+    asks = {
+        r.rank: rpc.collective_trace(ctx.client[r.engine_id], TRACE_ENTRIES)
+        for r in ctx.table
+        if r.rank not in dead and r.engine_id in alive
+    }
+    traces = {}
+    deadline = time.monotonic() + TRACE_TIMEOUT_S
+    for rank, ar in asks.items():
+        with contextlib.suppress(Exception):
+            traces[rank] = ar.get(timeout=max(0.01, deadline - time.monotonic()))
+    doing = {
+        r: STUCK if r in stuck else FAILED if r in failed else FINISHED if r in selected else ABSENT
+        for r in range(len(ctx.table))
+    }
+    note = diagnose_collectives(traces, doing)
+    if note:
+        outcome.notes.insert(0, note)
+
+
+def recover(
+    outcome: CellOutcome, ctx: CellContext, rebuild_group: Callable[[], None], restart: Callable[[], None]
+) -> None:
+    """Make the world usable again after a failed cell, and add to ``outcome.notes`` what was done."""
+    if outcome.killed:
+        restart()
+        outcome.notes.append("the world was restarted: rank namespaces are fresh")
+        return
+    dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
+    if dead:
+        outcome.notes.append(
+            f"rank {format_ranks(dead)} died; the others were stopped and keep their namespaces: "
+            "%dist restart (lab.restart()) brings a full world back"
+        )
+        return
+    reason = "its group was torn down to release stuck ranks" if outcome.group_aborted else group_problem(ctx)
+    if not reason:
+        return
+    try:
+        rebuild_group()
+    except (RankError, DistlabError) as exc:
+        # A group that cannot be rebuilt in place is rebuilt with the processes.
+        restart()
+        first = str(exc).splitlines()[0]
+        outcome.notes.append(
+            f"the process group could not be rebuilt ({first}): the world was restarted; rank namespaces are fresh"
+        )
+        return
+    outcome.notes.append(f"process group rebuilt ({reason}); objects built on the old group must be rebuilt too")
+
+
+def group_problem(ctx: CellContext) -> str | None:
+    """None if every rank's group completes a tiny all-reduce, else which ranks' does not, and why."""
+    checks: dict[int, Any] = {r.rank: rpc.check_group(ctx.client[r.engine_id], HEALTH_TIMEOUT_S) for r in ctx.table}
+    problems = {}
+    for rank, ar in checks.items():
+        try:
+            verdict = ar.get(timeout=HEALTH_TIMEOUT_S + 2)
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is a problem to report
+            verdict = type(exc).__name__
+        if verdict != "ok":
+            problems[rank] = verdict
+    if not problems:
+        return None
+    first = next(iter(problems.values()))
+    return f"rank {format_ranks(problems)}: {first}"

@@ -1,0 +1,86 @@
+"""Calls from the notebook to the ranks: the one module that names rank-side functions.
+
+Each function here sends one call to one engine (or a view of several) and returns ipyparallel's
+``AsyncResult``; its parameters after ``target`` are exactly those of the rank-side function it
+names in ``RANK_FUNCTIONS`` (``tests/test_rpc.py`` holds the two together, so a rename or a
+changed signature fails a test, not a lab). The rank side is named as text so that the notebook
+never imports it: it imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rank.dispatch import on_rank
+from ..wire import GroupSpec
+
+__all__ = [
+    "RANK_FUNCTIONS",
+    "abort_group",
+    "check_group",
+    "collective_trace",
+    "describe",
+    "init_rank",
+    "listen_for_release",
+    "open_store",
+    "rebuild_group",
+    "run_cell",
+]
+
+#: wrapper name -> (module under ``distlab.rank``, function name there).
+RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
+    "describe": ("identity", "describe"),
+    "open_store": ("group", "open_store"),
+    "init_rank": ("group", "init_rank"),
+    "rebuild_group": ("group", "rebuild_group"),
+    "check_group": ("group", "check_group"),
+    "abort_group": ("group", "abort_group"),
+    "listen_for_release": ("release", "listen_for_release"),
+    "collective_trace": ("flight", "collective_trace"),
+    "run_cell": ("cell", "run_cell"),
+}
+
+
+def _call(target: Any, wrapper: str, *args: Any) -> Any:
+    module, name = RANK_FUNCTIONS[wrapper]
+    return target.apply_async(on_rank, module, name, *args)
+
+
+def describe(target: Any, controller_ip: str) -> Any:
+    """-> ``wire.EngineIdentity`` (a list of them from a view)."""
+    return _call(target, "describe", controller_ip)
+
+
+def open_store(target: Any, host: str, timeout_s: float) -> Any:
+    """On rank 0's engine: the rendezvous store's port."""
+    return _call(target, "open_store", host, timeout_s)
+
+
+def init_rank(target: Any, spec: GroupSpec) -> Any:
+    return _call(target, "init_rank", spec)
+
+
+def rebuild_group(target: Any, master_port: int) -> Any:
+    return _call(target, "rebuild_group", master_port)
+
+
+def check_group(target: Any, timeout_s: float) -> Any:
+    """-> "ok", or why the group cannot complete a tiny all-reduce."""
+    return _call(target, "check_group", timeout_s)
+
+
+def abort_group(target: Any, peer_pids: list[int]) -> Any:
+    return _call(target, "abort_group", peer_pids)
+
+
+def listen_for_release(target: Any, path: str, peer_pids: list[int]) -> Any:
+    return _call(target, "listen_for_release", path, peer_pids)
+
+
+def collective_trace(target: Any, last: int) -> Any:
+    return _call(target, "collective_trace", last)
+
+
+def run_cell(target: Any, code: str, rank: int, want: str) -> Any:
+    """-> ``wire.CellReply``."""
+    return _call(target, "run_cell", code, rank, want)

@@ -1,0 +1,121 @@
+"""The rank table and the backend, decided from what the engines say of themselves: pure functions.
+
+    world = plan_world(identities, world_size=4, requested_backend="auto")
+    world.table[0].engine_id, world.backend, world.master_addr
+
+Nothing here talks to a process, so every rule (who is rank 0, ranks grouped by host, local ranks,
+which backend, which address the others reach rank 0 at) is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LabUsageError
+from ..wire import EngineIdentity
+
+__all__ = ["RankInfo", "RankTable", "World", "check_gpus", "plan_world", "resolve_backend"]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One row of the rank table."""
+
+    rank: int
+    engine_id: int
+    host: str
+    pid: int
+    local_rank: int
+    device: str
+    backend: str
+    addr: str
+    health: str = "ok"
+
+
+class RankTable(list[RankInfo]):
+    """The rank table, printed as a table."""
+
+    _COLUMNS = ("rank", "engine_id", "host", "pid", "device", "backend", "health")
+
+    def __str__(self) -> str:
+        rows = [self._COLUMNS] + [tuple(str(getattr(r, c)) for c in self._COLUMNS) for r in self]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self._COLUMNS))]
+        return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
+@dataclass(frozen=True)
+class World:
+    """Who is which rank, on which backend, and where rank 0's rendezvous is."""
+
+    table: tuple[RankInfo, ...]
+    backend: str
+    master_addr: str
+
+    def local_world_size(self, host: str) -> int:
+        return sum(1 for r in self.table if r.host == host)
+
+
+def plan_world(identities: Mapping[int, EngineIdentity], world_size: int, requested_backend: str) -> World:
+    """The world from ``{engine_id: identity}``.
+
+    Ranks follow the launcher's numbering when it gave one to every engine (MPI, Slurm); otherwise
+    they are grouped by host (hosts in order of their first engine), then ordered by engine id.
+    ``local_rank`` counts within a host; NCCL ranks get ``cuda:<local_rank>``.
+    """
+    launcher_ranks = [i["launcher_rank"] for i in identities.values()]
+    if sorted(r for r in launcher_ranks if r is not None) == list(range(world_size)):
+        order = sorted(identities, key=lambda eid: identities[eid]["launcher_rank"])  # type: ignore[arg-type,return-value]
+    else:
+        host_order: dict[str, int] = {}
+        for eid in sorted(identities):
+            host_order.setdefault(identities[eid]["host"], len(host_order))
+        order = sorted(identities, key=lambda eid: (host_order[identities[eid]["host"]], eid))
+    backend = resolve_backend(identities, requested_backend)
+    per_host: dict[str, int] = {}
+    table = []
+    for rank, eid in enumerate(order):
+        info = identities[eid]
+        local_rank = per_host.get(info["host"], 0)
+        per_host[info["host"]] = local_rank + 1
+        device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
+        table.append(RankInfo(rank, eid, info["host"], info["pid"], local_rank, device, backend, info["addr"]))
+    if backend == "nccl":
+        for host, count in per_host.items():
+            gpus = next(i["cuda_devices"] for i in identities.values() if i["host"] == host)
+            if count > gpus:
+                raise LabUsageError(
+                    f"host {host} has {gpus} GPUs but {count} ranks: start at most {gpus} ranks per host, "
+                    "or use --backend gloo"
+                )
+    # One host: everyone reaches rank 0 on loopback. Several: at rank 0's address toward the controller.
+    master_addr = "127.0.0.1" if len(per_host) == 1 else table[0].addr
+    return World(tuple(table), backend, master_addr)
+
+
+def resolve_backend(identities: Mapping[int, EngineIdentity], requested: str) -> str:
+    """``auto`` is NCCL when every rank has a GPU, else gloo; ``nccl`` needs a GPU on every rank."""
+    every_rank_has_gpu = all(i["cuda_devices"] > 0 for i in identities.values())
+    if requested == "auto":
+        return "nccl" if every_rank_has_gpu else "gloo"
+    if requested == "nccl" and not every_rank_has_gpu:
+        hosts = sorted({i["host"] for i in identities.values() if i["cuda_devices"] == 0})
+        raise LabUsageError(f"backend nccl needs a GPU on every rank; {', '.join(hosts)} has none: use --backend gloo")
+    return requested
+
+
+def check_gpus(ranks: int, backend: str, gpus: int) -> None:
+    """Before starting engines on this host (which has ``gpus`` GPUs): refuse impossible GPU requests."""
+    if backend != "nccl":
+        return
+    if gpus == 0:
+        raise LabUsageError("backend nccl needs GPUs and this machine has none: use --backend gloo (or auto)")
+    if ranks > gpus:
+        raise LabUsageError(
+            f"{ranks} GPU ranks but this machine has {gpus} GPUs: start at most -n {gpus}, "
+            "or use --backend gloo for CPU ranks"
+        )

@@ -1,0 +1,18 @@
+"""The one function the notebook sends to the ranks: it runs a rank-side function named by module.
+
+A function sent to an engine travels by reference (module + name). Sending this one, with the
+rank-side module named as text, spares the notebook importing what the ranks run (``torch``, about
+2 s). ``distlab.notebook.rpc`` is the only caller, and names every rank-side function there is.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__all__ = ["on_rank"]
+
+
+def on_rank(module: str, name: str, *args: Any) -> Any:
+    """Run ``distlab.rank.<module>.<name>(*args)`` on the engine that receives this call."""
+    return getattr(import_module(f"distlab.rank.{module}"), name)(*args)

@@ -1,0 +1,179 @@
+"""The rank's process group: the rendezvous store, joining, checking, tearing down and rebuilding.
+
+Imported by every local engine as it starts (``distlab.cluster.engine``), so torch is loaded by
+the time the notebook asks for anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..wire import GroupSpec
+from . import namespace, torchcompat
+from .release import shutdown_connections_to
+
+__all__ = ["abort_group", "check_group", "init_rank", "open_store", "rebuild_group"]
+
+# The rendezvous store. Rank 0 holds the server; the others hold clients. Kept here so the
+# process group can be rebuilt on a fresh store without the notebook round-tripping objects.
+_store: dist.TCPStore | None = None
+# How this rank last joined (a rebuild joins the same way on a new port).
+_spec: GroupSpec | None = None
+_device = torch.device("cpu")
+
+# torch's flight recorder keeps each group's latest collectives (op, shapes, sequence number) on
+# every rank; after a hang, comparing them across ranks says who never arrived and where the others
+# wait (``rank.flight``). It is sized when a process group is made, so the variable is set before.
+_FLIGHT_RECORDER_ENTRIES = "256"
+
+
+def open_store(host: str, timeout_s: float) -> int:
+    """On rank 0: start the rendezvous server on a free port the OS picks; return the port.
+
+    Port 0 makes the OS choose, so two labs never collide and no port is ever hard-coded.
+    """
+    global _store
+    _store = None  # drop the previous server (on rebuild) before binding a new one
+    try:
+        # TCPStore alone listens on every interface; bound here, it listens only where the other
+        # ranks reach rank 0 (loopback when they all run on this machine).
+        listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError:
+        listener = None
+    _store = dist.TCPStore(
+        host,
+        listener.getsockname()[1] if listener else 0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        # The store takes the descriptor over (and closes it when it goes): detach it from the socket
+        # object, or closing that object later would close whatever reuses the number.
+        **({"master_listen_fd": listener.detach()} if listener else {}),
+    )
+    return int(_store.port)
+
+
+def init_rank(spec: GroupSpec) -> dict[str, Any]:
+    """Bind the device, join the process group, prove it with one all-reduce, fill the namespace.
+
+    ``spec.debug`` turns on torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): every
+    collective is first compared across ranks, so an op or shape mismatch fails at once, named.
+    """
+    global _store, _spec, _device
+    device = _bind_device(spec.backend, spec.local_rank)
+    if device.type == "cpu":
+        # N ranks sharing a host's cores each default to all of them and thrash; split them
+        # (torchrun does the same by setting OMP_NUM_THREADS=1).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_world_size))
+    os.environ.update(
+        MASTER_ADDR=spec.master_addr,
+        MASTER_PORT=str(spec.master_port),
+        RANK=str(spec.rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_RANK=str(spec.local_rank),
+    )
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", _FLIGHT_RECORDER_ENTRIES)
+    if spec.debug:
+        # torch reads the level when it is imported (it already is): set it, then make it re-read.
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
+    if spec.rank != 0:
+        _store = dist.TCPStore(
+            spec.master_addr, spec.master_port, is_master=False, timeout=timedelta(seconds=spec.timeout_s)
+        )
+    if dist.is_initialized():
+        _destroy_group()
+    # Every rank must name the new group alike; a failed earlier attempt may have left the counter up.
+    with contextlib.suppress(Exception):
+        torchcompat.reset_group_count()
+    t0 = time.perf_counter()
+    dist.init_process_group(
+        spec.backend,
+        store=_store,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    if int(probe.item()) != spec.world_size:
+        raise RuntimeError(f"first all-reduce gave {probe.item()}, expected {spec.world_size}")
+    _spec, _device = spec, device
+    namespace.fill(spec.rank, spec.world_size, spec.local_rank, device)
+    return {"device": str(device), "init_s": time.perf_counter() - t0}
+
+
+def _bind_device(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise RuntimeError(
+                f"local rank {local_rank} has no GPU: this host has {count}; start fewer ranks per host"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def rebuild_group(master_port: int) -> dict[str, Any]:
+    """Join a fresh process group of the same world on a new rendezvous port."""
+    if _spec is None:
+        raise RuntimeError("this rank never joined a process group: there is nothing to rebuild")
+    abort_group([])
+    return init_rank(replace(_spec, master_port=master_port))
+
+
+def check_group(timeout_s: float) -> str:
+    """'ok' if a tiny all-reduce completes on the current group within timeout_s, else why not."""
+    if not dist.is_initialized():
+        return "no process group"
+    try:
+        probe = torch.ones(1, device=_device)
+        work = dist.all_reduce(probe, async_op=True)
+        if not work.wait(timedelta(seconds=timeout_s)):
+            return "all-reduce did not complete"
+        if int(probe.item()) != dist.get_world_size():
+            return f"all-reduce gave {probe.item()}"
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means the group is unusable
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def abort_group(peer_pids: list[int]) -> bool:
+    """Tear down this rank's process group and its connections to the ranks in ``peer_pids``.
+
+    Peers blocked in a collective with this rank then fail at once instead of waiting out the
+    timeout, which is how a stuck cell is released. ``destroy_process_group`` alone is not
+    enough: a DDP model keeps the group, and its sockets, alive (measured: the peer waited the
+    full timeout, and gloo's ``abort()``/``shutdown()`` did not help either). So the connections
+    to the peer processes on this host are shut down at the socket level, as if this rank had
+    died, while this process and its namespace live on.
+    """
+    was_up = dist.is_initialized()
+    if was_up:
+        _destroy_group()
+    shutdown_connections_to(set(peer_pids))
+    return was_up
+
+
+def _destroy_group() -> None:
+    """``destroy_process_group``, finished by hand if shutting a broken backend down raised.
+
+    torch resets its group counter only at the end of a clean destroy; a rank whose destroy failed
+    half-way would name its next group differently from the others, and the rebuild would wait
+    for keys that never come (measured: every rebuild after a released barrier timed out).
+    """
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a broken group may fail to shut down: forget it anyway
+        torchcompat.forget_process_groups()

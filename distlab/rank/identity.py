@@ -1,0 +1,45 @@
+"""Who an engine is before it has a rank: host, pid, the address others reach it at, its GPUs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import torch
+
+from ..wire import EngineIdentity
+
+__all__ = ["describe"]
+
+# Environment variables through which launchers tell a process its rank; the first one set wins.
+_LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def describe(controller_ip: str) -> EngineIdentity:
+    """This engine's identity, from which the notebook builds the rank table."""
+    launcher_rank = next((int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if v in os.environ), None)
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "addr": _address_toward(controller_ip),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "launcher_rank": launcher_rank,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
+
+
+def _address_toward(peer_ip: str) -> str:
+    """The local address this host uses to reach ``peer_ip``: how other hosts on that network reach us.
+
+    A UDP connect sends nothing; it only asks the kernel which interface routes to the peer.
+    """
+    if not peer_ip or peer_ip in ("*", "0.0.0.0"):
+        peer_ip = "8.8.8.8"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer_ip, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,44 @@
+"""What a rank's model and optimizer really are under their wrappers: one answer for every caller.
+
+``distlab.watch`` names layers and ``distlab.checkpoint`` names state-dict keys after the bare model,
+and both must treat a ``ZeroRedundancyOptimizer`` as such; asked in two places, the answers drifted
+apart (a compiled model watched as ``_orig_mod.0``, saved as ``0``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from torch import nn
+
+from . import torchcompat
+
+__all__ = ["is_zero_optimizer", "unwrap"]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model under any nesting of DDP, DataParallel and ``torch.compile``.
+
+    Its parameter names and state-dict keys carry no wrapper prefix (``module.``, ``_orig_mod.``).
+    """
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+            continue
+        inner = torchcompat.compiled_original(model)
+        if inner is None:
+            return model
+        model = inner
+
+
+def is_zero_optimizer(optimizer: Any) -> bool:
+    """True for a ``torch.distributed.optim.ZeroRedundancyOptimizer``, subclasses included.
+
+    Its state is sharded across ranks (``consolidate_state_dict`` gathers it) and its ``step`` runs
+    the local optimizer it wraps before broadcasting the new shards.
+    """
+    # An optimizer of that class exists only once its module is imported: looked up, never imported
+    # here (importing torch.distributed.optim costs 67 torch.jit deprecation warnings in torch 2.13).
+    zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)

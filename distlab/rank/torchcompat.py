@@ -1,0 +1,211 @@
+"""Every private torch API distlab uses, in one place, and the torch versions it is known to work with.
+
+distlab reaches into torch where torch offers no public way to do what it needs: time DDP's
+all-reduces without a communication hook, rebuild a process group after a broken one, read the
+flight recorder in-process. Private APIs change between releases without notice, so each is called
+here and nowhere else, with a comment saying what it does and why no public API does it: a new
+torch release is checked against this one file.
+
+Importing this module checks the torch it runs on: outside the versions really run (CI and the GPU
+machines), it refuses with one line saying what to install, unless ``DISTLAB_ALLOW_ANY_TORCH=1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "ALLOW_ANY_TORCH",
+    "KNOWN_GOOD",
+    "check_torch",
+    "comm_hook_names",
+    "compiled_original",
+    "flight_recorder_dump",
+    "foreach_copy_",
+    "foreach_norm",
+    "foreach_sub_",
+    "forget_process_groups",
+    "reset_group_count",
+    "set_reducer_group",
+    "swappable_reducer",
+    "torch_version_problem",
+    "version_counter",
+    "work_from_future",
+]
+
+#: (major, minor) of the torch releases distlab is run on, from the first to one past the last:
+#: 2.13 in CI, 2.11 on the lent GPU machines.
+KNOWN_GOOD = ((2, 11), (2, 14))
+#: Set to 1 to use a torch outside ``KNOWN_GOOD`` anyway.
+ALLOW_ANY_TORCH = "DISTLAB_ALLOW_ANY_TORCH"
+_SUGGESTED = "torch==2.13.0"
+
+
+# --------------------------------------------------------------------------------------- version
+
+
+def torch_version_problem(version: str) -> str | None:
+    """None for a torch version in ``KNOWN_GOOD``, else the one line that says what to do."""
+    low, high = KNOWN_GOOD
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and low <= (int(found.group(1)), int(found.group(2))) < high:
+        return None
+    known = f"{low[0]}.{low[1]} to {high[0]}.{high[1] - 1}"
+    return (
+        f"distlab is known to work with torch {known}, and this is torch {version}: "
+        f"install one of those (e.g. pip install {_SUGGESTED}), "
+        f"or set {ALLOW_ANY_TORCH}=1 to try this one anyway"
+    )
+
+
+def check_torch(version: str, environ: Mapping[str, str]) -> None:
+    """Refuse (ImportError, one line) a torch outside ``KNOWN_GOOD``; only warn when ``environ`` allows any."""
+    problem = torch_version_problem(version)
+    if problem is None:
+        return
+    if environ.get(ALLOW_ANY_TORCH) == "1":
+        warnings.warn(f"{problem} ({ALLOW_ANY_TORCH}=1: trying it)", RuntimeWarning, stacklevel=3)
+        return
+    raise ImportError(problem)
+
+
+check_torch(str(torch.__version__), os.environ)
+
+
+# ------------------------------------------------------------------------- tensors and modules
+
+
+def foreach_norm(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The 2-norm of each tensor, in one batched call.
+
+    ``torch._foreach_norm``: the fused kernel torch's optimizers and ``clip_grad_norm_`` use. The
+    public ``torch.nn.utils.get_total_norm`` returns one norm of everything, not one per tensor, and
+    ``torch.linalg.vector_norm`` in a loop launches a kernel per tensor.
+    """
+    return list(torch._foreach_norm(list(tensors)))
+
+
+def foreach_copy_(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    """``destinations[i].copy_(sources[i])`` for every i, in one batched call (``torch._foreach_copy_``;
+    no public batched copy)."""
+    torch._foreach_copy_(list(destinations), list(sources))
+
+
+def foreach_sub_(tensors: Sequence[torch.Tensor], others: Sequence[torch.Tensor]) -> None:
+    """``tensors[i] -= others[i]`` for every i, in one batched call (``torch._foreach_sub_``; no public
+    batched subtraction)."""
+    torch._foreach_sub_(list(tensors), list(others))
+
+
+def version_counter(tensor: torch.Tensor) -> int:
+    """How many times ``tensor`` has been changed in place (``Tensor._version``).
+
+    Autograd's own counter, bumped by every in-place op: an optimizer's step and ``p -= lr * g`` under
+    ``no_grad`` alike. torch has no public way to ask whether a tensor changed, short of a copy.
+    """
+    return int(tensor._version)
+
+
+def compiled_original(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module ``torch.compile`` wrapped, or None when ``model`` is not a compiled module.
+
+    ``OptimizedModule._orig_mod``: torch.compile returns a wrapper whose parameters and state-dict
+    keys are prefixed ``_orig_mod.``; torch offers no public accessor for the module inside.
+    """
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else None
+
+
+# ------------------------------------------------------------------------------------ DDP
+
+
+def comm_hook_names(model: torch.nn.Module) -> list[str]:
+    """The names of the communication hooks registered on a DDP model (empty for none).
+
+    ``DistributedDataParallel._comm_hooks``: DDP keeps the hooks ``register_comm_hook`` was given
+    there, and has no public getter (its logger records only the last hook's name).
+    """
+    return [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(model, "_comm_hooks", None) or ()]
+
+
+def swappable_reducer(model: torch.nn.Module) -> bool:
+    """Whether a DDP model's reducer can be given another process group (see :func:`set_reducer_group`)."""
+    reducer = getattr(model, "reducer", None)
+    return reducer is not None and hasattr(reducer, "_update_process_group")
+
+
+def set_reducer_group(model: torch.nn.Module, group: Any) -> None:
+    """Make a DDP model's reducer run its all-reduces on ``group`` from the next backward on.
+
+    ``Reducer._update_process_group``: the call DDP's own (private) ``_update_process_group`` makes
+    to change groups without rebuilding the model, for elastic training. The only public path,
+    wrapping the model in DDP again, builds a new reducer and broadcasts the weights once more.
+    """
+    model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]
+
+
+def work_from_future(future: torch.futures.Future[Any]) -> Any:
+    """A ``Work`` that completes when ``future`` does, for a Python ``ProcessGroup`` to return.
+
+    ``torch._C._distributed_c10d._create_work_from_future``: a process group's ``allreduce`` must
+    return a ``Work``; the public ``Work`` class cannot be made from a future (or at all) in Python.
+    """
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+# ------------------------------------------------------------------------- process groups
+
+
+def reset_group_count() -> None:
+    """Name the next process group as if none had been made yet.
+
+    ``distributed_c10d._world.group_count``: torch names groups by a counter it resets only when a
+    destroy completes; ranks whose counters differ wait for each other under different store keys.
+    No public API sets it.
+    """
+    dist.distributed_c10d._world.group_count = 0
+
+
+def forget_process_groups() -> None:
+    """Drop every process group torch knows of, as a clean ``destroy_process_group`` would have.
+
+    For after a ``destroy_process_group`` that raised half-way (a broken backend): torch keeps its
+    groups in private tables (``_world``) that only a destroy that succeeds clears, and the next
+    ``init_process_group`` refuses while a default group is set. Each step is attempted whatever
+    the others do: on a broken group any of them may raise.
+    """
+    c10d = dist.distributed_c10d
+    with contextlib.suppress(Exception):
+        c10d._update_default_pg(None)  # the default group: what init_process_group checks
+    world = c10d._world
+    for table in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
+                  "pg_coalesce_state"):
+        with contextlib.suppress(Exception):
+            getattr(world, table).clear()
+    with contextlib.suppress(Exception):
+        c10d._unregister_all_process_groups()  # the C++ registry that resolves groups by name
+    with contextlib.suppress(Exception):
+        reset_group_count()
+
+
+def flight_recorder_dump() -> dict[str, Any] | None:
+    """torch's flight recorder (the latest collectives of this process, every group), or None.
+
+    ``torch._C._distributed_c10d._dump_fr_trace_json(include_collectives=True, only_active=False)``:
+    the public way, ``TORCH_FR_DUMP_TEMP_FILE``, writes a file only when a NCCL watchdog times out;
+    distlab reads it on demand, on gloo too. None where this torch build has no recorder.
+    """
+    try:
+        dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
+    except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
+        return None
+    return dump if isinstance(dump, dict) else None

@@ -1,0 +1,57 @@
+"""The data the notebook and the ranks exchange: what a rank says of itself, and how it joins a group.
+
+Both sides import this module and nothing else of each other's (it imports neither torch nor
+ipyparallel). ``distlab.notebook.rpc`` sends these; ``distlab.rank`` receives them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+__all__ = ["CellError", "CellReply", "EngineIdentity", "GroupSpec"]
+
+
+class EngineIdentity(TypedDict):
+    """What an engine says of itself before it has a rank (``rank.identity.describe``)."""
+
+    host: str
+    pid: int
+    #: The address other hosts reach this engine at (its route toward the controller).
+    addr: str
+    cuda_devices: int
+    #: The rank MPI or Slurm gave the process, when a launcher did.
+    launcher_rank: int | None
+    python: str
+    torch: str
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Everything one rank needs to join the world's process group (``rank.group.init_rank``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    #: Ranks on this rank's host: CPU threads are shared among them.
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    timeout_s: float
+    #: torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL).
+    debug: bool = False
+
+
+class CellError(TypedDict):
+    ename: str
+    evalue: str
+    traceback: str
+
+
+class CellReply(TypedDict, total=False):
+    """A rank's answer to a cell: exactly one of ``value``, ``repr`` or ``error``."""
+
+    value: Any
+    repr: str | None
+    error: CellError

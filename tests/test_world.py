@@ -1,0 +1,93 @@
+"""The rank table and backend choice, from what engines say of themselves: no process started."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab.errors import LabUsageError
+from distlab.notebook.config import LabConfig
+from distlab.notebook.world import check_gpus, plan_world
+
+
+def identity(host: str, pid: int, gpus: int = 0, launcher_rank: int | None = None, addr: str = "10.0.0.1") -> dict:
+    return {"host": host, "pid": pid, "addr": addr, "cuda_devices": gpus, "launcher_rank": launcher_rank,
+            "python": "3.11", "torch": "2.13.0"}
+
+
+def test_ranks_are_grouped_by_host_in_order_of_each_hosts_first_engine():
+    world = plan_world(
+        {3: identity("b", 13), 1: identity("a", 11), 2: identity("b", 12), 4: identity("a", 14)}, 4, "auto"
+    )
+    assert [(r.rank, r.engine_id, r.host, r.local_rank) for r in world.table] == [
+        (0, 1, "a", 0), (1, 4, "a", 1), (2, 2, "b", 0), (3, 3, "b", 1)
+    ]
+
+
+def test_a_launchers_numbering_is_kept_when_every_engine_has_one():
+    world = plan_world({0: identity("a", 10, launcher_rank=1), 1: identity("a", 11, launcher_rank=0)}, 2, "gloo")
+    assert [r.engine_id for r in world.table] == [1, 0]
+
+
+def test_a_partial_launcher_numbering_is_ignored():
+    world = plan_world({0: identity("a", 10, launcher_rank=1), 1: identity("a", 11)}, 2, "gloo")
+    assert [r.engine_id for r in world.table] == [0, 1]
+
+
+def test_auto_picks_nccl_only_when_every_rank_has_a_gpu():
+    assert plan_world({0: identity("a", 1, gpus=2), 1: identity("a", 2, gpus=2)}, 2, "auto").backend == "nccl"
+    assert plan_world({0: identity("a", 1, gpus=2), 1: identity("b", 2, gpus=0)}, 2, "auto").backend == "gloo"
+
+
+def test_nccl_ranks_get_the_gpu_of_their_local_rank():
+    world = plan_world({0: identity("a", 1, gpus=2), 1: identity("a", 2, gpus=2)}, 2, "nccl")
+    assert [r.device for r in world.table] == ["cuda:0", "cuda:1"]
+    assert {r.backend for r in world.table} == {"nccl"}
+
+
+def test_nccl_on_a_host_without_gpus_names_the_host_and_the_fix():
+    with pytest.raises(LabUsageError, match=r"b has none: use --backend gloo"):
+        plan_world({0: identity("a", 1, gpus=1), 1: identity("b", 2, gpus=0)}, 2, "nccl")
+
+
+def test_more_nccl_ranks_than_a_hosts_gpus_are_refused():
+    with pytest.raises(LabUsageError, match="host a has 1 GPUs but 2 ranks"):
+        plan_world({0: identity("a", 1, gpus=1), 1: identity("a", 2, gpus=1)}, 2, "nccl")
+
+
+def test_one_host_rendezvous_on_loopback_and_several_at_rank_0s_address():
+    one = plan_world({0: identity("a", 1, addr="10.0.0.5"), 1: identity("a", 2, addr="10.0.0.5")}, 2, "gloo")
+    assert one.master_addr == "127.0.0.1"
+    two = plan_world({0: identity("a", 1, addr="10.0.0.5"), 1: identity("b", 2, addr="10.0.0.6")}, 2, "gloo")
+    assert two.master_addr == "10.0.0.5"
+    assert two.local_world_size("a") == 1 and one.local_world_size("a") == 2
+
+
+def test_cpu_ranks_need_no_gpu_check_and_gpu_requests_beyond_the_machine_are_refused():
+    check_gpus(4, "gloo", 0)
+    with pytest.raises(LabUsageError, match="has none"):
+        check_gpus(1, "nccl", 0)
+    with pytest.raises(LabUsageError, match="start at most -n 2"):
+        check_gpus(3, "nccl", 2)
+
+
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"ranks": 0}, "-n must be >= 1"),
+        ({"ranks": "two"}, "-n must be a whole number"),
+        ({"timeout": 0}, "--timeout must be a number of seconds > 0"),
+        ({"timeout": "soon"}, "--timeout must be a number of seconds"),
+        ({"backend": "mpi-ish"}, "unknown backend 'mpi-ish'"),
+        ({"launcher": "carrier-pigeon"}, "unknown launcher 'carrier-pigeon'"),
+    ],
+)
+def test_the_magics_config_names_the_flag_the_user_typed(values, fragment):
+    with pytest.raises(LabUsageError) as info:
+        LabConfig(**values, spelling="magic")
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_config_is_normalised_once():
+    config = LabConfig(ranks=3, timeout=5, launcher="LOCAL")
+    assert (config.ranks, config.timeout, config.launcher, config.local) == (3, 5.0, "local", True)
+    assert isinstance(config.timeout, float)
