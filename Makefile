@@ -2,8 +2,13 @@
 #   make lab    create the environment, install everything, open JupyterLab on the notebooks
 #   make test   same set-up, then every test
 #
+# The tests in tiers (tests/conftest.py says how a test gets its tier):
+#   make test-fast      no process started; seconds
+#   make test-cluster   real clusters, process groups, kernels and servers
+#   make test-e2e       the notebooks (nbval), the browser, Binder, the soak
+#
 # torch is installed first, pinned to the build this machine carries, so pip does not pull a
-# newer torch with gigabytes of CUDA libraries; the package itself only asks for torch>=2.4.
+# newer torch with gigabytes of CUDA libraries; the package itself asks for torch>=2.11,<2.14 (the releases run).
 # Override on other machines: make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 
 PYTHON ?= python3
@@ -13,7 +18,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.distlab-installed
 PORT ?= 8888
 
-.PHONY: lab test system-deps clean
+.PHONY: lab test test-fast test-cluster test-e2e system-deps clean
 
 $(STAMP): pyproject.toml Makefile extension/package.json $(wildcard extension/src/* extension/style/*)
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +48,15 @@ lab: $(STAMP)
 
 test: system-deps $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "not cluster and not e2e"
+
+test-cluster: system-deps $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "cluster and not e2e"
+
+test-e2e: system-deps $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m e2e
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info distlab/labextension extension/lib extension/node_modules \

@@ -1,8 +1,17 @@
-"""Fixtures that start real clusters and always stop what they started."""
+"""Fixtures that start real clusters and always stop what they started; the test tiers.
+
+Tiers, as marks (``make test-fast``, ``make test-cluster``, ``make test-e2e``; ``make test`` runs all):
+- fast (no mark): starts no process; a test there that starts one fails, naming the mark to add.
+- ``cluster``: starts processes: ipyparallel clusters and process groups, Jupyter kernels and
+  servers, Open MPI. Tests using the fixtures below that start them get the mark by themselves.
+- ``e2e``: the slow end-to-end runs: the notebooks (nbval), the browser, Binder, the soak.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -15,6 +24,36 @@ from distlab.notebook.lab import Lab
 # Open MPI refuses to run as root unless told it may (CI containers run as root).
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+# Kernels this run starts (nbval's included) keep their quiz progress out of the user's Jupyter data.
+os.environ.setdefault("DISTLAB_QUIZ_PROGRESS", tempfile.mkdtemp(prefix="distlab-test-quiz-"))
+
+# Fixtures that start processes: a test using one is in the cluster tier.
+_PROCESS_FIXTURES = {"lab", "_shared_lab", "lab_factory", "ipython", "jupyter"}
+# Test modules that are end-to-end runs as a whole.
+_E2E_MODULES = {"test_browser.py", "test_binder.py", "test_soak.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.suffix == ".ipynb" or item.path.name in _E2E_MODULES:
+            item.add_marker(pytest.mark.e2e)
+        if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test in the fast tier that starts a process fails at once, saying which mark it needs."""
+    if request.node.get_closest_marker("cluster") or request.node.get_closest_marker("e2e"):
+        return
+
+    def refuse(self: object, args: object, *rest: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            f"{request.node.nodeid} started a process ({args!r}): mark it @pytest.mark.cluster, "
+            "or keep it in the fast tier by not starting one"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,7 @@ def test_both_thresholds_are_set_unless_the_user_chose_an_allocator_setting():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.cluster
 def test_a_plain_process_faults_its_gradients_in_again_every_step():
     """What the engines' setting is for: under glibc's defaults the same loop pays for every page."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}

@@ -1,6 +1,8 @@
 """The side panel's back end and install, on a real JupyterLab server with real kernels and labs:
 the extension is installed and OK, /distlab/labs refuses strangers, lists the lab of a notebook's
-kernel with its ranks and training rate, follows a killed rank and a stop, and forgets dead kernels.
+kernel with its ranks and training rate, follows a killed rank and a stop, and forgets dead kernels;
+POST /distlab/labs/<id>/<action> stops and restarts a lab however its kernel started it, and answers
+a wrong request with one line.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -29,6 +34,7 @@ def _jupyter(*args: str) -> str:
     return ANSI.sub("", done.stdout + done.stderr)
 
 
+@pytest.mark.cluster
 def test_labextension_is_installed_enabled_and_ok() -> None:
     listed = _jupyter("labextension", "list")
     assert re.search(r"^\s*distlab v\S+ enabled OK", listed, re.MULTILINE), listed
@@ -36,10 +42,11 @@ def test_labextension_is_installed_enabled_and_ok() -> None:
     assert package["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
 
 
+@pytest.mark.cluster
 def test_server_extension_is_enabled() -> None:
     listed = _jupyter("server", "extension", "list")
-    assert re.search(r"distlab\._server\s+enabled", listed), listed
-    assert re.search(r"distlab\._server\s+OK", listed), listed
+    assert re.search(r"distlab\.server\s+enabled", listed), listed
+    assert re.search(r"distlab\.server\s+OK", listed), listed
 
 
 @pytest.fixture
@@ -56,6 +63,203 @@ def test_labs_endpoint_refuses_requests_without_a_valid_token(jupyter: JupyterLa
     assert jupyter.request("GET", "/distlab/labs", token=None)[0] == 403
     assert jupyter.request("GET", "/distlab/labs", token="not-the-token")[0] == 403
     assert jupyter.request("GET", "/distlab/labs") == (200, {"labs": []})
+    assert jupyter.request("POST", "/distlab/labs/lab-1-a/stop", token=None)[0] == 403
+    assert jupyter.request("POST", "/distlab/labs/lab-1-a/stop", token="not-the-token")[0] == 403
+
+
+# A stop or restart answers once it is done: a restart starts new engines, which on a loaded machine
+# can take longer than the 30 s that JupyterLab.request waits.
+ACTION_DEADLINE_S = 300
+
+
+def _post(jupyter: JupyterLab, path: str) -> tuple[int, Any]:
+    """(status, parsed JSON or text) of an authenticated POST, waiting up to ACTION_DEADLINE_S."""
+    req = urllib.request.Request(
+        jupyter.url + path, data=b"", method="POST", headers={"Authorization": f"token {jupyter.token}"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=ACTION_DEADLINE_S) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        status, text = err.code, err.read().decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def _one_line(body: Any) -> str:
+    """The error's message, which must be one line."""
+    assert isinstance(body, dict), body
+    message = body["message"]
+    assert message and "\n" not in message, body
+    return str(message)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_an_action_on_an_unknown_lab_or_an_unknown_action_is_refused_in_one_line(jupyter: JupyterLab) -> None:
+    status, body = _post(jupyter, "/distlab/labs/lab-1-abc/stop")
+    assert status == 404 and "no running lab 'lab-1-abc'" in _one_line(body), (status, body)
+    status, body = _post(jupyter, "/distlab/labs/lab-1-abc/explode")
+    assert status == 400 and "unknown action 'explode'" in _one_line(body), (status, body)
+    assert "stop or restart" in body["message"]
+
+
+@pytest.mark.cluster
+def test_the_panels_restart_and_stop_reach_a_lab_started_with_distlab_start_in_a_kernel(
+    jupyter: JupyterLab,
+) -> None:
+    session = jupyter.new_session("no-magics.ipynb")
+    client = jupyter.kernel_client(session["kernel"]["id"])
+    try:
+        execute(client, "import distlab\nlab = distlab.start(ranks=2)")  # no %load_ext, no %dist
+        (lab,) = jupyter.labs()
+        first = [r["pid"] for r in lab["ranks"]]
+        assert all(_alive(pid) for pid in first)
+
+        # A wrong action changes nothing.
+        status, body = _post(jupyter, f"/distlab/labs/{lab['id']}/explode")
+        assert status == 400, body
+        assert [r["pid"] for r in jupyter.labs()[0]["ranks"]] == first
+
+        status, body = _post(jupyter, f"/distlab/labs/{lab['id']}/restart")
+        assert status == 200, body
+        assert body["id"] == lab["id"] and body["kernel_id"] == lab["kernel_id"], body
+        assert re.fullmatch(r"2 fresh ranks ready in \d+\.\d s", body["message"]), body
+        (restarted,) = jupyter.labs()
+        assert restarted["id"] == lab["id"]
+        second = [r["pid"] for r in restarted["ranks"]]
+        assert len(second) == 2 and not set(second) & set(first), (first, second)
+        assert all(_alive(pid) for pid in second)
+        wait_for(lambda: not any(_alive(pid) for pid in first), 30, "the first engines to exit")
+        assert execute(client, "print(lab.running, lab.world_size)") == "True 2\n"
+
+        status, body = _post(jupyter, f"/distlab/labs/{lab['id']}/stop")
+        assert status == 200, body
+        assert body["message"] == "lab stopped: engines and controller are gone"
+        assert jupyter.labs() == []
+        wait_for(lambda: not any(_alive(pid) for pid in second), 30, "the stopped engines to exit")
+        assert execute(client, "print(lab.running)") == "False\n"
+
+        # Stopped, it is no longer there to act on.
+        status, body = _post(jupyter, f"/distlab/labs/{lab['id']}/restart")
+        assert status == 404 and lab["id"] in _one_line(body), body
+    finally:
+        client.stop_channels()
+
+
+SCRIPT_LAB = """\
+import sys, distlab
+lab = distlab.start(ranks=1)
+sys.stdin.read()  # until the test closes our stdin
+lab.stop()
+"""
+
+
+@pytest.mark.cluster
+def test_a_lab_outside_this_servers_kernels_is_refused_in_one_line_and_left_running(
+    jupyter: JupyterLab,
+) -> None:
+    script = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT_LAB], env=jupyter.env, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        files = jupyter.runtime_dir / "distlab"
+        state = wait_for(lambda: list(files.glob(f"lab-{script.pid}-*.json")), 120, "the script's lab")[0]
+        (rank,) = json.loads(state.read_text())["ranks"]
+        assert jupyter.labs() == []  # not this server's to list
+
+        status, body = _post(jupyter, f"/distlab/labs/{state.stem}/stop")
+        assert status == 404, body
+        assert f"runs in process {script.pid}, which is not a kernel of this server" in _one_line(body)
+        assert _alive(rank["pid"]) and state.exists()
+
+        script.communicate(input="", timeout=60)  # the script stops its lab and exits
+        assert script.returncode == 0
+        wait_for(lambda: not _alive(rank["pid"]), 30, "the script's engine to exit")
+    finally:
+        if script.poll() is None:  # the reaper ends its lab's engines with it
+            script.kill()
+            script.wait(timeout=30)
+
+
+@pytest.mark.cluster
+def test_an_action_behind_a_running_cell_answers_at_its_deadline_and_runs_when_the_cell_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """act_on_lab (what the POST handler calls), on a kernel of jupyter_server's own kernel manager."""
+    import asyncio
+
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+    from distlab.server.handlers import LabActionError, act_on_lab
+    from distlab.server.registry import read_labs
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))  # the kernel's labs write here, we read here
+
+    async def until(condition: Any, seconds: float, what: str) -> None:
+        for _ in range(int(seconds / 0.2)):
+            if condition():
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
+
+    async def scenario() -> None:
+        kernels = AsyncMappingKernelManager(connection_dir=str(tmp_path))
+        kernel_id = await kernels.start_kernel(kernel_name="python3")
+        client = kernels.get_kernel(kernel_id).client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=120)
+            started = await client.execute("import distlab\nlab = distlab.start(ranks=1)", reply=True, timeout=180)
+            assert started["content"]["status"] == "ok", started["content"]
+            (lab,) = read_labs()
+            (rank,) = lab["ranks"]
+            # A long cell, which must not drop what queues behind it when interrupted.
+            cell = client.execute("import time\ntime.sleep(300)", stop_on_error=False)
+            while True:  # the kernel has started the cell
+                msg = await client.get_iopub_msg(timeout=60)
+                if msg["parent_header"].get("msg_id") == cell and msg["msg_type"] == "execute_input":
+                    break
+
+            with pytest.raises(LabActionError) as late:
+                await act_on_lab(kernels, lab["id"], "stop", timeout=2)
+            assert late.value.status == 504
+            assert late.value.message == (
+                f"kernel {kernel_id} did not answer within 2 s (is a cell still running there?); "
+                "the stop stays queued in it and runs when the kernel gets to it"
+            )
+            assert _alive(rank["pid"]) and [x["id"] for x in read_labs()] == [lab["id"]]
+
+            await kernels.interrupt_kernel(kernel_id)  # the cell ends; the queued stop runs
+            await until(lambda: read_labs() == [], 120, "the queued stop to stop the lab")
+            await until(lambda: not _alive(rank["pid"]), 30, "the lab's engine to exit")
+        finally:
+            client.stop_channels()
+            await kernels.shutdown_all(now=True)
+
+    asyncio.run(scenario())
+
+
+def test_registry_act_names_an_unknown_lab_or_action_in_one_line_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distlab.server import registry
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(LookupError) as unknown_lab:
+        registry.act("lab-1-abc", "stop")
+    message = str(unknown_lab.value)
+    assert message.startswith(f"no running lab 'lab-1-abc' in process {os.getpid()}") and "\n" not in message
+    with pytest.raises(ValueError, match=r"^unknown action 'explode' for a lab: use one of stop, restart$"):
+        registry.act("lab-1-abc", "explode")
+    assert list(tmp_path.iterdir()) == []  # no state file written
 
 
 @pytest.mark.cluster
@@ -128,6 +332,7 @@ def test_a_killed_kernels_lab_is_dropped_and_its_file_removed(jupyter: JupyterLa
     wait_for(lambda: not any(psutil.pid_exists(r["pid"]) for r in lab["ranks"]), 15, "the ranks to end")
 
 
+@pytest.mark.e2e
 def test_jupyterlab_browser_check_passes_with_the_extension(tmp_path: Path) -> None:
     from _browser import chromium_or_skip
 
@@ -150,7 +355,7 @@ def test_jupyterlab_browser_check_passes_with_the_extension(tmp_path: Path) -> N
 
 
 def test_training_summary_is_rank_0s_recent_rate_and_the_latest_all_reduce() -> None:
-    from distlab._registry import training_summary
+    from distlab.server.registry import training_summary
 
     def rec(rank: int, step: int, t: float, seconds: list[float]) -> dict[str, object]:
         return {"rank": rank, "step": step, "t": t, "step_time_s": 0.05,

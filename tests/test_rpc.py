@@ -27,6 +27,7 @@ def test_every_rank_function_the_notebook_calls_has_a_wrapper_and_is_exported():
         assert name in importlib.import_module(f"distlab.rank.{module}").__all__
 
 
+@pytest.mark.cluster
 def test_the_notebook_side_never_imports_torch_or_the_rank_side():
     import subprocess
     import sys

@@ -1,8 +1,9 @@
 /**
  * distlab's JupyterLab side: a "Distributed" side panel listing the labs running in this
- * server's kernels (GET /distlab/labs, polled), with stop and restart buttons that run
- * `%dist stop` / `%dist restart` in the lab's kernel, and a status-bar item for the lab of
- * the current notebook. The panel is a thin view: every fact comes from the Lab, via the server.
+ * server's kernels (GET /distlab/labs, polled), with stop and restart buttons (POST
+ * /distlab/labs/<id>/stop or /restart: the server stops or restarts that lab in its kernel,
+ * however it was started), and a status-bar item for the lab of the current notebook. The panel
+ * is a thin view: every fact comes from the Lab, via the server.
  */
 
 import {
@@ -12,7 +13,7 @@ import {
 } from '@jupyterlab/application';
 import { URLExt } from '@jupyterlab/coreutils';
 import { INotebookTracker } from '@jupyterlab/notebook';
-import { Kernel, KernelAPI, ServerConnection } from '@jupyterlab/services';
+import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -107,56 +108,27 @@ class LabsModel {
   private _inFlight = false;
 }
 
-/** Run `code` in a kernel of this server; resolves with its output, rejects with its error. */
-async function runInKernel(
-  app: JupyterFrontEnd,
-  tracker: INotebookTracker | null,
-  kernelId: string,
-  code: string
+/**
+ * Stop or restart a lab: the server runs it in the lab's kernel and answers when it is done (after
+ * any cell running there). Resolves with the kernel's one-line message, rejects with the server's.
+ */
+async function actOnLab(
+  settings: ServerConnection.ISettings,
+  lab: ILabInfo,
+  what: 'stop' | 'restart'
 ): Promise<string> {
-  // Prefer the connection of an open notebook; else connect for this one request.
-  let kernel: Kernel.IKernelConnection | null = null;
-  tracker?.forEach(panel => {
-    const k = panel.sessionContext.session?.kernel;
-    if (!kernel && k && k.id === kernelId) {
-      kernel = k;
-    }
-  });
-  let owned: Kernel.IKernelConnection | null = null;
-  if (!kernel) {
-    const model = await KernelAPI.getKernelModel(kernelId);
-    if (!model) {
-      throw new Error('the kernel is gone');
-    }
-    owned = app.serviceManager.kernels.connectTo({ model });
-  }
-  const connection = (kernel ?? owned) as Kernel.IKernelConnection;
-  let output = '';
+  const url = URLExt.join(settings.baseUrl, 'distlab', 'labs', encodeURIComponent(lab.id), what);
+  const response = await ServerConnection.makeRequest(url, { method: 'POST' }, settings);
+  let body: { message?: string } = {};
   try {
-    const future = connection.requestExecute({
-      code,
-      silent: false,
-      store_history: false,
-      stop_on_error: false
-    });
-    future.onIOPub = msg => {
-      if (msg.header.msg_type === 'stream') {
-        output += (msg.content as { text: string }).text;
-      }
-    };
-    const reply = await future.done;
-    const content = reply.content as {
-      status: string;
-      ename?: string;
-      evalue?: string;
-    };
-    if (content.status !== 'ok') {
-      throw new Error(`${content.ename}: ${content.evalue}`);
-    }
-    return output.trim();
-  } finally {
-    owned?.dispose();
+    body = (await response.json()) as { message?: string };
+  } catch {
+    // not JSON (a proxy's error page): the status says enough
   }
+  if (!response.ok) {
+    throw new Error(body.message ?? `the server answered ${response.status}`);
+  }
+  return body.message ?? '';
 }
 
 function fmtRate(lab: ILabInfo): string {
@@ -238,6 +210,7 @@ class LabsPanel extends Widget {
   private _renderLab(lab: ILabInfo): HTMLElement {
     const box = el('section', 'distlab-lab');
     box.dataset.kernelId = lab.kernel_id;
+    box.dataset.labId = lab.id;
     box.dataset.worldSize = String(lab.world_size);
     const name = lab.notebook ?? `kernel ${lab.kernel_id.slice(0, 8)}`;
     box.appendChild(el('h3', 'distlab-notebook', name));
@@ -268,18 +241,18 @@ class LabsPanel extends Widget {
     box.appendChild(table);
 
     const buttons = el('div', 'distlab-buttons');
-    const pending = this._pending[lab.kernel_id];
+    const pending = this._pending[lab.id];
     for (const what of ['restart', 'stop'] as const) {
       const label = what === 'stop' ? 'Stop' : 'Restart';
       const busyLabel = what === 'stop' ? 'Stopping…' : 'Restarting…';
       const button = el('button', `jp-Button jp-mod-styled distlab-${what}`, pending === what ? busyLabel : label);
       button.disabled = pending !== undefined;
-      button.title = `%dist ${what} in this notebook's kernel (waits for a running cell)`;
+      button.title = `${label} this lab, in its kernel (waits for a running cell)`;
       button.onclick = () => void this._run(lab, what);
       buttons.appendChild(button);
     }
     box.appendChild(buttons);
-    const message = this._messages[lab.kernel_id];
+    const message = this._messages[lab.id];
     if (message) {
       box.appendChild(el('p', 'distlab-message', message));
     }
@@ -287,21 +260,22 @@ class LabsPanel extends Widget {
   }
 
   private async _run(lab: ILabInfo, what: 'stop' | 'restart'): Promise<void> {
-    this._pending[lab.kernel_id] = what;
-    delete this._messages[lab.kernel_id];
+    this._pending[lab.id] = what;
+    delete this._messages[lab.id];
     this.render();
     try {
-      this._messages[lab.kernel_id] = await this._act(lab, what);
+      this._messages[lab.id] = await this._act(lab, what);
     } catch (reason) {
-      this._messages[lab.kernel_id] = `%dist ${what} failed: ${(reason as Error).message}`;
+      this._messages[lab.id] = `${what} failed: ${(reason as Error).message}`;
     }
-    delete this._pending[lab.kernel_id];
+    delete this._pending[lab.id];
     await this._model.refresh();
   }
 
   private _shown = '';
-  private _pending: { [kernelId: string]: 'stop' | 'restart' } = {};
-  private _messages: { [kernelId: string]: string } = {};
+  // By lab id: a kernel may run more than one lab (distlab.start() twice).
+  private _pending: { [labId: string]: 'stop' | 'restart' } = {};
+  private _messages: { [labId: string]: string } = {};
 }
 
 /** Status-bar item: the current notebook's lab, its world size and health. */
@@ -357,7 +331,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const model = new LabsModel(app.serviceManager.serverSettings);
     const act = (lab: ILabInfo, what: 'stop' | 'restart') =>
-      runInKernel(app, tracker, lab.kernel_id, `%dist ${what}`);
+      actOnLab(app.serviceManager.serverSettings, lab, what);
     const panel = new LabsPanel(model, act);
     app.shell.add(panel, 'left', { rank: 950 });
     if (statusBar) {

@@ -1,12 +1,17 @@
 """Where each running lab tells the Jupyter server about itself: one small JSON file per lab.
 
-A Lab writes ``<jupyter runtime dir>/distlab/lab-<pid>-<id>.json`` (mode 0600, in a 0700 folder)
-when it starts or restarts, while a cell runs (at most every ``WRITE_EVERY_S``) and when a cell
-ends, and removes it on stop. The file says which kernel the lab lives in (its connection file),
-the rank table and the latest training rate. ``distlab._server`` reads these files for the side
-panel; files of processes that are gone are removed by the reader.
+A Lab writes ``<jupyter runtime dir>/distlab/<lab id>.json`` (mode 0600, in a 0700 folder; the id
+is ``lab-<pid>-<id(lab) in hex>``) when it starts or restarts, while a cell runs (at most every
+``WRITE_EVERY_S``) and when a cell ends, and removes it on stop. The file says which kernel the lab
+lives in (its connection file), the rank table and the latest training rate.
+``distlab.server.handlers`` reads these files for the side panel; files of processes that are gone
+are removed by the reader.
 
-Nothing here may break a lab: every write swallows its errors.
+The process that runs labs also keeps them by id, so that the side panel's Stop and Restart reach
+any of them (``act``), however it was started: ``%dist start`` or ``distlab.start()``.
+
+This module is imported by every Lab: it must stay light (no Jupyter server, no tornado), and
+nothing in it may break a lab: every write swallows its errors.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ._procs import pid_alive as _pid_alive
+from .._procs import pid_alive as _pid_alive
 
-__all__ = ["WRITE_EVERY_S", "forget", "publish", "read_labs", "registry_dir", "track"]
+__all__ = [
+    "ACTIONS", "WRITE_EVERY_S", "act", "forget", "id_of", "publish", "read_labs", "registry_dir", "track",
+]
 
 #: While a cell runs, the lab's file is rewritten at most this often.
 WRITE_EVERY_S = 2.0
@@ -33,9 +40,16 @@ _FORMAT = 1
 # Steps of rank 0 the step rate is measured over.
 _RATE_WINDOW = 10
 
+#: What the side panel may do to a lab (``act``).
+ACTIONS = ("stop", "restart")
+
 # lab -> (when its file was last written, what it said: busy ranks, telemetry version, rank pids)
 _last_write: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
-_tracked: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
+_listening: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
+# The running labs of this process, by id. Held strongly, from start to stop: a lab the user no
+# longer names (``distlab.start()`` in a cell of its own) still runs ranks, and the panel must
+# still be able to stop it.
+_running: dict[str, Any] = {}
 
 
 def registry_dir() -> Path:
@@ -44,18 +58,26 @@ def registry_dir() -> Path:
     return Path(jupyter_runtime_dir()) / "distlab"
 
 
+def id_of(lab: Any) -> str:
+    """The lab's id, its file's name: unique among the live labs of this machine."""
+    return f"lab-{os.getpid()}-{id(lab):x}"
+
+
 def _path(lab: Any) -> Path:
-    return registry_dir() / f"lab-{os.getpid()}-{id(lab):x}.json"
+    return registry_dir() / f"{id_of(lab)}.json"
 
 
 # ---------------------------------------------------------------------------- writing (in the kernel)
 
 
 def track(lab: Any) -> None:
-    """A lab has started: write its file now and keep it current while cells run."""
-    if lab not in _tracked:
-        _tracked.add(lab)
-        lab.telemetry  # noqa: B018 - made first, so its listener runs before ours: we read fresh data
+    """A lab has started: write its file now and keep it current while cells run.
+
+    The Lab feeds its telemetry store before any listener added here, so ``on_poll`` reads the
+    poll's own data (not the previous poll's) without touching ``lab.telemetry`` first."""
+    _running[id_of(lab)] = lab
+    if lab not in _listening:  # a lab started again after a stop keeps its one listener
+        _listening.add(lab)
 
         def on_poll(pending: dict[int, Any], final: bool) -> None:
             if final or time.monotonic() - _last_write.get(lab, (0.0, None))[0] >= WRITE_EVERY_S:
@@ -85,9 +107,29 @@ def publish(lab: Any, busy: set[int] | None = None, ask: bool = True) -> None:
 
 def forget(lab: Any) -> None:
     """The lab has stopped: remove its file."""
+    _running.pop(id_of(lab), None)
     _last_write.pop(lab, None)
     with contextlib.suppress(OSError):
         _path(lab).unlink()
+
+
+def act(lab_id: str, action: str) -> str:
+    """Stop or restart the running lab ``lab_id`` of this process (the side panel's buttons, sent
+    by the server into this kernel); one line saying what was done. An unknown action
+    (ValueError) or lab (LookupError) raises one line saying what is wrong, and changes nothing."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r} for a lab: use one of {', '.join(ACTIONS)}")
+    lab = _running.get(lab_id)
+    if lab is None or not lab.running:
+        known = ", ".join(sorted(_running)) or "none"
+        raise LookupError(f"no running lab {lab_id!r} in process {os.getpid()} (its running labs: {known})")
+    if action == "stop":
+        lab.stop()
+        return "lab stopped: engines and controller are gone"
+    t0 = time.perf_counter()
+    lab.restart()
+    n = lab.world_size
+    return f"{n} fresh rank{'s' if n != 1 else ''} ready in {time.perf_counter() - t0:.1f} s"
 
 
 def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:

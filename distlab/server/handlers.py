@@ -1,0 +1,151 @@
+"""The Jupyter server side of the side panel: the labs in this server's kernels, and acting on them.
+
+    GET  /distlab/labs                  -> {"labs": [...]}
+    POST /distlab/labs/<lab id>/<action> -> {"id", "action", "kernel_id", "message"}   (stop, restart)
+
+Each lab writes its own state file (``distlab.server.registry``); the server reads them, keeps
+those whose kernel belongs to this server, and names the kernel's notebook from the session
+manager. An action runs ``registry.act`` in the lab's kernel, so it reaches a lab however it was
+started (``%dist start`` or ``distlab.start()``). The handlers are thin: the work is in
+``labs_in_server`` and ``act_on_lab``, plain async functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from .kernels import KernelDied, evaluate
+from .registry import ACTIONS, read_labs
+
+__all__ = ["ACTION_TIMEOUT_S", "LabActionError", "act_on_lab", "labs_in_server", "setup_handlers"]
+
+#: How long an action may take, from the request to the kernel's answer. An action waits behind a
+#: cell running in that kernel, as a typed ``%dist stop`` would; and a restart starts new engines.
+ACTION_TIMEOUT_S = 600.0
+
+
+class LabActionError(Exception):
+    """An action that could not be done: the HTTP status and one line saying why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _kernels_by_connection_file(kernel_manager: Any) -> dict[str, str]:
+    """This server's kernels, by the real path of their connection file (what a lab's file names)."""
+    kernels = {}
+    for kernel_id in kernel_manager.list_kernel_ids():
+        connection_file = getattr(kernel_manager.get_kernel(kernel_id), "connection_file", "")
+        if connection_file:
+            kernels[os.path.realpath(connection_file)] = kernel_id
+    return kernels
+
+
+async def labs_in_server(kernel_manager: Any, session_manager: Any) -> list[dict[str, Any]]:
+    """The running labs whose kernel this server manages, each with ``kernel_id``, ``kernel_name``
+    and ``notebook`` (the session's path, or None for a kernel with no session), oldest first."""
+    kernels = _kernels_by_connection_file(kernel_manager)
+    sessions = {s["kernel"]["id"]: s for s in await session_manager.list_sessions() if s.get("kernel")}
+    labs = []
+    for lab in read_labs():
+        kernel_id = kernels.get(lab.get("connection_file") or "")
+        if kernel_id is None:
+            continue  # a lab in a script, or in another server's kernel
+        session = sessions.get(kernel_id, {})
+        lab.update(
+            kernel_id=kernel_id,
+            kernel_name=kernel_manager.get_kernel(kernel_id).kernel_name,
+            notebook=session.get("path"),
+        )
+        labs.append(lab)
+    return labs
+
+
+async def act_on_lab(
+    kernel_manager: Any, lab_id: str, action: str, timeout: float = ACTION_TIMEOUT_S
+) -> dict[str, Any]:
+    """Stop or restart the lab ``lab_id`` in its kernel, which must be one of this server's; what
+    the kernel said. Raises LabActionError (4xx: the request is wrong; 5xx: the kernel failed)."""
+    if action not in ACTIONS:
+        raise LabActionError(400, f"unknown action {action!r}: a lab can be sent {' or '.join(ACTIONS)}")
+    lab = next((lab for lab in read_labs() if lab["id"] == lab_id), None)
+    if lab is None:
+        raise LabActionError(404, f"no running lab {lab_id!r}: GET /distlab/labs lists the running labs")
+    kernel_id = _kernels_by_connection_file(kernel_manager).get(lab.get("connection_file") or "")
+    if kernel_id is None:
+        raise LabActionError(
+            404, f"lab {lab_id!r} runs in process {lab['pid']}, which is not a kernel of this server "
+            "(a script, or another server's kernel): stop it there",
+        )
+    # The id is one the registry wrote (a file name), the action one of ACTIONS: repr() quotes both.
+    expression = f"__import__('distlab.server.registry', fromlist=['act']).act({lab_id!r}, {action!r})"
+    where = f"kernel {kernel_id}"
+    try:
+        kernel = kernel_manager.get_kernel(kernel_id)
+    except KeyError:  # shut down since we looked
+        raise LabActionError(404, f"lab {lab_id!r}: its {where} is gone") from None
+    try:
+        outcome = await evaluate(kernel, expression, timeout)
+    except TimeoutError:
+        raise LabActionError(
+            504, f"{where} did not answer within {timeout:g} s (is a cell still running there?); "
+            f"the {action} stays queued in it and runs when the kernel gets to it",
+        ) from None
+    except KernelDied:
+        raise LabActionError(502, f"{where} ended before it answered the {action}") from None
+    if outcome["status"] == "aborted":
+        raise LabActionError(409, f"{where} dropped the {action} because a cell before it failed: try again")
+    if outcome["status"] == "error":
+        ename, evalue = outcome["ename"], outcome["evalue"]
+        if ename == "LookupError":  # the lab stopped between our read and the kernel's turn
+            raise LabActionError(404, evalue)
+        raise LabActionError(500, f"{action} failed in {where}: {ename}: {evalue}")
+    return {"id": lab_id, "action": action, "kernel_id": kernel_id, "message": str(outcome["value"])}
+
+
+class LabsHandler(APIHandler):
+    """``GET /distlab/labs`` -> ``{"labs": [...]}``; for logged-in users allowed to see kernels."""
+
+    auth_resource = "kernels"
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        labs = await labs_in_server(self.kernel_manager, self.session_manager)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"labs": labs}))
+
+
+class LabActionHandler(APIHandler):
+    """``POST /distlab/labs/<id>/<action>``; for logged-in users allowed to run code in kernels
+    (the action is code run in the lab's kernel). Errors: ``{"message": <one line>}``."""
+
+    auth_resource = "kernels"
+
+    @tornado.web.authenticated
+    @authorized(action="execute")
+    async def post(self, lab_id: str, action: str) -> None:
+        try:
+            done = await act_on_lab(self.kernel_manager, lab_id, action)
+        except LabActionError as error:
+            # Written here, not raised as an HTTPError: tornado would %-format the message (which
+            # may quote the URL) when it logs it.
+            self.set_status(error.status)
+            done = {"message": error.message}
+        self.finish(json.dumps(done))
+
+
+def setup_handlers(web_app: Any) -> None:
+    labs = url_path_join(web_app.settings["base_url"], "distlab", "labs")
+    # Any id and action reach the handler, so a wrong one gets act_on_lab's line, not a bare 404.
+    action = url_path_join(labs, "([^/]+)", "([^/]+)")
+    web_app.add_handlers(".*$", [(labs, LabsHandler), (action, LabActionHandler)])

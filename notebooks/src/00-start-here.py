@@ -1,0 +1,136 @@
+# %% [markdown]
+# # 00 · Start here
+#
+# distlab turns this notebook into the driver of a small distributed training job. Each **rank** is a
+# separate Python process (an ipyparallel engine) holding its own copy of the model; `torch.distributed`
+# connects the ranks. On a GPU machine each rank gets one GPU and the ranks talk over NCCL; here, with no
+# GPU, they run on the CPU and talk over gloo. Nothing is simulated: what you see below really ran on two
+# processes.
+#
+# Load the extension and start two ranks:
+
+# %%
+# %load_ext distlab
+# %dist start -n 2
+
+# %% [markdown]
+# Every `%%ddp` cell now runs on **every** rank. Each rank already has `rank`, `world_size`,
+# `local_rank`, `device`, `torch`, `dist` (`torch.distributed`, initialised) and `distlab`. Output is
+# streamed while the cell runs and labelled by rank:
+
+# %%
+# %%ddp
+print(f"hello from rank {rank} of {world_size} on {device}")
+
+# %% [markdown]
+# `%dist status` is the rank table: which process is which rank, where it runs, and whether it is
+# healthy. Ranks are explicit: a rank is not the engine id, and on several machines ranks are grouped by
+# host.
+
+# %%
+# %dist status
+
+# %% [markdown]
+# ## A first collective
+#
+# `all_reduce` sums a tensor across the ranks and leaves the sum on every rank. Ranks 0 and 1 contribute
+# `rank + 1`, so both end with 1 + 2 = 3. A cell's last expression is shown for each rank, in rank order:
+
+# %% tags=["nbval-check-output"]
+# %%ddp
+t = torch.tensor([rank + 1.0])
+dist.all_reduce(t)
+t.item()
+
+# %% [markdown]
+# ## A first DDP model, watched
+#
+# `DistributedDataParallel` averages the gradients across ranks during `backward()`, so every replica
+# takes the same step and the replicas stay identical although each rank trains on different data. Here
+# the data are scikit-learn's handwritten digits (1,797 images of 8x8 pixels, shipped with the package):
+# each rank takes every second image, its own shard.
+#
+# `distlab.watch(model)` records what each rank does: the loss (`distlab.log`), every all-reduce bucket
+# with its bytes and time, per-layer gradient and weight norms, and a checksum of the weights. The
+# dashboard appears under the cell while it trains.
+
+# %%
+# %%ddp
+from sklearn.datasets import load_digits
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+digits = load_digits()
+x = torch.tensor(digits.data, dtype=torch.float32)[rank::world_size] / 16   # this rank's shard
+y = torch.tensor(digits.target)[rank::world_size]
+
+torch.manual_seed(0)                      # the same initial weights on every rank
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+with distlab.watch(model, stats_every=1, checksum_every=1):
+    for step in range(40):
+        batch = torch.arange(step * 16, step * 16 + 16) % len(x)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+        loss.backward()                   # gradients are all-reduced here, bucket by bucket
+        opt.step()
+        distlab.log(loss=loss)
+accuracy = (model(x).argmax(1) == y).float().mean().item()
+weights = [p.detach().clone() for p in model.parameters()]
+print(f"accuracy on my shard {accuracy:.2f}")
+
+# %% [markdown]
+# The same records are plain data in the notebook: one per rank per step. Every step all-reduced
+# exactly the model's gradient bytes (4 bytes for each of its 64·32 + 32 + 32·10 + 10 = 2,410
+# parameters):
+
+# %% tags=["nbval-check-output"]
+import distlab
+
+lab = distlab.current_lab()               # the Lab that %dist start made
+records = lab.telemetry.records()
+print(len(records), "records from ranks", sorted({r["rank"] for r in records}))
+print("bytes all-reduced per step:", {sum(b["bytes"] for b in r["allreduce"]) for r in records})
+
+# %% [markdown]
+# Pull the weights back by rank and compare them: the replicas are identical, bit for bit.
+
+# %% tags=["nbval-check-output"]
+import torch
+
+w = lab.pull("weights")                   # {rank: [tensor, ...]}
+print("replicas identical:", all(torch.equal(a, b) for r in w for a, b in zip(w[0], w[r])))
+
+# %% [markdown]
+# ## When a rank fails
+#
+# A failure on one rank is reported once, with the rank named. Rank 0 would otherwise wait in the
+# all-reduce for rank 1 until the timeout; distlab stops it at once, says where it was waiting, and
+# rebuilds the process group.
+
+# %% tags=["raises-exception"]
+# %%ddp
+if rank == 1:
+    raise ValueError("rank 1 read a corrupt shard")
+t = torch.ones(1)
+dist.all_reduce(t)
+
+# %% tags=["nbval-check-output"]
+# %%ddp
+t = torch.ones(1)
+dist.all_reduce(t)   # the group works again
+t.item()
+
+# %% [markdown]
+# ## A first quiz
+#
+# Questions are graded in Python; numeric answers come from `distlab.theory`. `%quiz` with no topic
+# shows how far you are in each of the 15 topics.
+
+# %%
+# %quiz data-parallelism -n 3 --seed 0
+
+# %% [markdown]
+# Stop the ranks when you are done: every process distlab started is gone afterwards.
+
+# %%
+# %dist stop

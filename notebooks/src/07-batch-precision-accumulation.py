@@ -1,0 +1,206 @@
+# %% [markdown]
+# # 07 · Global batch, learning rate, mixed precision and gradient accumulation
+#
+# Three tools decide how many samples go into one update and what each update costs:
+#
+# * **more ranks**: each adds its per-device batch to the global batch;
+# * **gradient accumulation**: several forward/backward passes add their gradients before one update,
+#   reaching a large batch without the memory for it; with DDP, `no_sync()` skips the all-reduce on
+#   all but the last of them;
+# * **mixed precision**: compute in 16-bit floats where it is safe (autocast), keep the weights and the
+#   update in 32 bits.
+#
+# The bookkeeping first, because it is where real runs go wrong.
+
+# %% [markdown]
+# ## The global batch, and the learning rate that goes with it
+#
+# One optimizer step sees **global batch = per-device batch x devices x accumulation steps**
+# samples. For 16 devices with 8 samples each, accumulating 2 steps:
+
+# %% tags=["nbval-check-output"]
+from distlab import theory
+
+print("global batch:", theory.global_batch_size(per_device_batch=8, devices=16, accumulation_steps=2))
+
+# %% [markdown]
+# If the recipe's learning rate was tuned at a global batch of 256, this run needs no change: it
+# *is* 256. If the global batch is multiplied by k, the linear scaling rule says start from LR x k
+# (with a warm-up over the first steps, since large early updates are what makes big batches
+# unstable), then tune; Adam users often start from the gentler LR x sqrt(k). From a recipe of
+# LR 0.1 at 256, going to 1024:
+
+# %% tags=["nbval-check-output"]
+print("linear rule:", theory.scaled_learning_rate(0.1, base_batch=256, new_batch=1024))
+print("square-root rule:", theory.scaled_learning_rate(0.1, base_batch=256, new_batch=1024, rule="sqrt"))
+print("accumulation steps to reach 256 with 8 per device on 16 devices:",
+      theory.accumulation_steps_for(256, per_device_batch=8, devices=16))
+
+# %% [markdown]
+# ## Accumulation, checked on the ranks
+#
+# Start two ranks. Each uses micro-batches of 16 samples and accumulates 4 of them per update, so the
+# global batch is 16 x 2 x 4 = 128. Three ways of computing the same update:
+#
+# * **A**: accumulate with `no_sync()` on the first three micro-batches (one all-reduce per update);
+# * **B**: accumulate without `no_sync()` (an all-reduce after every backward);
+# * **C**: one forward/backward on all 64 samples of the rank at once.
+#
+# Each micro-batch loss is divided by the number of accumulation steps, so that the accumulated
+# gradient is the mean over the 64 samples, as in C.
+
+# %%
+# %load_ext distlab
+# %dist start -n 2
+
+# %%
+# %%ddp
+import contextlib
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from sklearn.datasets import load_digits
+
+digits = load_digits()
+X = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+Y = torch.tensor(digits.target)
+mine = torch.arange(rank, len(Y), world_size)          # this rank's samples
+MICRO, ACCUM, STEPS = 16, 4, 10
+
+def micro_batch(step, k):
+    rows = mine[(step * ACCUM + k) * MICRO:(step * ACCUM + k + 1) * MICRO]
+    return X[rows], Y[rows]
+
+def fresh():
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.2)
+
+def train(how):
+    model, opt = fresh()
+    with distlab.watch(model) as w:
+        for step in range(STEPS):
+            if how == "C":
+                xs, ys = zip(*(micro_batch(step, k) for k in range(ACCUM)))
+                loss = F.cross_entropy(model(torch.cat(xs)), torch.cat(ys))
+                loss.backward()
+            else:
+                for k in range(ACCUM):
+                    last = k == ACCUM - 1
+                    skip = how == "A" and not last
+                    with model.no_sync() if skip else contextlib.nullcontext():
+                        x, y = micro_batch(step, k)
+                        loss = F.cross_entropy(model(x), y) / ACCUM
+                        loss.backward()        # gradients add up in .grad
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            distlab.log(loss=loss)
+    all_reduces = sorted({len(r["allreduce"]) for r in w.records()})
+    return [p.detach().clone() for p in model.module.parameters()], all_reduces
+
+results = {how: train(how) for how in "ABC"}
+same = {how: all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[how][0], results["C"][0]))
+        for how in "AB"}
+
+# %% tags=["nbval-check-output"]
+import distlab
+lab = distlab.current_lab()
+results, same = lab.pull("results"), lab.pull("same")
+for how in "ABC":
+    print(f"{how}: all-reduces per update on rank 0 / rank 1:",
+          results[0][how][1], "/", results[1][how][1])
+print("A (no_sync) gives the weights of C (one big batch):", same[0]["A"] and same[1]["A"])
+print("B (sync every micro-batch) gives the weights of C:", same[0]["B"] and same[1]["B"])
+
+# %% [markdown]
+# The three agree: accumulation computes the big-batch gradient without ever holding the big
+# batch's activations. `no_sync()` changes only the traffic: one all-reduce per update instead of
+# four. (With DDP the gradients of the skipped steps stay local; the final backward's all-reduce
+# averages the *accumulated* gradients, which is the same thing because averaging is linear.)
+#
+# `zero_grad(set_to_none=True)` (the default in recent PyTorch) frees the gradient tensors instead
+# of filling them with zeros: less memory traffic, and a forgotten backward shows up as `None`
+# rather than as a silent zero:
+
+# %%
+# %%ddp -r 0
+net = torch.nn.Linear(64, 10)                       # a plain model: no collective on one rank
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+x, y = micro_batch(0, 0)
+F.cross_entropy(net(x), y).backward()
+print("gradient after backward:", tuple(net.weight.grad.shape))
+opt.zero_grad(set_to_none=True)
+print("gradient after zero_grad(set_to_none=True):", net.weight.grad)
+
+# %% [markdown]
+# ## Mixed precision with bf16 on the CPU
+#
+# `torch.autocast` runs selected operations (matrix multiplies, convolutions) in a 16-bit type and
+# keeps the rest (reductions, losses, softmax) in fp32. The weights stay fp32, and so do their
+# gradients. On GPUs the type is fp16 or bf16; on CPUs it is bf16.
+#
+# Why fp16 needs a **GradScaler** and bf16 does not: fp16 has 5 exponent bits, so small gradients
+# (below about 6e-8) round to zero; the scaler multiplies the loss by a large factor before backward
+# and divides the gradients back before the step. bf16 keeps fp32's 8 exponent bits (same range,
+# fewer mantissa bits), so small values survive:
+
+# %% tags=["nbval-check-output"]
+import torch
+g = torch.tensor(1e-8)
+print("1e-8 in fp16:", g.half().item(), "| in bf16:", f"{g.bfloat16().item():.2e}")
+print("largest fp16:", torch.finfo(torch.float16).max, "| largest bf16:", f"{torch.finfo(torch.bfloat16).max:.2e}")
+print("machine epsilon of bf16:", torch.finfo(torch.bfloat16).eps, "vs fp32:", torch.finfo(torch.float32).eps)
+
+
+# %%
+# %%ddp
+def train_amp(use_bf16):
+    model, opt = fresh()
+    dtypes = None
+    for step in range(STEPS):
+        xs, ys = zip(*(micro_batch(step, k) for k in range(ACCUM)))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            out = model(torch.cat(xs))
+            loss = F.cross_entropy(out, torch.cat(ys))
+        loss.backward()                    # outside autocast; no scaler needed for bf16
+        dtypes = (str(out.dtype), str(loss.dtype), str(model.module[0].weight.grad.dtype))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss.item(), dtypes
+
+fp32_loss, _ = train_amp(False)
+bf16_loss, amp_dtypes = train_amp(True)
+if rank == 0:
+    print(f"loss after {STEPS} updates: fp32 {fp32_loss:.4f}, bf16 autocast {bf16_loss:.4f}")
+
+# %% tags=["nbval-check-output"]
+amp_dtypes = lab.pull("amp_dtypes", ranks=0)[0]
+print("under autocast: activations", amp_dtypes[0], "| loss", amp_dtypes[1], "| weight gradients", amp_dtypes[2])
+fp32_loss, bf16_loss = lab.pull("fp32_loss", ranks=0)[0], lab.pull("bf16_loss", ranks=0)[0]
+print("bf16 loss within 5% of fp32:", abs(bf16_loss - fp32_loss) < 0.05 * fp32_loss)
+
+# %% [markdown]
+# Mixed-precision training with Adam costs about **16 bytes per parameter**: 2 for the 16-bit
+# weights, 2 for the 16-bit gradients, 4 for the fp32 master weights, 4 + 4 for Adam's two moments
+# (notebook 06 shards them):
+
+# %% tags=["nbval-check-output"]
+b = theory.state_bytes_per_parameter("mixed", "adam")
+print(f"weights {b.weights} + gradients {b.gradients} + master and moments {b.optimizer_states} = {b.total} bytes")
+
+# %% [markdown]
+# The dashboard of the last watched run (C, one big batch per rank):
+
+# %%
+lab.dashboard()
+
+# %% [markdown]
+# ## Practice
+
+# %%
+# %quiz batch-and-lr -n 3
+
+# %%
+# %quiz mixed-precision -n 3
+
+# %%
+# %dist stop

@@ -1,0 +1,260 @@
+# %% [markdown]
+# # 10 · Pitfalls: deadlocks, divergence, and the process group
+#
+# Distributed bugs rarely crash. They **hang** (a collective waits for a rank that will never come)
+# or they **drift** (the replicas quietly stop being replicas). This lab causes each on purpose, on two
+# ranks, and shows how to see it. Then it goes back to the start: what `init_process_group` needs,
+# and what goes wrong when it is called wrong.
+
+# %%
+# %load_ext distlab
+# %dist start -n 2
+
+# %% [markdown]
+# ## The rank table and the environment
+#
+# distlab starts the ranks the way `torchrun` does: each process gets `RANK`, `WORLD_SIZE`,
+# `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` (a free port the OS picked; never a fixed 29500, so
+# two jobs on one machine do not collide). `init_process_group` has already run. Every printed line is
+# tagged with its rank: with N ranks, untagged prints are unreadable.
+
+# %%
+# %%ddp
+import os
+env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+print(env, "| backend:", dist.get_backend(), "| get_rank():", dist.get_rank())
+
+# %% [markdown]
+# ## A deadlock: a collective behind a rank-conditional
+#
+# A common way to hang a job: some work only rank 0 should do (logging, evaluation, saving) and a
+# collective hidden inside it, here an all-reduce. Rank 1 skips the `if`, finishes the cell, and is
+# never there to meet rank 0. Rank 0 waits.
+#
+# `%%ddp --timeout 5` gives the cell 5 seconds. distlab then stops the stuck rank, says **which rank
+# was stuck on which line**, and rebuilds the process group so the next cell works. (A bare
+# `torchrun` job would sit there until the process group's own timeout, 10 to 30 minutes by default,
+# and then report a timeout without naming anyone.)
+
+# %% tags=["raises-exception"]
+# %%ddp --timeout 5
+t = torch.ones(1)
+if rank == 0:
+    dist.all_reduce(t)            # only rank 0 gets here: it waits for rank 1 forever
+print("finished the cell")
+
+# %% tags=["nbval-check-output"]
+import distlab
+lab = distlab.current_lab()
+print("after the timeout:", lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False))
+
+# %% [markdown]
+# The fix is to make every rank reach every collective, in the same order, and keep the
+# rank-specific part *outside* it:
+#
+# ```python
+# dist.all_reduce(t)                # everybody
+# if rank == 0:
+#     print(t)                      # only the printing is rank-specific
+# ```
+#
+# The same hang comes from collectives in **different orders** (rank 0 all-reduces then broadcasts,
+# rank 1 the other way round), from a rank that leaves a loop one iteration early (uneven data:
+# use `drop_last` or DDP's `join()`), and from a rank that raised an exception while the others went on
+# to the next collective (distlab stops the others at once when a rank fails). Tools that name the
+# culprit: `dist.monitored_barrier(timeout=...)` on gloo names the rank that did not arrive, and
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every collective's op and shape across ranks.
+#
+# ## Divergence: replicas that stop being replicas
+#
+# Data parallelism is only correct if every replica holds the same weights after every step.
+# `distlab.watch` computes an exact checksum of the weights on each rank (here at every step) and
+# the dashboard compares them. Three runs of the same small model on each rank's own digits:
+
+# %%
+# %%ddp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from sklearn.datasets import load_digits
+
+digits = load_digits()
+X = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+Y = torch.tensor(digits.target)
+mine = torch.arange(rank, len(Y), world_size)
+
+def run(seed, average, use_ddp=False, steps=10):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    model = DDP(net) if use_ddp else net
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with distlab.watch(model, checksum_every=1):
+        for step in range(steps):
+            rows = mine[step * 32:(step + 1) * 32]
+            loss = F.cross_entropy(model(X[rows]), Y[rows])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if average:
+                for p in net.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= world_size
+            opt.step()
+            distlab.log(loss=loss)
+
+
+# %% [markdown]
+# **1. Gradients not averaged.** Same seed, so the replicas start equal, but each rank steps with its
+# own gradient. After the first step they differ, and the gap only grows:
+
+# %%
+# %%ddp
+run(seed=0, average=False)
+
+# %%
+from distlab.dashboard import analysis
+
+def verdict():
+    return analysis.divergence(lab.telemetry.records(), lab.telemetry.meta())
+
+def facts(d):
+    return (f"diverged: {d.diverged} | ranks that differ: {d.ranks} | first step: {d.first_step} | "
+            f"started apart: {d.started_apart} | steps compared: {d.checked_steps}")
+
+print(verdict().message)
+
+# %% [markdown]
+# The same verdict as plain facts (this line is what the tests check):
+
+# %% tags=["nbval-check-output"]
+print(facts(verdict()))
+
+# %% [markdown]
+# **2. Different seeds.** Gradients are averaged, but each rank built its model with a different
+# seed, so they were never replicas. Averaging keeps the *difference* constant; it never removes it:
+
+# %%
+# %%ddp
+run(seed=rank, average=True)
+
+# %%
+print(verdict().message)
+
+# %% tags=["nbval-check-output"]
+print(facts(verdict()))
+
+# %% [markdown]
+# **3. Different seeds, but DDP.** When `DistributedDataParallel` wraps a model it broadcasts rank 0's
+# weights to every rank, so a seed mismatch is repaired before the first step:
+
+# %%
+# %%ddp
+run(seed=rank, average=False, use_ddp=True)
+
+# %%
+print(verdict().message)
+
+# %% tags=["nbval-check-output"]
+print(facts(verdict()))
+
+# %% [markdown]
+# The dashboard's divergence plot shows the same three stories as curves (the spread of the weights
+# across ranks per step); its status line is the verdict above.
+#
+# Other causes of drift worth knowing: an update done on some ranks only (`if rank == 0: opt.step()`),
+# parameters edited by hand outside DDP, and non-deterministic kernels on GPUs (tiny differences that
+# grow, unless the weights are re-synchronised).
+#
+# ## Where the time goes: a profiler
+#
+# When a step is slow, `torch.profiler` shows where. On a DDP step the gloo all-reduce shows up as
+# its own entry, next to the matrix multiplies of forward and backward:
+
+# %%
+# %%ddp
+from torch.profiler import ProfilerActivity, profile
+
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
+x = torch.randn(64, 256)
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(3):
+        model(x).sum().backward()
+events = [e.key for e in prof.key_averages()]
+if rank == 0:
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=8))
+
+# %% tags=["nbval-check-output"]
+events = lab.pull("events", ranks=0)[0]
+print("an all-reduce appears in the profile:", any("all_reduce" in e or "allreduce" in e for e in events))
+
+# %% [markdown]
+# The profiler itself costs time (a lot, when left on for a whole run); profile a few steps, as
+# here. For watching a whole run cheaply, `distlab.watch` samples what it measures.
+#
+# ## Init-order mistakes
+#
+# The notebook's own process has `torch.distributed` too, but it is not a rank: nothing has been
+# initialised here. Everything that asks about the group fails until `init_process_group` has run:
+
+# %% tags=["nbval-check-output"]
+import socket
+import torch.distributed as dist
+
+print("initialised here?", dist.is_initialized())
+try:
+    dist.get_rank()
+except ValueError as exc:
+    print("get_rank() before init:", exc)
+
+
+# %% [markdown]
+# `init_process_group(backend, rank=..., world_size=...)` needs the two together: a rank alone means
+# nothing without the size of the world. With `init_method="env://"` (the default) they come from
+# the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), which `torchrun` sets; with a
+# TCP address they must be passed:
+
+# %% tags=["nbval-check-output"]
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+try:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0)
+except ValueError as exc:
+    print("rank without world_size:", str(exc).split(": ")[-1])
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+print("after init: rank", dist.get_rank(), "of", dist.get_world_size(), "on", dist.get_backend())
+dist.destroy_process_group()
+print("after destroy_process_group:", dist.is_initialized())
+
+# %% [markdown]
+# A world of one is a fine way to test a script's plumbing. The rest of the checklist, in the order a
+# script runs it:
+#
+# 1. `init_process_group(backend)` first: **nccl** for GPUs, **gloo** for CPUs (or as a fallback),
+#    **mpi** where an MPI library is built in;
+# 2. on GPUs, `torch.cuda.set_device(local_rank)` before creating tensors, so rank 3 on a node does not
+#    allocate on GPU 0;
+# 3. `DistributedDataParallel(model, device_ids=[local_rank])` (on CPU: no `device_ids`);
+# 4. a `DistributedSampler` for the data (notebook 02);
+# 5. at the end, `destroy_process_group()`.
+#
+# A rank that never arrives at `init_process_group` makes the others wait at the rendezvous: check
+# that `MASTER_ADDR` is rank 0's address **as the other hosts see it** (not `localhost` across
+# machines), that the port is open in the firewall, and that every host agrees on `WORLD_SIZE`.
+#
+# The same ideas in other frameworks: PyTorch's FSDP (sharded data parallelism, notebook 06);
+# TensorFlow's `MirroredStrategy` (one machine), `MultiWorkerMirroredStrategy` (all-reduce across
+# machines) and `ParameterServerStrategy`; JAX's `pmap` and `shard_map`.
+#
+# ## Practice
+
+# %%
+# %quiz pitfalls -n 4
+
+# %%
+# %quiz torch-distributed-api -n 3
+
+# %%
+# %dist stop
