@@ -66,7 +66,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import checks
 from ._procs import pid_alive as _pid_alive
+from .rank.models import is_zero_optimizer, unwrap
 
 __all__ = [
     "FORMAT",
@@ -90,7 +92,6 @@ _TEMP_TAG = ".tmp-"  # temporary files are ".<final name>.tmp-<host>-<pid>-<rand
 # Types torch.load(weights_only=True) rebuilds, matched exactly (np.float64 is a float subclass it refuses).
 _PLAIN_LEAVES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
-_PLAIN_CONTAINERS = (dict, OrderedDict, list, tuple, torch.Size)
 
 
 class CheckpointError(ValueError):
@@ -146,7 +147,7 @@ def save(
     _check_sampler(sampler)
     _check_scheduler(scheduler)
     rank, world = _rank_world()
-    if _is_zero(optimizer):
+    if is_zero_optimizer(optimizer):
         # ZeRO shards optimizer state across ranks; this collective brings it whole onto rank 0.
         optimizer.consolidate_state_dict(to=0)  # type: ignore[union-attr]
     mine = {"step": step, "path": str(target), "rng": _rng_state()}
@@ -185,7 +186,7 @@ def _payload(
         "version": VERSION,
         "step": step,
         "world_size": world,
-        "model": _unwrap(model).state_dict(),
+        "model": unwrap(model).state_dict(),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "optimizer_type": None if optimizer is None else type(optimizer).__name__,
         "scheduler": None if scheduler is None else scheduler.state_dict(),
@@ -347,7 +348,7 @@ def load(
     _check_scheduler(scheduler)
     source = Path(path)
     payload = read(source)
-    bare = _unwrap(model)
+    bare = unwrap(model)
     _check_model_fits(payload["model"], bare, source)
     if optimizer is not None:
         _check_optimizer_fits(payload, optimizer, source)
@@ -496,24 +497,8 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The bare model under DDP / DataParallel / torch.compile, whose keys carry no wrapper prefix."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod  # type: ignore[assignment]
-        else:
-            return model
-
-
-def _is_zero(optimizer: Any) -> bool:
-    return type(optimizer).__name__ == "ZeroRedundancyOptimizer" and hasattr(optimizer, "consolidate_state_dict")
-
-
 def _check_target(path: Any) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path (str or Path), got {type(path).__name__}")
+    checks.instance("path", path, (str, os.PathLike), what="a file path (str or Path)", error=TypeError)
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory: give a file name, e.g. distlab.checkpoint.path_for(dir, step)")
@@ -521,8 +506,7 @@ def _check_target(path: Any) -> Path:
 
 
 def _check_model(model: Any, verb: str) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (plain or DDP-wrapped), got {type(model).__name__}")
+    checks.instance("model", model, nn.Module, what="a torch.nn.Module, plain or DDP-wrapped", error=TypeError)
     if any(c.__name__ == "FullyShardedDataParallel" for c in type(model).__mro__):
         raise TypeError(
             f"FSDP shards the parameters across ranks; {verb} it with torch.distributed.checkpoint instead"
@@ -530,13 +514,13 @@ def _check_model(model: Any, verb: str) -> None:
 
 
 def _check_optimizer(optimizer: Any) -> None:
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if optimizer is not None:
+        checks.instance("optimizer", optimizer, torch.optim.Optimizer, what="a torch.optim.Optimizer or None",
+                        error=TypeError)
 
 
 def _check_step(step: Any) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise TypeError(f"step must be a whole number >= 0 (optimizer steps taken so far), got {step!r}")
+    checks.whole("step", step, minimum=0, example="the number of optimizer steps taken so far", error=TypeError)
 
 
 def _check_sampler(sampler: Any) -> None:

@@ -15,6 +15,9 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+
+from . import checks
 
 __all__ = [
     "DIMENSIONS",
@@ -170,56 +173,17 @@ def parse_quantity(text: str, default_unit: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# Argument checks: a user's arguments, so ValueError with the fix, never assert.
+# Argument checks: distlab.checks, so a user's mistake raises ValueError with the fix. Bound here to
+# what holds for every theory function: a number typed with its unit ("400 MB") is pointed at
+# parse_quantity, and counts may come as whole floats (1e6 samples, 4.0 workers; 2.5 workers is refused).
 # --------------------------------------------------------------------------------------------------
 
-
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fix = f"; convert text first, e.g. parse_quantity({value!r}, 'B')" if isinstance(value, str) else ""
-        raise ValueError(f"{name} must be a number, got {value!r}{fix}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _non_negative(name: str, value: object) -> float:
-    number = _number(name, value)
-    if number < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return number
-
-
-def _positive(name: str, value: object) -> float:
-    number = _number(name, value)
-    if number <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return number
-
-
-def _fraction(name: str, value: object, *, open_top: bool = False) -> float:
-    number = _number(name, value)
-    if number < 0 or number > 1 or (open_top and number == 1):
-        top = "below 1" if open_top else "at most 1"
-        raise ValueError(f"{name} is a fraction: give a value from 0 {top} (e.g. 0.25 for 25%), got {value!r}")
-    return number
-
-
-def _count(name: str, value: object, minimum: int = 1) -> int:
-    # 1e6 samples or 4.0 workers are fine; 2.5 workers is a mistake upstream, so it is refused.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
-
-
-def _choice(name: str, value: object, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-    return str(value)
+_TEXT = "convert text first, e.g. parse_quantity('400 MB', 'B')"
+_number = partial(checks.number, text=_TEXT)
+_non_negative = partial(checks.non_negative, text=_TEXT)
+_positive = partial(checks.positive, text=_TEXT)
+_fraction = partial(checks.fraction, text=_TEXT)
+_count = partial(checks.whole, minimum=1, integral_floats=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,7 +209,7 @@ def scaled_learning_rate(base_lr: float, base_batch: int, new_batch: int, rule: 
     ``rule="linear"`` multiplies by k = new/base (with warm-up, the usual rule for SGD); ``rule="sqrt"``
     multiplies by sqrt(k), a gentler rule often used with Adam. Either is a starting point, then tune.
     """
-    _choice("rule", rule, _LR_RULES)
+    checks.choice("rule", rule, _LR_RULES)
     k = _count("new_batch", new_batch) / _count("base_batch", base_batch)
     return _positive("base_lr", base_lr) * (k if rule == "linear" else math.sqrt(k))
 
@@ -264,7 +228,7 @@ def accumulation_steps_for(target_global_batch: int, per_device_batch: int, devi
 
 def steps_per_epoch(dataset_size: int, global_batch: int, drop_last: bool = False) -> int:
     """Optimizer steps in one pass over ``dataset_size`` samples (a last partial batch counts unless dropped)."""
-    size, batch = _count("dataset_size", dataset_size, 0), _count("global_batch", global_batch)
+    size, batch = _count("dataset_size", dataset_size, minimum=0), _count("global_batch", global_batch)
     return size // batch if drop_last else -(-size // batch)
 
 
@@ -274,7 +238,7 @@ def samples_per_rank(dataset_size: int, world_size: int, drop_last: bool = False
     Without ``drop_last`` the sampler pads by repeating samples so every rank gets ceil(size / ranks);
     with it, the tail is dropped so every rank gets floor(size / ranks).
     """
-    size, ranks = _count("dataset_size", dataset_size, 0), _count("world_size", world_size)
+    size, ranks = _count("dataset_size", dataset_size, minimum=0), _count("world_size", world_size)
     return size // ranks if drop_last else -(-size // ranks)
 
 
@@ -395,7 +359,7 @@ def fit_latency_bandwidth(measurements: Iterable[Sequence[float]], workers: int 
         if len(values) != 3:
             shape = "(size_bytes, time_s)" if workers is not None else "(workers, size_bytes, time_s)"
             raise ValueError(f"measurements[{index}] must be {shape}, got {item!r}")
-        n = _count(f"workers of measurements[{index}]", values[0], 2)
+        n = _count(f"workers of measurements[{index}]", values[0], minimum=2)
         size = _non_negative(f"size_bytes of measurements[{index}]", values[1])
         time = _positive(f"time_s of measurements[{index}]", values[2])
         rows.append((_ring_factor(n) * size, n - 1.0, time))
@@ -454,8 +418,8 @@ def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam")
     optimizer owns, so it counts with the optimizer states. ``"fp32"``: 4 and 4, no master copy.
     ``optimizer``: "adam" keeps m and v (4 + 4), "momentum" (SGD with momentum) one buffer (4), "sgd" none.
     """
-    _choice("precision", precision, _PRECISIONS)
-    _choice("optimizer", optimizer, _OPTIMIZERS)
+    checks.choice("precision", precision, _PRECISIONS)
+    checks.choice("optimizer", optimizer, _OPTIMIZERS)
     moments = {"adam": 8, "momentum": 4, "sgd": 0}[optimizer]
     if precision == "mixed":
         return StateBytes(weights=2, gradients=2, optimizer_states=4 + moments)
@@ -496,7 +460,7 @@ def memory_breakdown(
     """
     count = _non_negative("parameters", parameters)
     shards = _count("devices", devices)
-    stage = _count("zero_stage", zero_stage, 0)
+    stage = _count("zero_stage", zero_stage, minimum=0)
     if stage > 3:
         raise ValueError(f"zero_stage must be 0 (plain DDP), 1, 2 or 3, got {zero_stage!r}")
     per = state_bytes_per_parameter(precision, optimizer)
@@ -599,7 +563,7 @@ def amdahl_speedup(parallel_fraction: float, workers: int) -> float:
 
 def training_time_s(batches: int, step_time_s: float) -> float:
     """Training time grows linearly with the number of batches."""
-    return _count("batches", batches, 0) * _non_negative("step_time_s", step_time_s)
+    return _count("batches", batches, minimum=0) * _non_negative("step_time_s", step_time_s)
 
 
 def epoch_time_s(
@@ -626,10 +590,10 @@ def world_size(nodes: int, processes_per_node: int) -> int:
 def global_rank(node_rank: int, local_rank: int, processes_per_node: int) -> int:
     """torchrun's RANK of a process: node_rank * processes_per_node + local_rank."""
     per_node = _count("processes_per_node", processes_per_node)
-    local = _count("local_rank", local_rank, 0)
+    local = _count("local_rank", local_rank, minimum=0)
     if local >= per_node:
         raise ValueError(f"local_rank must be below processes_per_node ({per_node}), got {local}")
-    return _count("node_rank", node_rank, 0) * per_node + local
+    return _count("node_rank", node_rank, minimum=0) * per_node + local
 
 
 def global_mean(sums: Sequence[float], counts: Sequence[float]) -> float:

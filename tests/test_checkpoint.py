@@ -237,8 +237,8 @@ def test_files_that_are_not_good_checkpoints_are_refused_clearly(saved, tmp_path
     ("kwargs", "error", "message"),
     [
         ({"model": {"w": 1}, "step": 1}, TypeError, "model must be a torch.nn.Module"),
-        ({"step": -1}, TypeError, "step must be a whole number >= 0"),
-        ({"step": True}, TypeError, "step must be a whole number >= 0"),
+        ({"step": -1}, TypeError, "step must be >= 0, like the number of optimizer steps taken so far"),
+        ({"step": True}, TypeError, "step must be a whole number, like the number of optimizer steps taken so far"),
         ({"step": 1, "optimizer": "adam"}, TypeError, "optimizer must be a torch.optim.Optimizer"),
         ({"step": 1, "sampler": [0, 1]}, TypeError, "sampler must be a DistributedSampler"),
         ({"step": 1, "extra": {"cfg": {"a": np.zeros(2)}}}, TypeError, r"extra\['cfg'\]\['a'\] is a numpy.ndarray"),
@@ -339,6 +339,7 @@ def set_state(model, opt, step):
 """
 
 
+@pytest.mark.cluster
 def test_a_writer_killed_at_random_moments_never_leaves_a_wrong_checkpoint(tmp_path):
     kills = 50
     common: dict = {}

@@ -67,7 +67,7 @@ def _train(model: torch.nn.Module, steps: int, opt: torch.optim.Optimizer | None
 def test_watch_options_are_checked_and_errors_name_the_fix():
     with pytest.raises(TypeError, match="unknown option.*stats_evry.*stats_every"):
         watch(_model(), stats_evry=3)
-    with pytest.raises(ValueError, match="checksum_every must be a whole number >= 0"):
+    with pytest.raises(ValueError, match="checksum_every must be >= 0, like checksum_every=10"):
         watch(_model(), checksum_every=-1)
     with pytest.raises(ValueError, match="publish_interval_s must be a number of seconds > 0"):
         watch(_model(), publish_interval_s=0)

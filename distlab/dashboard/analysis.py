@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import theory
+from ..records import LayerValues, RecordKey, StepRecord, WatchMeta, record_key
 
 __all__ = [
     "Divergence",
@@ -27,15 +27,15 @@ __all__ = [
     "trace_rows",
 ]
 
-Record = dict[str, Any]
+Meta = Mapping[int, WatchMeta]
 
 
-def timed_steps(records: Sequence[Record], last: int) -> list[int]:
+def timed_steps(records: Sequence[StepRecord], last: int) -> list[int]:
     """The last ``last`` steps that have a timed all-reduce, in order (what the timeline shows)."""
     return sorted({rec["step"] for rec in records if rec.get("allreduce")})[-last:]
 
 
-def complete_steps(records: Sequence[Record], ranks: Sequence[int]) -> list[int]:
+def complete_steps(records: Sequence[StepRecord], ranks: Sequence[int]) -> list[int]:
     """Steps recorded by every one of ``ranks``, in order."""
     seen: dict[int, set[int]] = defaultdict(set)
     for rec in records:
@@ -57,7 +57,7 @@ class Straggler:
     lag_s: float
 
 
-def stragglers(records: Sequence[Record], min_lag_s: float = 0.002, min_fraction: float = 0.5) -> list[Straggler]:
+def stragglers(records: Sequence[StepRecord], min_lag_s: float = 0.002, min_fraction: float = 0.5) -> list[Straggler]:
     """All-reduces where one rank arrived late enough to make the others wait.
 
     An all-reduce ends at about the same moment on every rank, so a rank's time in it is how long
@@ -116,13 +116,13 @@ _CAUSE_DDP = (
 )
 
 
-def divergence(records: Sequence[Record], meta: dict[int, dict[str, Any]]) -> Divergence:
+def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
     """Compare the ranks' exact checksums; name the ranks, the layers, the first step and the cause."""
     ranks = sorted({rec["rank"] for rec in records} | set(meta))
     if len(ranks) < 2:
         return Divergence(False, "one rank: nothing to compare")
     ref = ranks[0]
-    by_step: dict[int, dict[int, Record]] = defaultdict(dict)
+    by_step: dict[int, dict[int, StepRecord]] = defaultdict(dict)
     for rec in records:
         by_step[rec["step"]][rec["rank"]] = rec
 
@@ -188,23 +188,27 @@ def divergence(records: Sequence[Record], meta: dict[int, dict[str, Any]]) -> Di
     )
 
 
-def _weight_spread(by_step: dict[int, dict[int, Record]], ranks: list[int]) -> dict[int, list[tuple[int, float]]]:
+def _weight_spread(by_step: dict[int, dict[int, StepRecord]], ranks: list[int]) -> dict[int, list[tuple[int, float]]]:
     ref = ranks[0]
     spread: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}
     for step in sorted(by_step):
         recs = by_step[step]
-        base = _total_norm(recs.get(ref))
+        base = _total_norm(_weight_norms(recs.get(ref)))
         if not base:
             continue
         for r in ranks:
-            norm = _total_norm(recs.get(r))
+            norm = _total_norm(_weight_norms(recs.get(r)))
             if norm is not None:
                 spread[r].append((step, norm / base - 1.0))
     return spread
 
 
-def _total_norm(rec: Record | None) -> float | None:
-    norms = (rec or {}).get("weight_norm") or {}
+def _weight_norms(rec: StepRecord | None) -> LayerValues | None:
+    return rec.get("weight_norm") if rec else None
+
+
+def _total_norm(norms: LayerValues | None) -> float | None:
+    """The 2-norm of the whole model from its layers' norms (None when there are none)."""
     return math.sqrt(sum(v * v for v in norms.values())) if norms else None
 
 
@@ -227,7 +231,7 @@ class LinkModel:
     message: str
 
 
-def link_model(records: Sequence[Record], world_size: int, max_points: int = 400) -> LinkModel:
+def link_model(records: Sequence[StepRecord], world_size: int, max_points: int = 400) -> LinkModel:
     """Fit ``theory.fit_latency_bandwidth`` to the recorded buckets and draw its busbw curve.
 
     Each all-reduce counts once, with its shortest time over the ranks: the last rank to arrive did
@@ -263,7 +267,7 @@ def link_model(records: Sequence[Record], world_size: int, max_points: int = 400
 
 @dataclass(frozen=True)
 class TraceRow:
-    """One line of the training round as a table (CURRICULUM topic 2)."""
+    """One line of the training round as a table (the curriculum's topic 2: notebooks/README.md)."""
 
     step: int
     epoch: str
@@ -273,20 +277,20 @@ class TraceRow:
     world: str
 
 
-def trace_rows(records: Sequence[Record], ranks: Sequence[int], last_steps: int = 2) -> list[TraceRow]:
+def trace_rows(records: Sequence[StepRecord], ranks: Sequence[int], last_steps: int = 2) -> list[TraceRow]:
     """The last ``last_steps`` steps every rank finished, three actions per rank per step."""
-    by_key = {(rec["step"], rec["rank"]): rec for rec in records}
+    by_key = {record_key(rec): rec for rec in records}
     steps = complete_steps(records, ranks)[-last_steps:]
     world = len(ranks)
     rows = []
     for step in steps:
-        recs = [by_key[(step, r)] for r in ranks]
+        recs = [by_key[RecordKey(step, r)] for r in ranks]
         sums = {rec.get("checksum") for rec in recs}
         for rec in recs:
             epoch = "" if rec.get("epoch") is None else str(rec["epoch"])
             rank = rec["rank"]
             loss = rec.get("loss")
-            grad = _total_norm({"weight_norm": rec.get("grad_norm")})
+            grad = _total_norm(rec.get("grad_norm"))
             local = (f"loss {loss:.4g}" if loss is not None else "loss not logged") + (
                 f", grad norm {grad:.3g}" if grad is not None else ""
             )
@@ -321,7 +325,7 @@ def trace_rows(records: Sequence[Record], ranks: Sequence[int], last_steps: int 
 # ---------------------------------------------------------------------------------- summary
 
 
-def summary(records: Sequence[Record], meta: dict[int, dict[str, Any]], world_size: int) -> list[str]:
+def summary(records: Sequence[StepRecord], meta: Meta, world_size: int) -> list[str]:
     """A few lines of plain text that say what the dashboard shows: its static snapshot."""
     if not records:
         return ["distlab dashboard: no telemetry yet (call distlab.watch(model) in a %%ddp cell)"]

@@ -1,7 +1,8 @@
 """The dashboard's plotly figures: each made once with its traces, then redrawn in one ``batch_update``.
 
 A ``make_*`` function builds a ``FigureWidget`` with every trace it will ever need (adding traces
-later costs widget messages); the matching ``draw_*`` sets their data from analysis results.
+later costs widget messages); the matching ``draw_*`` sets their data from analysis results. Each
+figure counts the widget messages it sends (``meter``): the dashboard's budget spends those.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .analysis import Divergence, LinkModel, Record, Straggler, TraceRow, timed_steps
+from ..records import StepRecord
+from .analysis import Divergence, LinkModel, Straggler, TraceRow, timed_steps
+from .meter import MeteredFigure
 
 __all__ = [
     "draw_divergence",
@@ -41,25 +44,25 @@ def _color(rank: int) -> str:
     return palette[rank % len(palette)]
 
 
-def _figure(title: str, traces: list[Any], **layout: Any) -> go.FigureWidget:
+def _figure(title: str, traces: list[Any], **layout: Any) -> MeteredFigure:
     settings: dict[str, Any] = {"title": {"text": title, "font": {"size": 13}}, "height": _HEIGHT,
                                 "margin": _MARGIN, "template": "plotly_white"}
     settings.update(layout)
     # Layout given to the constructor travels in the widget's opening message; set afterwards, each
     # change would be a message of its own (measured: about 23 for the dashboard's six figures).
-    return go.FigureWidget(data=traces, layout=go.Layout(**settings))
+    return MeteredFigure(data=traces, layout=go.Layout(**settings))
 
 
 # ---------------------------------------------------------------------------------- loss
 
 
-def make_loss(world_size: int) -> go.FigureWidget:
+def make_loss(world_size: int) -> MeteredFigure:
     traces = [go.Scatter(x=[], y=[], mode="lines", name=f"rank {r}", line={"color": _color(r)})
               for r in range(world_size)]
     return _figure("loss per rank", traces, xaxis_title="step", yaxis_title="loss")
 
 
-def draw_loss(fig: go.FigureWidget, records: Sequence[Record], world_size: int) -> None:
+def draw_loss(fig: MeteredFigure, records: Sequence[StepRecord], world_size: int) -> None:
     series: dict[int, tuple[list[int], list[float]]] = {r: ([], []) for r in range(world_size)}
     for rec in records:
         if rec.get("loss") is not None and rec["rank"] in series:
@@ -73,7 +76,7 @@ def draw_loss(fig: go.FigureWidget, records: Sequence[Record], world_size: int) 
 # ---------------------------------------------------------------------------------- timeline
 
 
-def make_timeline(world_size: int) -> go.FigureWidget:
+def make_timeline(world_size: int) -> MeteredFigure:
     bars = go.Bar(x=[], y=[], base=[], orientation="h", name="all-reduce", opacity=0.75,
                   marker={"color": [], "colorscale": "Viridis", "line": {"color": [], "width": []}},
                   hovertemplate="%{hovertext}<extra></extra>", hovertext=[])
@@ -84,7 +87,7 @@ def make_timeline(world_size: int) -> go.FigureWidget:
                    yaxis={"categoryorder": "array", "categoryarray": [f"rank {r}" for r in range(world_size)]})
 
 
-def draw_timeline(fig: go.FigureWidget, records: Sequence[Record], late: Sequence[Straggler], steps: int = 5) -> None:
+def draw_timeline(fig: MeteredFigure, records: Sequence[StepRecord], late: Sequence[Straggler], steps: int = 5) -> None:
     """The buckets of the last ``steps`` steps, on each rank's wall clock (ranks on one host share it)."""
     shown = timed_steps(records, steps)
     recs = [rec for rec in records if rec["step"] in set(shown)]
@@ -119,13 +122,15 @@ def draw_timeline(fig: go.FigureWidget, records: Sequence[Record], late: Sequenc
 # ---------------------------------------------------------------------------------- heatmap
 
 
-def make_heatmap() -> go.FigureWidget:
+def make_heatmap() -> MeteredFigure:
     heat = go.Heatmap(z=[], x=[], y=[], colorscale="Blues", colorbar={"title": {"text": "grad norm"}},
                       hovertemplate="%{y}, %{x}: %{z:.4g}<extra></extra>")
     return _figure("gradient norm by layer and rank", [heat], yaxis={"autorange": "reversed"})
 
 
-def draw_heatmap(fig: go.FigureWidget, records: Sequence[Record], layers: Sequence[str], ranks: Sequence[int]) -> None:
+def draw_heatmap(
+    fig: MeteredFigure, records: Sequence[StepRecord], layers: Sequence[str], ranks: Sequence[int]
+) -> None:
     """The latest step at which every rank has per-layer gradient norms."""
     by_step: dict[int, dict[int, dict[str, float]]] = {}
     for rec in records:
@@ -147,7 +152,7 @@ def draw_heatmap(fig: go.FigureWidget, records: Sequence[Record], layers: Sequen
 # ---------------------------------------------------------------------------------- divergence
 
 
-def make_divergence(world_size: int) -> go.FigureWidget:
+def make_divergence(world_size: int) -> MeteredFigure:
     traces: list[Any] = [go.Scatter(x=[], y=[], mode="lines+markers", name=f"rank {r}", line={"color": _color(r)})
                          for r in range(world_size)]
     traces.append(go.Scatter(x=[], y=[], mode="markers", name="checksums differ",
@@ -156,7 +161,7 @@ def make_divergence(world_size: int) -> go.FigureWidget:
                    yaxis_title="|W_rank| / |W_rank0| - 1", legend={"orientation": "h", "y": -0.25})
 
 
-def draw_divergence(fig: go.FigureWidget, verdict: Divergence, world_size: int) -> None:
+def draw_divergence(fig: MeteredFigure, verdict: Divergence, world_size: int) -> None:
     with fig.batch_update():
         for r in range(world_size):
             points = verdict.spread.get(r, [])
@@ -172,14 +177,14 @@ def draw_divergence(fig: go.FigureWidget, verdict: Divergence, world_size: int) 
 # ---------------------------------------------------------------------------------- busbw
 
 
-def make_link() -> go.FigureWidget:
+def make_link() -> MeteredFigure:
     measured = go.Scatter(x=[], y=[], mode="markers", name="measured", marker={"size": 6, "opacity": 0.6})
     model = go.Scatter(x=[], y=[], mode="lines", name="ring model (fitted)", line={"color": "black"})
     return _figure("busbw vs ring model", [measured, model], xaxis={"type": "log", "title": {"text": "bucket bytes"}},
                    yaxis_title="busbw (GB/s)", legend={"orientation": "h", "y": -0.25})
 
 
-def draw_link(fig: go.FigureWidget, link: LinkModel) -> None:
+def draw_link(fig: MeteredFigure, link: LinkModel) -> None:
     with fig.batch_update():
         fig.data[0].x = _numbers([s for s, _ in link.points])
         fig.data[0].y = _numbers([b / 1e9 for _, b in link.points])
@@ -191,14 +196,14 @@ def draw_link(fig: go.FigureWidget, link: LinkModel) -> None:
 # ---------------------------------------------------------------------------------- trace
 
 
-def make_trace() -> go.FigureWidget:
+def make_trace() -> MeteredFigure:
     table = go.Table(header={"values": list(TRACE_COLUMNS), "align": "left"},
                      cells={"values": [[] for _ in TRACE_COLUMNS], "align": "left"},
                      columnwidth=[0.6, 0.6, 0.6, 3, 3, 3])
     return _figure("the training round, step by step", [table], height=380)
 
 
-def draw_trace(fig: go.FigureWidget, rows: Sequence[TraceRow]) -> None:
+def draw_trace(fig: MeteredFigure, rows: Sequence[TraceRow]) -> None:
     columns = [[r.step for r in rows], [r.epoch for r in rows], [r.rank for r in rows],
                [r.action for r in rows], [r.local for r in rows], [r.world for r in rows]]
     with fig.batch_update():

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
+
+from ..records import PUBLISH_KEY, Publish, StepRecord, WatchMeta, record_key
 
 __all__ = ["KEY", "TelemetryStore"]
 
-#: The key ranks publish under (``distlab.telemetry.KEY``; repeated so the notebook needs no torch).
-KEY = "distlab.telemetry"
+#: The key ranks publish under (``distlab.records``, which imports no torch: shared with the ranks).
+KEY = PUBLISH_KEY
 
 Subscriber = Callable[[bool], None]
 
@@ -33,8 +35,8 @@ class TelemetryStore:
         self.max_steps = max_steps
         #: Bumped on every change; views compare it to what they last drew.
         self.version = 0
-        self._steps: dict[int, OrderedDict[int, dict[str, Any]]] = {}
-        self._meta: dict[int, dict[str, Any]] = {}
+        self._steps: dict[int, OrderedDict[int, StepRecord]] = {}
+        self._meta: dict[int, WatchMeta] = {}
         self._seen: dict[int, tuple[str, int]] = {}  # rank -> (run, seq) of the last publish merged
         self._subscribers: list[Subscriber] = []
         #: The dashboard drawn from this store, made on first ``lab.dashboard()``.
@@ -63,7 +65,7 @@ class TelemetryStore:
         if changed:
             self._notify(False)
 
-    def merge(self, payload: dict[str, Any]) -> bool:
+    def merge(self, payload: Publish) -> bool:
         """Merge one rank's publish; True if it brought anything new."""
         try:
             rank, run, seq = int(payload["rank"]), str(payload["run"]), int(payload["seq"])
@@ -78,7 +80,7 @@ class TelemetryStore:
         steps = self._steps.get(rank)
         if steps is None or self._meta.get(rank, {}).get("run") != run:
             steps = self._steps[rank] = OrderedDict()  # a new watch on this rank starts afresh
-        self._meta[rank] = dict(payload.get("meta") or {}, run=run)
+        self._meta[rank] = cast(WatchMeta, dict(payload.get("meta") or {}, run=run))
         for record in payload.get("records") or ():
             step = record.get("step")
             if isinstance(step, int):
@@ -99,15 +101,15 @@ class TelemetryStore:
 
     # ------------------------------------------------------------------ reading
 
-    def records(self, rank: int | None = None) -> list[dict[str, Any]]:
-        """One dict per rank per recorded step, ordered by step then rank (see ``distlab.watch``)."""
+    def records(self, rank: int | None = None) -> list[StepRecord]:
+        """One dict per rank per recorded step, ordered by step then rank (``distlab.records.StepRecord``)."""
         ranks = sorted(self._steps) if rank is None else [rank]
         rows = [rec for r in ranks for rec in self._steps.get(r, {}).values()]
-        return sorted(rows, key=lambda rec: (rec["step"], rec["rank"]))
+        return sorted(rows, key=record_key)
 
-    def meta(self) -> dict[int, dict[str, Any]]:
+    def meta(self) -> dict[int, WatchMeta]:
         """{rank: what its watch said about itself: layers, gradient bytes, initial checksums, notes}."""
-        return {rank: dict(m) for rank, m in sorted(self._meta.items())}
+        return {rank: cast(WatchMeta, dict(m)) for rank, m in sorted(self._meta.items())}
 
     def ranks(self) -> list[int]:
         return sorted(self._steps)
@@ -137,7 +139,7 @@ class TelemetryStore:
                 _warn_once(f"distlab: a telemetry view failed and was detached: {type(exc).__name__}: {exc}")
 
 
-def _payload_of(ar: Any) -> dict[str, Any] | None:
+def _payload_of(ar: Any) -> Publish | None:
     try:
         data = ar.data
     except Exception:  # noqa: BLE001 - a dead engine's result may not answer

@@ -1,10 +1,12 @@
 """The live dashboard: an ipywidgets layout of plotly FigureWidgets fed by a TelemetryStore.
 
 Redraws are throttled so a fast training loop cannot flood the front end: at most one refresh
-per ``min_interval_s``, only figures whose data changed, each in one ``batch_update`` (a plotly
-FigureWidget update costs 4 widget messages), within a budget of ``max_messages_per_s`` over any
-one-second window. Figures left over wait for the next refresh, oldest first. When a cell ends
-(``final``), every figure is drawn once more, whatever the budget, so the last state is complete.
+per ``min_interval_s``, only figures whose data changed, each in one ``batch_update``, within a
+budget of ``max_messages_per_s`` over any one-second window. The budget spends the messages the
+widgets really sent (``meter``: making the figures, each draw); a draw goes ahead when what that
+figure's draws have sent at most still fits. Figures left over wait for the next refresh, oldest
+first. When a cell ends (``final``), every figure is drawn once more, whatever the budget, so the
+last state is complete.
 """
 
 from __future__ import annotations
@@ -13,20 +15,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import ipywidgets as widgets
 
-from . import analysis, figures
+from . import analysis, figures, meter
 from .store import TelemetryStore
 
 __all__ = ["Dashboard", "DashboardConfig", "dashboard_for"]
-
-#: Widget messages one FigureWidget ``batch_update`` sends (two edit ids, the update, its reset).
-MESSAGES_PER_FIGURE = 4
-#: Widget messages a FigureWidget sends as it is made, after its opening one (view count, layout, data).
-MESSAGES_PER_NEW_FIGURE = 3
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ class Dashboard(widgets.VBox):
             "link": figures.make_link(),
             "trace": figures.make_trace(),
         }
-        self.status = widgets.Label(value="waiting for telemetry: call distlab.watch(model) on the ranks")
+        self.status = meter.MeteredLabel(value="waiting for telemetry: call distlab.watch(model) on the ranks")
         grid = widgets.GridBox(
             children=[self.figures[name] for name in ("loss", "divergence", "timeline", "heatmap", "link", "trace")],
             layout=widgets.Layout(grid_template_columns="repeat(2, minmax(0, 1fr))", width="100%"),
@@ -121,13 +118,19 @@ class Dashboard(widgets.VBox):
         super().__init__(children=[self.status, grid])
         self._drawn = {name: -1 for name in self.figures}  # store version each figure shows
         self._order = list(self.figures)  # least recently drawn first
+        self._metered: dict[str, Any] = {**self.figures, "status": self.status}
         self._sent: deque[tuple[float, int]] = deque()  # (time, messages) over the last second
+        self._spent = 0  # of the widgets' messages, how many the window has been charged
+        self._cost: dict[str, int] = {}  # the most one update of each widget has sent
         # Making the figures sent messages too: the first redraws wait for them to leave the window.
-        self._sent.append((self._clock(), MESSAGES_PER_NEW_FIGURE * len(self.figures)))
+        self._charge(self._clock())
         self._last_refresh = float("-inf")
-        #: Widget messages sent by refreshes so far (figures and status).
-        self.messages = 0
         store.subscribe(self._on_store)
+
+    @property
+    def messages(self) -> int:
+        """Widget messages this dashboard's figures and status line have sent so far, making them included."""
+        return sum(meter.sent(w) for w in self._metered.values())
 
     def _on_store(self, final: bool) -> None:
         self.refresh(force=final)
@@ -143,21 +146,36 @@ class Dashboard(widgets.VBox):
         if not stale:
             return []
         snap = _Snapshot(self.store, self.config)
+        self._charge(now)  # anything the widgets sent between refreshes (plotly answering the front end)
         drawn = []
         for name in stale:
-            if not force and not self._affordable(now, MESSAGES_PER_FIGURE):
+            if not force and not self._affordable(now, self._expected(name)):
                 break
-            self._draw(name, snap)
-            self._spend(now, MESSAGES_PER_FIGURE)
+            self._update(name, partial(self._draw, name, snap))
             self._drawn[name] = version
             self._order.remove(name)
             self._order.append(name)
             drawn.append(name)
         text = snap.status()
-        if text != self.status.value and (force or self._affordable(now, 1)):
-            self.status.value = text
-            self._spend(now, 1)
+        if text != self.status.value and (force or self._affordable(now, self._expected("status"))):
+            self._update("status", partial(setattr, self.status, "value", text))
         return drawn
+
+    def _update(self, name: str, change: Callable[[], None]) -> None:
+        """Make a change to widget ``name`` and charge the window what it really sent, when it sent it."""
+        before = meter.sent(self._metered[name])
+        change()
+        self._cost[name] = max(self._cost.get(name, 0), meter.sent(self._metered[name]) - before)
+        # Not the refresh's start: reading the store and drawing take a while (tens of ms), and a
+        # message charged earlier than it went out would leave the window that much too soon.
+        self._charge(self._clock())
+
+    def _expected(self, name: str) -> int:
+        """What updating ``name`` will send: the most its updates have sent so far; for one never updated,
+        the most any widget's update has sent; before any update, the whole budget (an empty window)."""
+        if name in self._cost:
+            return self._cost[name]
+        return max(self._cost.values(), default=self.config.max_messages_per_s)
 
     def _draw(self, name: str, snap: _Snapshot) -> None:
         fig = self.figures[name]
@@ -179,9 +197,12 @@ class Dashboard(widgets.VBox):
             self._sent.popleft()
         return sum(n for _, n in self._sent) + cost <= self.config.max_messages_per_s
 
-    def _spend(self, now: float, cost: int) -> None:
-        self._sent.append((now, cost))
-        self.messages += cost
+    def _charge(self, now: float) -> None:
+        """Charge the window, at ``now``, every message the widgets sent since it was last charged."""
+        total = self.messages
+        if total > self._spent:
+            self._sent.append((now, total - self._spent))
+            self._spent = total
 
     def summary(self) -> str:
         """The dashboard's state in plain text: what a saved or exported notebook keeps."""

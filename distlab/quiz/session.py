@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from .. import checks
 from .loader import Bank, bank
 from .model import LabLike, Question
 from .progress import Progress, Summary
@@ -17,11 +18,7 @@ __all__ = ["choose_questions", "show", "summary"]
 
 
 def _check_count(n: object) -> int | None:
-    if n is None:
-        return None
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"the number of questions must be a whole number above 0, got {n!r}; e.g. -n 5")
-    return n
+    return None if n is None else checks.whole("the number of questions", n, minimum=1, example="n=5")
 
 
 def choose_questions(

@@ -6,7 +6,8 @@ import difflib
 
 __all__ = ["DIFFICULTIES", "TOPICS", "resolve_difficulty", "resolve_topic"]
 
-#: slug -> title, in the order of CURRICULUM.md. The slug names the bank file and prefixes question ids.
+#: slug -> title, in teaching order (notebooks/README.md maps each topic to its notebooks). The slug names
+#: the bank file and prefixes question ids.
 TOPICS: dict[str, str] = {
     "why-distribute": "Why distribute",
     "training-round": "The training round, step by step",

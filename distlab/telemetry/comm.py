@@ -3,7 +3,7 @@
 While a model is watched, DDP's reducer talks to a stand-in for its process group: a Python
 ``ProcessGroup`` that passes every call to the real one and stamps each bucket's all-reduce at
 launch and at completion (CUDA events on a GPU). Closing the watch hands the reducer its own group
-back (``Reducer._update_process_group``, the call DDP itself uses to change groups), so nothing of
+back (``torchcompat.set_reducer_group``, the call DDP itself uses to change groups), so nothing of
 the watch is left: no hook, no wrapper, the same C++ path as a model never watched.
 
 Why not a DDP communication hook: DDP takes one per model and cannot remove it, and with any hook
@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import theory
+from ..rank import torchcompat
+from ..records import AllReduceBucket
 
 __all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize"]
 
@@ -93,7 +95,7 @@ class TimedGroup(dist.ProcessGroup):
 
         # The reducer waits for this future, so the stamp is taken before backward returns and
         # the result it reads is the real group's, untouched.
-        return torch._C._distributed_c10d._create_work_from_future(work.get_future().then(finish))
+        return torchcompat.work_from_future(work.get_future().then(finish))
 
     # What else a reducer asks of its group: bucket order is broadcast from rank 0 when buckets
     # are rebuilt; the rest is here so nothing reaches the base class, which has no backend.
@@ -114,16 +116,15 @@ def attach(model: torch.nn.Module) -> tuple[CommTimer | None, str | None]:
     """Give a DDP model's reducer the timing stand-in for its group: (timer, None), or (None, why not)."""
     if not isinstance(model, DistributedDataParallel):
         return None, None
-    hooks = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(model, "_comm_hooks", [])]
+    hooks = torchcompat.comm_hook_names(model)
     if hooks:
         # A hook (fp16 compression, PowerSGD, mixed precision's) makes its own calls to the group.
         return None, f"all-reduce not timed: this DDP model has a communication hook ({', '.join(hooks)})"
-    reducer = getattr(model, "reducer", None)
-    if reducer is None or not hasattr(reducer, "_update_process_group"):
+    if not torchcompat.swappable_reducer(model):
         return None, "all-reduce not timed: this DDP model has no reducer whose group can be swapped"
     timer = CommTimer()
     timer.group = TimedGroup(model.process_group, timer)
-    reducer._update_process_group(timer.group)
+    torchcompat.set_reducer_group(model, timer.group)
     return timer, None
 
 
@@ -132,27 +133,27 @@ def detach(model: torch.nn.Module, timer: CommTimer) -> None:
     timer.enabled = False
     timer.timings = []
     if timer.group is not None:
-        model.reducer._update_process_group(timer.group.inner)
+        torchcompat.set_reducer_group(model, timer.group.inner)
         timer.group = None
 
 
 def summarize(
     timings: list[BucketTiming], step_begin: float, world_size: int
-) -> tuple[list[dict[str, Any]], float]:
-    """Per-bucket dicts for a step's record, and the step's exposed communication time.
+) -> tuple[list[AllReduceBucket], float]:
+    """The buckets of a step's record, and the step's exposed communication time.
 
     Buckets overlap backward compute; what the step waits for is the tail from the launch of the
     last bucket (backward is done by then) to the completion of the last one. Blocking all-reduces
     are exposed whole.
     """
-    buckets: list[dict[str, Any]] = []
+    buckets: list[AllReduceBucket] = []
     overlapped: list[BucketTiming] = []
     blocking_s = 0.0
     for timing in timings:
         seconds = timing.seconds()
         if seconds is None:
             continue
-        entry: dict[str, Any] = {
+        entry: AllReduceBucket = {
             "bucket": timing.bucket,
             "bytes": timing.bytes,
             "seconds": seconds,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .. import checks
+
 __all__ = ["WatchConfig", "make_config"]
 
 
@@ -43,27 +45,18 @@ class WatchConfig:
 def make_config(config: WatchConfig | None, overrides: dict[str, Any]) -> WatchConfig:
     """``config`` with ``overrides`` applied, every value checked; errors name the field and the fix."""
     base = config if config is not None else WatchConfig()
-    if not isinstance(base, WatchConfig):
-        raise TypeError(f"config must be a distlab.telemetry.WatchConfig, got {type(base).__name__}")
+    checks.instance("config", base, WatchConfig, what="a distlab.telemetry.WatchConfig", error=TypeError)
     known = {f.name: f for f in fields(WatchConfig)}
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise TypeError(f"watch() got unknown option(s) {', '.join(unknown)}: choose from {', '.join(known)}")
     values = {name: getattr(base, name) for name in known}
     values.update(overrides)
-    for name in ("stats_every", "checksum_every"):
-        _whole(name, values[name], minimum=0)
-    for name in ("buffer_steps", "window_steps"):
-        _whole(name, values[name], minimum=1)
-    interval = values["publish_interval_s"]
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-        raise ValueError(f"publish_interval_s must be a number of seconds > 0, like 1.0 (got {interval!r})")
+    for name, minimum in (("stats_every", 0), ("checksum_every", 0), ("buffer_steps", 1), ("window_steps", 1)):
+        checks.whole(name, values[name], minimum=minimum, example=f"{name}=10")
+    checks.positive(
+        "publish_interval_s", values["publish_interval_s"], kind="a number of seconds", example="publish_interval_s=1.0"
+    )
     for name in ("time_allreduce", "publish"):
-        if not isinstance(values[name], bool):
-            raise ValueError(f"{name} must be True or False (got {values[name]!r})")
+        checks.flag(name, values[name])
     return WatchConfig(**values)
-
-
-def _whole(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, like {name}=10 (got {value!r})")

@@ -11,14 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+
+from ..records import PUBLISH_KEY, Publish
 
 __all__ = ["KEY", "Publisher", "engine_sender"]
 
 #: The key of distlab's telemetry in ``AsyncResult.data``.
-KEY = "distlab.telemetry"
+KEY = PUBLISH_KEY
 
-Sender = Callable[[dict[str, Any]], None]
+#: ipyparallel's ``publish_data``: {KEY: one publish}.
+Sender = Callable[[dict[str, Publish]], None]
 
 #: How long a publish waits for another one in progress (the thread's, or a flush) before giving up.
 _SEND_WAIT_S = 2.0
@@ -46,7 +48,7 @@ class Publisher:
     serving, so they reach the cell's AsyncResult while the cell runs.
     """
 
-    def __init__(self, build: Callable[[bool], dict[str, Any]], send: Sender, interval_s: float) -> None:
+    def __init__(self, build: Callable[[bool], Publish], send: Sender, interval_s: float) -> None:
         self._build = build
         self._send = send
         self._interval_s = interval_s

@@ -1,8 +1,8 @@
-"""Per-layer statistics of a model's parameters, batched with ``torch._foreach_norm``.
+"""Per-layer statistics of a model's parameters, batched with torch's fused ``foreach`` kernels.
 
 A layer is a module that owns parameters itself (``Linear`` with its weight and bias); its norm is
-the 2-norm of all its parameters together. One ``_foreach_norm`` call covers every parameter, so
-the cost is a pass over the memory, not a Python loop of kernels.
+the 2-norm of all its parameters together. One batched norm (``torchcompat.foreach_norm``) covers
+every parameter, so the cost is a pass over the memory, not a Python loop of kernels.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from ..rank import torchcompat
 
 __all__ = ["LayerIndex"]
 
@@ -58,7 +60,7 @@ class LayerIndex:
             return {}
         present = [tensors[i] for i in which]
         with torch.no_grad():
-            norms = torch._foreach_norm(present)  # type: ignore[arg-type]
+            norms = torchcompat.foreach_norm(present)  # type: ignore[arg-type]
             squares = self._combine(_stack_cpu(norms).double().square(), which, torch.float64)
         layers = set(self._owner[which].tolist())
         return {name: float(squares[i]) ** 0.5 for i, name in enumerate(self.names) if i in layers}
@@ -81,14 +83,14 @@ class LayerIndex:
                                             for b, p in zip(self._buffers, current)):
                 self._buffers = [p.clone() for p in current]
             else:
-                torch._foreach_copy_(self._buffers, current)
+                torchcompat.foreach_copy_(self._buffers, current)
             return self._buffers
 
     def update_ratios(self, before: list[torch.Tensor]) -> dict[str, float]:
         """{layer: ||W - W_before|| / ||W_before||}; consumes ``before`` (overwritten in place)."""
         old = self.norms(before)
         with torch.no_grad():
-            torch._foreach_sub_(before, [p.detach() for p in self.params])
+            torchcompat.foreach_sub_(before, [p.detach() for p in self.params])
         change = self.norms(before)
         return {name: change[name] / old[name] for name in change if old.get(name)}
 

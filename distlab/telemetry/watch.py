@@ -4,13 +4,9 @@ A step begins at the model's forward (with gradients enabled) and closes at the 
 ``step()`` of a torch optimizer holding the model's parameters or, for weights updated by hand
 (in place, under ``torch.no_grad()``), the next forward. Forwards that find the weights unchanged
 (gradient accumulation) continue the step; forwards without gradients (evaluation) are ignored.
-When a step closes, its record is made:
-
-    rank, step, t (wall clock at the forward), epoch, loss, metrics,
-    step_time_s (forward -> update), compute_s, comm_s (exposed all-reduce), idle_s (before the forward),
-    allreduce: [{bucket, bytes, seconds, start_s, algbw, busbw}],
-    grad_norm, weight_norm, update_ratio: {layer: float}   (every ``stats_every`` steps, else {})
-    checksum, layer_checksums                               (every ``checksum_every`` steps, else None)
+When a step closes, its record is made: a :class:`distlab.records.StepRecord` (clock, loss, timed
+all-reduce buckets; per-layer norms every ``stats_every`` steps, replica checksums every
+``checksum_every`` steps).
 
 ``distlab.log(loss=...)`` adds to the latest step, before or after its update; the record is
 final when the next step begins. Everything a hook does is cheap except on sampled steps.
@@ -25,12 +21,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ..rank import models, torchcompat
+from ..records import Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
 from .publish import Publisher, Sender, engine_sender
@@ -91,8 +89,8 @@ class _Step:
         self.wall = time.time()
         self.gap_s = gap_s
         self.timings: list[comm.BucketTiming] = []
-        self.metrics: dict[str, Any] = {}
-        self.record: dict[str, Any] | None = None  # set when the step closes
+        self.metrics: dict[str, float] = {}
+        self.record: StepRecord | None = None  # set when the step closes
 
 
 class Watch:
@@ -104,7 +102,7 @@ class Watch:
         self.config = config
         self.model = model
         self.is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        self.layers = LayerIndex(model.module if self.is_ddp else model)
+        self.layers = LayerIndex(models.unwrap(model))  # layers named as the bare model names them
         up = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if up else 0
         self.world_size = dist.get_world_size() if up else 1
@@ -113,8 +111,8 @@ class Watch:
         self.closed = False
 
         self._lock = threading.Lock()  # guards what the publisher thread reads: _done, _latest
-        self._done: deque[dict[str, Any]] = deque(maxlen=config.buffer_steps)
-        self._latest: dict[str, Any] | None = None
+        self._done: deque[StepRecord] = deque(maxlen=config.buffer_steps)
+        self._latest: StepRecord | None = None
         self._marks: deque[int] = deque(maxlen=2)  # newest finished step in each of the last 2 publishes
         self._seq = 0
         self._open: _Step | None = None
@@ -186,7 +184,7 @@ class Watch:
 
     # ------------------------------------------------------------------ what it recorded
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[StepRecord]:
         """This rank's records, oldest first (the last ``buffer_steps`` steps)."""
         with self._lock:
             out = list(self._done)
@@ -199,7 +197,7 @@ class Watch:
         """How many times this watch has published to the notebook so far."""
         return self._publisher.sent if self._publisher is not None else 0
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> WatchMeta:
         """What the notebook needs besides the steps: layers, sizes, the checksums at the start."""
         return {
             "rank": self.rank,
@@ -219,7 +217,7 @@ class Watch:
             "closed": self.closed,
         }
 
-    def _payload(self, final: bool) -> dict[str, Any]:
+    def _payload(self, final: bool) -> Publish:
         """What one publish carries: the steps since the one before last (all of them when final)."""
         with self._lock:
             done = list(self._done)
@@ -274,7 +272,7 @@ class Watch:
     def _weights_version(self) -> int:
         # Every in-place change of a tensor bumps its version counter: an optimizer's step does,
         # and so does ``p -= lr * p.grad`` under no_grad. Gradient accumulation does not.
-        return sum(p._version for p in self.layers.params)
+        return sum(torchcompat.version_counter(p) for p in self.layers.params)
 
     def _begin(self, number: int, gap_s: float | None) -> None:
         step = _Step(number, gap_s, self._weights_version())
@@ -290,7 +288,7 @@ class Watch:
         buckets, comm_s = comm.summarize(step.timings, step.begin, self.world_size)
         comm_s = min(comm_s, step_time_s)
         n, cfg = step.number, self.config
-        record: dict[str, Any] = {
+        record: StepRecord = {
             "rank": self.rank,
             "step": n,
             "t": step.wall,
@@ -320,7 +318,7 @@ class Watch:
             sums = self.layers.checksums()
             record["layer_checksums"] = sums
             record["checksum"] = sum(sums.values())
-        record.update(_metric_fields(step.metrics))
+        record.update(_metric_fields(step.metrics))  # type: ignore[typeddict-item]
         step.record = record
         with self._lock:
             self._latest = record
@@ -347,7 +345,7 @@ class Watch:
         step.metrics.update({k: _number(k, v) for k, v in values.items()})
         if step.record is not None:
             # Copy-on-write: the publisher thread may be reading the old dict.
-            record = {**step.record, **_metric_fields(step.metrics)}
+            record = cast(StepRecord, {**step.record, **_metric_fields(step.metrics)})
             step.record = record
             with self._lock:
                 self._latest = record
@@ -376,13 +374,9 @@ def _wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
     take checksums of half-updated replicas (and flag a divergence that is not there). The
     wrapper's own step, which ends after the broadcast, closes it instead. Checked once per optimizer.
     """
-    try:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-    except ImportError:
-        return False
     for ref in gc.get_referrers(optimizer):
         if isinstance(ref, dict):  # the wrapper's __dict__, holding it as .optim
-            if any(isinstance(o, ZeroRedundancyOptimizer) and getattr(o, "__dict__", None) is ref
+            if any(models.is_zero_optimizer(o) and getattr(o, "__dict__", None) is ref
                    for o in gc.get_referrers(ref)):
                 return True
     return False
@@ -399,6 +393,7 @@ def _number(name: str, value: Any) -> float:
 
 
 def _metric_fields(metrics: dict[str, float]) -> dict[str, Any]:
+    """The record's fields that ``distlab.log`` sets: metrics, and loss and epoch when logged."""
     fields: dict[str, Any] = {"metrics": {k: v for k, v in metrics.items() if k not in ("loss", "epoch")}}
     if "loss" in metrics:
         fields["loss"] = metrics["loss"]

@@ -1,0 +1,41 @@
+"""The dashboard's widgets, counting the messages they send: the budget spends what really went out.
+
+How many messages a plotly ``FigureWidget`` sends as it is made and per ``batch_update`` depends on
+plotly's and anywidget's versions and on what changed (an update that changes nothing sends none),
+so the dashboard does not assume a number: each widget counts its own, at ipywidgets' ``_send``, the
+one call every message after a widget's opening one goes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+__all__ = ["MeteredFigure", "MeteredLabel", "sent"]
+
+
+class _Metered:
+    #: Messages this widget has sent to the front end since its comm opened (the opening one not counted).
+    _messages_sent = 0
+
+    def _send(self, msg: Any, buffers: Any = None) -> None:
+        # ipywidgets' own test: nothing goes out before the comm opens, nor on a comm without a kernel.
+        comm = getattr(self, "comm", None)
+        if comm is not None and getattr(comm, "kernel", True) is not None:
+            self._messages_sent += 1
+        super()._send(msg, buffers)  # type: ignore[misc]
+
+
+class MeteredFigure(_Metered, go.FigureWidget):
+    """A plotly FigureWidget that counts the widget messages it sends."""
+
+
+class MeteredLabel(_Metered, widgets.Label):
+    """An ipywidgets Label that counts the widget messages it sends."""
+
+
+def sent(widget: Any) -> int:
+    """Messages ``widget`` (a metered one) has sent so far."""
+    return int(widget._messages_sent)
