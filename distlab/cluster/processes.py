@@ -18,9 +18,25 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._procs import pid_alive
-
 __all__ = ["ProcessGuard", "kill_group", "pid_alive", "reap", "wait_for"]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead); pids <= 0 never do (kill(0) would mean a group)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def kill_group(pgid: int) -> None:

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._procs import pid_alive as _pid_alive
+from ..cluster.processes import pid_alive as _pid_alive
 
 __all__ = [
     "ACTIONS", "WRITE_EVERY_S", "act", "forget", "id_of", "publish", "read_labs", "registry_dir", "track",

@@ -1,0 +1,119 @@
+"""Cost models of distributed training, as plain functions.
+
+Every quiz answer, dashboard estimate and notebook figure that is a number comes from here, so the
+formulas live in one place. Names carry their units: a function ending in ``_s`` returns seconds,
+``_bytes`` returns bytes, ``_bytes_per_s`` returns bytes per second; arguments are named the same way
+(``size_bytes``, ``bandwidth_bytes_per_s``, ``latency_s``). Everything is in base units (bytes,
+seconds); :func:`to_base_units` and :func:`parse_quantity` convert from "400 MB" or "5 us".
+
+Bad arguments raise :class:`ValueError` with a message that names the argument and the fix.
+
+The models live in modules by subject; every public name is here, so ``theory.X`` and
+``from distlab.theory import X`` do not depend on which module holds X:
+
+    units           units and quantities ("400 MB" -> bytes), the dimension a name's suffix carries
+    batch           global batch and learning rate, each rank's share of the data, ranks and global means
+    communication   ring all-reduce, bus bandwidth, parameter server, the fit of latency and bandwidth
+    memory          bytes per parameter, per-device memory under DDP and ZeRO, activation sizes
+    scaling         pipeline bubble, speed-up and efficiency, training time, fault tolerance
+"""
+
+from __future__ import annotations
+
+from .batch import (
+    accumulation_steps_for,
+    global_batch_size,
+    global_mean,
+    global_rank,
+    sampler_padding_samples,
+    samples_per_rank,
+    scaled_learning_rate,
+    steps_per_epoch,
+    world_size,
+)
+from .communication import (
+    LatencyBandwidthFit,
+    algbw_bytes_per_s,
+    bucketed_allreduce_time_s,
+    busbw_bytes_per_s,
+    expected_staleness_updates,
+    fit_latency_bandwidth,
+    parameter_server_received_bytes,
+    parameter_server_time_s,
+    ring_allreduce_sent_bytes,
+    ring_allreduce_time_s,
+    synchronous_step_time_s,
+)
+from .memory import (
+    MemoryBreakdown,
+    StateBytes,
+    activation_bytes,
+    bytes_per_parameter,
+    memory_breakdown,
+    memory_per_device_bytes,
+    state_bytes_per_parameter,
+)
+from .scaling import (
+    amdahl_speedup,
+    cluster_mtbf_s,
+    compute_comm_ratio,
+    epoch_time_s,
+    expected_scaling_efficiency,
+    lost_work_s,
+    micro_batches_for_bubble,
+    optimal_checkpoint_interval_s,
+    parallel_efficiency,
+    pipeline_bubble_fraction,
+    speedup,
+    training_time_s,
+)
+from .units import DIMENSIONS, UNITS, dimension_of, from_base_units, parse_quantity, to_base_units, unit_dimension
+
+__all__ = [
+    "DIMENSIONS",
+    "UNITS",
+    "LatencyBandwidthFit",
+    "MemoryBreakdown",
+    "StateBytes",
+    "accumulation_steps_for",
+    "activation_bytes",
+    "algbw_bytes_per_s",
+    "amdahl_speedup",
+    "bucketed_allreduce_time_s",
+    "busbw_bytes_per_s",
+    "bytes_per_parameter",
+    "cluster_mtbf_s",
+    "compute_comm_ratio",
+    "dimension_of",
+    "epoch_time_s",
+    "expected_scaling_efficiency",
+    "expected_staleness_updates",
+    "fit_latency_bandwidth",
+    "from_base_units",
+    "global_batch_size",
+    "global_mean",
+    "global_rank",
+    "lost_work_s",
+    "memory_breakdown",
+    "memory_per_device_bytes",
+    "micro_batches_for_bubble",
+    "optimal_checkpoint_interval_s",
+    "parallel_efficiency",
+    "parameter_server_received_bytes",
+    "parameter_server_time_s",
+    "parse_quantity",
+    "pipeline_bubble_fraction",
+    "ring_allreduce_sent_bytes",
+    "ring_allreduce_time_s",
+    "sampler_padding_samples",
+    "samples_per_rank",
+    "scaled_learning_rate",
+    "speedup",
+    "state_bytes_per_parameter",
+    "steps_per_epoch",
+    "synchronous_step_time_s",
+    "to_base_units",
+    "training_time_s",
+    "unit_dimension",
+    "world_size",
+]

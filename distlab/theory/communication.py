@@ -1,0 +1,147 @@
+"""Communication cost: ring all-reduce (whole and bucketed), algorithm and bus bandwidth, the parameter
+server, synchronous and asynchronous steps, and the fit of the ring model's latency and bandwidth
+to measured timings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ._checks import _count, _non_negative, _positive, _sequence
+
+# --------------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------------
+
+
+def _ring_factor(workers: int) -> float:
+    n = _count("workers", workers)
+    return 2 * (n - 1) / n
+
+
+def ring_allreduce_time_s(
+    size_bytes: float, workers: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0
+) -> float:
+    """Time of a ring all-reduce: ``2(N-1)/N * S/B + (N-1) * a``.
+
+    Each worker sends 2(N-1)/N of the buffer (reduce-scatter, then all-gather) over a link of
+    ``bandwidth_bytes_per_s``, and the ring pays ``latency_s`` per hop. One worker has nothing to do: 0 s.
+    """
+    n = _count("workers", workers)
+    size = _non_negative("size_bytes", size_bytes)
+    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    latency = _non_negative("latency_s", latency_s)
+    return _ring_factor(n) * size / bandwidth + (n - 1) * latency
+
+
+def ring_allreduce_sent_bytes(size_bytes: float, workers: int) -> float:
+    """Bytes each worker sends (and receives) in a ring all-reduce of ``size_bytes``: 2(N-1)/N * S."""
+    return _ring_factor(workers) * _non_negative("size_bytes", size_bytes)
+
+
+def bucketed_allreduce_time_s(
+    size_bytes: float,
+    bucket_bytes: float,
+    workers: int,
+    bandwidth_bytes_per_s: float,
+    latency_s: float = 0.0,
+) -> float:
+    """Ring all-reduce of ``size_bytes`` sent in buckets of ``bucket_bytes``, one after another.
+
+    Every bucket pays the latency term again, so many tiny buckets (or tensors reduced one by one) are
+    latency-bound; the bandwidth term is the same whatever the bucket size.
+    """
+    bandwidth_term_s = ring_allreduce_time_s(size_bytes, workers, bandwidth_bytes_per_s)
+    buckets = math.ceil(size_bytes / _positive("bucket_bytes", bucket_bytes))
+    return bandwidth_term_s + buckets * (workers - 1) * _non_negative("latency_s", latency_s)
+
+
+def algbw_bytes_per_s(size_bytes: float, time_s: float) -> float:
+    """Algorithm bandwidth of a collective: the buffer size over the time it took (nccl-tests' algbw)."""
+    return _non_negative("size_bytes", size_bytes) / _positive("time_s", time_s)
+
+
+def busbw_bytes_per_s(size_bytes: float, time_s: float, workers: int) -> float:
+    """Bus bandwidth of an all-reduce: algbw * 2(N-1)/N, comparable with the link's speed whatever N is."""
+    return algbw_bytes_per_s(size_bytes, time_s) * _ring_factor(workers)
+
+
+def parameter_server_received_bytes(size_bytes: float, workers: int, servers: int = 1) -> float:
+    """Bytes one parameter server receives per synchronous step: every worker pushes its gradients.
+
+    With ``servers`` shards each takes 1/servers of every push; it sends as many bytes back (fresh weights).
+    """
+    return _count("workers", workers) * _non_negative("size_bytes", size_bytes) / _count("servers", servers)
+
+
+def parameter_server_time_s(size_bytes: float, workers: int, bandwidth_bytes_per_s: float, servers: int = 1) -> float:
+    """Communication time of a parameter-server step, bound by the server's link (full duplex: push and
+    pull overlap). Grows with the number of workers, unlike a ring all-reduce."""
+    received = parameter_server_received_bytes(size_bytes, workers, servers)
+    return received / _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+
+
+def synchronous_step_time_s(worker_times_s: Sequence[float]) -> float:
+    """A synchronous step ends when the slowest worker is done: the maximum of the workers' times."""
+    times = [_non_negative("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
+    return max(times)
+
+
+def expected_staleness_updates(workers: int) -> int:
+    """Updates that land between a worker reading the weights and its own update arriving, for
+    ``workers`` equally fast asynchronous workers: the N-1 others each update once."""
+    return _count("workers", workers) - 1
+
+
+@dataclass(frozen=True)
+class LatencyBandwidthFit:
+    """Link parameters fitted from all-reduce timings."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def allreduce_time_s(self, size_bytes: float, workers: int) -> float:
+        """The ring all-reduce time this fit predicts."""
+        return ring_allreduce_time_s(size_bytes, workers, self.bandwidth_bytes_per_s, self.latency_s)
+
+
+def fit_latency_bandwidth(measurements: Iterable[Sequence[float]], workers: int | None = None) -> LatencyBandwidthFit:
+    """Fit latency ``a`` and bandwidth ``B`` of the ring model to measured all-reduce times.
+
+    ``measurements`` holds ``(workers, size_bytes, time_s)`` triples, or ``(size_bytes, time_s)`` pairs
+    when ``workers`` is given. The model ``T = 2(N-1)/N * S * (1/B) + (N-1) * a`` is linear in 1/B and a,
+    so this is least squares on two unknowns; a fitted negative latency (noise on a fast link) is
+    clamped to 0 and the bandwidth refitted alone.
+    """
+    rows: list[tuple[float, float, float]] = []  # (x_bandwidth, x_latency, time)
+    for index, item in enumerate(measurements):
+        values = list(_sequence(f"measurements[{index}]", item))
+        if len(values) == 2 and workers is not None:
+            values = [workers, *values]
+        if len(values) != 3:
+            shape = "(size_bytes, time_s)" if workers is not None else "(workers, size_bytes, time_s)"
+            raise ValueError(f"measurements[{index}] must be {shape}, got {item!r}")
+        n = _count(f"workers of measurements[{index}]", values[0], minimum=2)
+        size = _non_negative(f"size_bytes of measurements[{index}]", values[1])
+        time = _positive(f"time_s of measurements[{index}]", values[2])
+        rows.append((_ring_factor(n) * size, n - 1.0, time))
+    if len({(x, y) for x, y, _ in rows}) < 2:
+        raise ValueError("need measurements at two or more different sizes to separate latency from bandwidth")
+
+    sxx = sum(x * x for x, _, _ in rows)
+    sxy = sum(x * y for x, y, _ in rows)
+    syy = sum(y * y for _, y, _ in rows)
+    sxt = sum(x * t for x, _, t in rows)
+    syt = sum(y * t for _, y, t in rows)
+    det = sxx * syy - sxy * sxy
+    if det <= 1e-12 * sxx * syy:
+        # The sizes and world sizes move together, so no fit can tell latency from bandwidth.
+        raise ValueError("latency and bandwidth cannot be separated: vary the size at a fixed number of workers")
+    inverse_bandwidth = (sxt * syy - syt * sxy) / det
+    latency = (sxx * syt - sxy * sxt) / det
+    if latency < 0:
+        latency, inverse_bandwidth = 0.0, (sxt / sxx if sxx else 0.0)
+    if inverse_bandwidth <= 0:
+        raise ValueError("the times do not grow with the size: measure larger buffers (e.g. 1 MB to 256 MB)")
+    return LatencyBandwidthFit(latency_s=latency, bandwidth_bytes_per_s=1.0 / inverse_bandwidth)
