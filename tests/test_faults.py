@@ -63,7 +63,7 @@ def _kill_every_rank_in_turn(lab, rounds: int, every_way: bool = True) -> list[f
 
 @pytest.mark.cluster
 def test_any_rank_dying_mid_cell_fails_the_cell_naming_it_without_waiting_out_the_timeout_at_two_ranks(lab_factory):
-    _kill_every_rank_in_turn(lab_factory(ranks=2), rounds=2)
+    _kill_every_rank_in_turn(lab_factory(ranks=2), rounds=1)
 
 
 @pytest.mark.cluster

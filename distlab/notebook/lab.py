@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..cluster.launch import engine_start_args, make_cluster
-from ..cluster.processes import ProcessGuard, pid_alive, wait_for
+from ..cluster.processes import ProcessGuard, pid_alive, terminate, wait_for
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
 from ..server import registry
 from . import recovery, rpc
@@ -161,6 +161,7 @@ class Lab:
                 self.config, self.world_size, self._telemetry = new, ranks, None
         t0 = self._phase_start = time.perf_counter()
         old_ids = {r.engine_id for r in self.table}
+        terminate(self._local_pids())  # all at once: ipyparallel's stop goes one engine at a time
         self._cluster.stop_engines_sync()
         wait_for(lambda: not old_ids & set(self._client.ids), 10.0)
         self._guard.end_engines(self._local_pids())
@@ -186,6 +187,7 @@ class Lab:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+        terminate(pids)  # all at once: ipyparallel's stop goes one engine at a time
         with contextlib.suppress(Exception):
             cluster.stop_cluster_sync()
         self._guard.end_all(pgids, pids)  # trust the processes, not the call
