@@ -302,3 +302,22 @@ def test_four_ranks_all_reduce_and_group_by_host(lab_factory):
     assert [r.local_rank for r in lab.table] == [0, 1, 2, 3]
     values = lab.run("t = torch.tensor([float(rank)]); dist.all_reduce(t); (world_size, t.item())", stream=False)
     assert dict(values) == {r: (4, 6.0) for r in range(4)}
+
+
+def test_stopping_a_lab_lets_each_rank_exit_as_python_would(lab_factory, tmp_path):
+    # What a rank's own exit does for the user is kept however the stop is made fast: buffered
+    # writes to a file a cell left open are flushed, and the exit handlers a cell registered run.
+    lab = lab_factory(ranks=2)
+    lab.push(DIR=str(tmp_path))
+    lab.run(
+        "import atexit, os\n"
+        "left_open = open(os.path.join(DIR, f'open-{rank}.txt'), 'w')\n"
+        "left_open.write('written but never flushed')\n"
+        "atexit.register(lambda: open(os.path.join(DIR, f'atexit-{rank}.txt'), 'w').write('ran'))\n",
+        stream=False,
+    )
+    assert (tmp_path / "open-0.txt").read_text() == ""  # still in the rank's buffer
+    lab.stop()
+    for rank in (0, 1):
+        assert (tmp_path / f"open-{rank}.txt").read_text() == "written but never flushed"
+        assert (tmp_path / f"atexit-{rank}.txt").read_text() == "ran"
