@@ -59,9 +59,9 @@ def terminate(pids: Iterable[int], grace_s: float = 5.0) -> None:
     """SIGTERM every process at once, then wait (up to ``grace_s``) for all of them to exit.
 
     Each exits as it would on its own (buffers flushed, exit handlers run). ipyparallel's stop
-    signals and waits for its engines one launcher at a time; measured on 2 cores, the engines of
-    a 2-rank lab were gone in 0.86 s this way against 1.63 s for ipyparallel's stop (4 ranks: 1.77
-    s against 3.87 s), and its stop that follows takes 0.2 s. What is still there is killed later.
+    signals and waits for its engines one launcher at a time; this way a stop took 0.58-0.61x as
+    long as ipyparallel's (benchmarks/RESULTS.md), and ipyparallel's stop that follows finds them
+    gone. What is still there is killed later.
     """
     pids = list(pids)
     for pid in pids:
