@@ -9,7 +9,9 @@ Tiers, as marks (``make test-fast``, ``make test-cluster``, ``make test-e2e``; `
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -25,7 +27,9 @@ from distlab.notebook.lab import Lab
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 # Kernels this run starts (nbval's included) keep their quiz progress out of the user's Jupyter data.
-os.environ.setdefault("DISTLAB_QUIZ_PROGRESS", tempfile.mkdtemp(prefix="distlab-test-quiz-"))
+if "DISTLAB_QUIZ_PROGRESS" not in os.environ:
+    os.environ["DISTLAB_QUIZ_PROGRESS"] = tempfile.mkdtemp(prefix="distlab-test-quiz-")
+    atexit.register(shutil.rmtree, os.environ["DISTLAB_QUIZ_PROGRESS"], ignore_errors=True)
 
 # Fixtures that start processes: a test using one is in the cluster tier.
 _PROCESS_FIXTURES = {"lab", "_shared_lab", "lab_factory", "ipython", "jupyter"}

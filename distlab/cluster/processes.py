@@ -88,14 +88,15 @@ class ProcessGuard:
         #: Groups the engines started in sessions of their own (their nannies).
         self._helpers: set[int] = set()
 
-    def watch(self, cluster: Any) -> None:
-        """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up)."""
+    def watch(self, cluster: Any, folders: Iterable[str] = ()) -> None:
+        """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up);
+        if the notebook dies it also removes ``folders`` (files the lab made)."""
         self._cluster = cluster
         fd, self._pgid_file = tempfile.mkstemp(prefix="distlab-", suffix=".pgids")
         os.close(fd)
         self.update()
         self._reaper = subprocess.Popen(
-            [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file],
+            [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file, *folders],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )

@@ -3,15 +3,17 @@
 A kernel killed with SIGKILL runs no atexit handler, and ipyparallel's controller and engines do not
 watch the process that launched them. This small process does: started by Lab in a session of its
 own (so a kill of the kernel's process group spares it), it polls its parent; once the parent is
-gone it kills every process group listed in its file. Lab rewrites the file whenever the world
+gone it kills every process group listed in its file and removes the folders it was given (the lab's
+release sockets). Lab rewrites the file whenever the world
 changes and terminates the reaper on a clean stop.
 
-    python -m distlab.cluster.reaper OWNER_PID PGID_FILE
+    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [FOLDER ...]
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -39,7 +41,7 @@ def _kill_groups(pgids: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    owner_pid, pgid_file = int(argv[0]), argv[1]
+    owner_pid, pgid_file, folders = int(argv[0]), argv[1], argv[2:]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while os.getppid() == owner_pid:
@@ -49,6 +51,8 @@ def main(argv: list[str]) -> int:
         os.unlink(pgid_file)
     except OSError:
         pass
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -97,7 +97,7 @@ class Lab:
         _stop_at_exit(self)
         try:
             self._cluster.start_controller_sync()
-            self._guard.watch(self._cluster)
+            self._guard.watch(self._cluster, folders=[self._releaser.open()])
             self._phase("controller_s")
             self._launch_engines()
             self._phase("engines_s")

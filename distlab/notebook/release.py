@@ -30,14 +30,19 @@ class Releaser:
     def __init__(self) -> None:
         self._dir: str | None = None
 
+    def open(self) -> str:
+        """The private folder (mode 0700) the release sockets go in, made on first use."""
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="distlab-release-")
+        return self._dir
+
     def listen(self, client: Any, table: Sequence[RankInfo], timeout_s: float) -> None:
         """Have each rank on this host serve release requests (once per world)."""
         here = socket.gethostname()
         local = [r for r in table if r.host == here]
         if not local or not hasattr(socket, "AF_UNIX"):
             return
-        if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="distlab-release-")  # mode 0700
+        self.open()
         pids = [r.pid for r in local]
         asks = [rpc.listen_for_release(client[r.engine_id], self._path(r), pids) for r in local]
         for ar in asks:
