@@ -76,7 +76,8 @@ class CellContext:
     table: Sequence[RankInfo]
     releaser: Releaser
     kill: Callable[[int], None]
-    listeners: Sequence[Listener]
+    #: The lab's poll: its telemetry store, then its listeners (``Lab._on_poll``).
+    on_poll: Listener
 
 
 class CellRun:
@@ -146,8 +147,7 @@ class CellRun:
         return [r for r in ranks if not self.pending[r].ready()]
 
     def _poll(self, final: bool = False) -> None:
-        for listener in self.ctx.listeners:
-            listener(self.pending, final)
+        self.ctx.on_poll(self.pending, final)
         if self._printer is None:
             return
         for rank, ar in self.pending.items():

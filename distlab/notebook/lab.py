@@ -323,7 +323,7 @@ class Lab:
         return cell.result()
 
     def _cell_context(self) -> CellContext:
-        return CellContext(self._client, self.table, self._releaser, self.kill, [self._on_poll])
+        return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll)
 
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
         # The telemetry store reads what the ranks published before any listener looks at it, even
