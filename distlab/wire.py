@@ -19,6 +19,8 @@ class EngineIdentity(TypedDict):
     pid: int
     #: The address other hosts reach this engine at (its route toward the controller).
     addr: str
+    #: The machine's boot id: equal for engines on one machine, whatever namespace they run in.
+    machine: str
     cuda_devices: int
     #: The rank MPI or Slurm gave the process, when a launcher did.
     launcher_rank: int | None

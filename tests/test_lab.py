@@ -41,7 +41,7 @@ def test_the_rank_table_maps_ranks_to_live_engine_processes(lab):
         assert psutil.Process(row.pid).is_running()
         assert row.health == "ok" and row.backend == "gloo" and row.device == "cpu"
     text = str(table)
-    assert text.splitlines()[0].split() == ["rank", "engine_id", "host", "pid", "device", "backend", "health"]
+    assert text.splitlines()[0].split() == ["rank", "engine_id", "host", "addr", "pid", "device", "backend", "health"]
 
 
 def test_output_is_streamed_labelled_by_rank_while_the_cell_runs(lab, capsys):

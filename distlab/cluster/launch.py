@@ -1,17 +1,28 @@
-"""How a lab's ipyparallel cluster is made and its engines started."""
+"""How a lab's ipyparallel cluster is made and its engines started, on loopback or on emulated nodes."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 import ipyparallel as ipp
 
+from ..errors import DistlabError
 from .allocator import engine_environment
+from .nodes import Network
 
-__all__ = ["HEARTBEAT_MISSES", "HEARTBEAT_MS", "engine_start_args", "make_cluster"]
+__all__ = [
+    "HEARTBEAT_MISSES",
+    "HEARTBEAT_MS",
+    "controller_start_args",
+    "engine_start_args",
+    "link_client_sockets",
+    "make_cluster",
+]
 
 # ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat; at the
 # default 3 s period that is most of a cluster's start-up time (measured: 6.6 s -> 2.2 s for 2
@@ -20,18 +31,39 @@ __all__ = ["HEARTBEAT_MISSES", "HEARTBEAT_MS", "engine_start_args", "make_cluste
 HEARTBEAT_MS = 250
 HEARTBEAT_MISSES = 20
 
+# The notebook reaches a controller on emulated nodes through UNIX sockets in the lab's folder.
+_CLIENT_SOCKET = "client"
 
-def make_cluster(engines: int, launcher: str, local: bool, timeout_s: float) -> ipp.Cluster:
-    """A cluster of ``engines`` engines, not started. ``local``: every engine runs on this machine."""
+
+def make_cluster(
+    engines: int, launcher: str, local: bool, timeout_s: float,
+    network: Network | None = None, folder: str | None = None,
+) -> ipp.Cluster:
+    """A cluster of ``engines`` engines, not started. ``local``: every engine runs on this machine.
+
+    On emulated nodes (``network``) the controller runs in the switch namespace, as a head node
+    would: engines reach it over their node's link at the switch's address; the notebook, which
+    is on no node, reaches it through UNIX sockets in ``folder``.
+    """
+    args = [
+        f"--HeartMonitor.period={HEARTBEAT_MS}",
+        f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+    ]
+    if network is not None:
+        args += [
+            f"--IPController.engine_ip={network.switch_addr}",
+            "--IPController.client_transport=ipc",
+            f"--IPController.client_ip={os.path.join(str(folder), _CLIENT_SOCKET)}",
+        ]
+        controller_ip = ""
+    else:
+        # Listen on loopback unless engines may come from other hosts.
+        controller_ip = "127.0.0.1" if local else ""
     return ipp.Cluster(
         n=engines,
         engine_launcher_class=launcher,
-        # Listen on loopback unless engines may come from other hosts.
-        controller_ip="127.0.0.1" if local else "",
-        controller_args=[
-            f"--HeartMonitor.period={HEARTBEAT_MS}",
-            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
-        ],
+        controller_ip=controller_ip,
+        controller_args=args,
         delay=0,
         # Engines start at once and wait for the controller's connection file, instead of
         # starting only once the controller is up: their Python start-up overlaps its own.
@@ -43,17 +75,48 @@ def make_cluster(engines: int, launcher: str, local: bool, timeout_s: float) -> 
     )
 
 
-def engine_start_args(local: bool) -> dict[str, Any]:
-    """Keyword arguments for ``Cluster.start_engines_sync``."""
+def controller_start_args(network: Network | None) -> dict[str, Any]:
+    """Keyword arguments for ``Cluster.start_controller_sync``: on emulated nodes, run it on the switch."""
+    if network is None:
+        return {}
+    return {"controller_cmd": [*network.exec_prefix(None), sys.executable, "-m", "ipyparallel.controller"]}
+
+
+def engine_start_args(local: bool, prefix: list[str] | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``Cluster.start_engines_sync``; ``prefix`` runs them on an emulated node."""
     if local:
         # Engines on this machine run our entry point, which imports torch while they register.
         # Their malloc keeps freed tensor memory instead of faulting it back in every step.
         return {
-            "engine_cmd": [sys.executable, "-m", "distlab.cluster.engine"],
+            "engine_cmd": [*(prefix or []), sys.executable, "-m", "distlab.cluster.engine"],
             "environment": engine_environment(os.environ),
         }
     # Elsewhere the remote command stays the launcher's own; torch loads after registration.
     return {"engine_args": ["--IPEngine.startup_command=import distlab.rank.group"]}
+
+
+def link_client_sockets(cluster: ipp.Cluster, folder: str, timeout_s: float) -> None:
+    """Make the controller's UNIX sockets reachable under the names ipyparallel's client uses.
+
+    ipyparallel 9's controller binds ``ipc://PATH-PORT`` and its client connects to
+    ``ipc://PATH:PORT``; a link under the client's name joins the two.
+    """
+    path = cluster.controller.connection_files["client"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                info = json.load(f)
+            break
+        except (OSError, ValueError):  # not there yet, or half written
+            if time.monotonic() > deadline:
+                raise DistlabError(f"the controller wrote no connection file within {timeout_s:g} s: raise --timeout") from None
+            time.sleep(0.02)
+    base = os.path.join(folder, _CLIENT_SOCKET)
+    for key in ("registration", "control", "mux", "task", "iopub", "notification", "broadcast"):
+        link = f"{base}:{info[key]}"
+        if not os.path.lexists(link):
+            os.symlink(f"{base}-{info[key]}", link)
 
 
 def _ipp_log() -> logging.Logger:

@@ -18,7 +18,22 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["ProcessGuard", "kill_group", "pid_alive", "reap", "terminate", "wait_for"]
+__all__ = ["ProcessGuard", "kill_group", "machine_id", "pid_alive", "reap", "terminate", "wait_for"]
+
+
+def machine_id() -> str:
+    """Which machine this is: the kernel's boot id, the same in every namespace of one machine.
+
+    Host names differ between the emulated nodes of one machine (and may repeat across real ones);
+    the notebook signals and reaps a rank's process itself only where this matches its own.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
 
 
 def pid_alive(pid: int) -> bool:
@@ -88,15 +103,17 @@ class ProcessGuard:
         #: Groups the engines started in sessions of their own (their nannies).
         self._helpers: set[int] = set()
 
-    def watch(self, cluster: Any, folders: Iterable[str] = ()) -> None:
+    def watch(self, cluster: Any, folders: Iterable[str] = (), namespaces: Iterable[str] = ()) -> None:
         """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up);
-        if the notebook dies it also removes ``folders`` (files the lab made)."""
+        if the notebook dies it also removes ``folders`` (files the lab made) and ``namespaces``
+        (its nodes and switch, with their links and queues)."""
         self._cluster = cluster
         fd, self._pgid_file = tempfile.mkstemp(prefix="distlab-", suffix=".pgids")
         os.close(fd)
         self.update()
         self._reaper = subprocess.Popen(
-            [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file, *folders],
+            [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file,
+             *(f"--netns={name}" for name in namespaces), *folders],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )

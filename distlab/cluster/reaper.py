@@ -3,11 +3,12 @@
 A kernel killed with SIGKILL runs no atexit handler, and ipyparallel's controller and engines do not
 watch the process that launched them. This small process does: started by Lab in a session of its
 own (so a kill of the kernel's process group spares it), it polls its parent; once the parent is
-gone it kills every process group listed in its file and removes the folders it was given (the lab's
-release sockets). Lab rewrites the file whenever the world
-changes and terminates the reaper on a clean stop.
+gone it kills every process group listed in its file, removes the network namespaces it was given
+(an emulated cluster's nodes and switch: their links and queues go with them) and the folders (the
+lab's sockets). Lab rewrites the file whenever the world changes and terminates the reaper on a
+clean stop.
 
-    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [FOLDER ...]
+    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [--netns=NAME ...] [FOLDER ...]
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def _kill_groups(pgids: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    owner_pid, pgid_file, folders = int(argv[0]), argv[1], argv[2:]
+    owner_pid, pgid_file = int(argv[0]), argv[1]
+    namespaces = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("--netns=")]
+    folders = [a for a in argv[2:] if not a.startswith("--netns=")]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while os.getppid() == owner_pid:
@@ -51,6 +54,10 @@ def main(argv: list[str]) -> int:
         os.unlink(pgid_file)
     except OSError:
         pass
+    if namespaces:
+        from .nodes import remove_namespaces
+
+        remove_namespaces(namespaces)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
 from .. import checks
 from ..errors import LabUsageError
@@ -15,8 +16,16 @@ BACKENDS = ("auto", "gloo", "nccl")
 # How each field is written, and an example of it, in Python and in the magics: a message names
 # the value the way the user wrote it.
 _SPELLING = {
-    "python": {"ranks": ("ranks", "ranks=2"), "timeout": ("timeout", "timeout=30"), "debug": ("debug", "debug=True")},
-    "magic": {"ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug")},
+    "python": {
+        "ranks": ("ranks", "ranks=2"), "timeout": ("timeout", "timeout=30"), "debug": ("debug", "debug=True"),
+        "nodes": ("nodes", "nodes=2"), "link": ("link", 'link="1gbit"'), "latency": ("latency", 'latency="200us"'),
+        "subnet": ("subnet", 'subnet="198.18.7.0/24"'), "launcher": ("launcher", 'launcher="local"'),
+    },
+    "magic": {
+        "ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug"),
+        "nodes": ("--nodes", "--nodes 2"), "link": ("--link", "--link 1gbit"), "latency": ("--latency", "--latency 200us"),
+        "subnet": ("--subnet", "--subnet 198.18.7.0/24"), "launcher": ("--launcher", "--launcher local"),
+    },
 }
 
 
@@ -43,6 +52,15 @@ class LabConfig:
     launcher: str = "local"
     #: torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL) on every rank.
     debug: bool = False
+    #: Emulated nodes the ranks are spread over: network namespaces on this machine, each with its
+    #: own address, joined to a switch (``cluster.nodes``). None: every rank on loopback.
+    nodes: int | None = None
+    #: Each node's link to the switch, both ways, in tc's units ("1gbit"); None: not shaped.
+    link: str | None = None
+    #: Delay added one way between two nodes ("200us"), where the kernel has netem.
+    latency: str | float | None = None
+    #: The lab network's IPv4 subnet; None: a free /24 of 198.18.0.0/15 (RFC 2544's benchmarking range).
+    subnet: str | None = None
     #: "magic" when the values come from ``%dist``: messages then name its flags.
     spelling: InitVar[str] = "python"
 
@@ -57,8 +75,54 @@ class LabConfig:
             raise LabUsageError(f"unknown launcher {self.launcher!r}: choose one of {', '.join(names)}")
         object.__setattr__(self, "launcher", self.launcher.lower())
         checks.flag(say["debug"][0], self.debug)
+        self._check_nodes(say)
+
+    def _check_nodes(self, say: dict[str, tuple[str, str]]) -> None:
+        from ..cluster.nodes import Link, check_subnet, require_namespaces
+
+        nodes = say["nodes"]
+        if self.nodes is None:
+            for field in ("link", "latency", "subnet"):
+                if getattr(self, field) is not None:
+                    sep = " " if say is _SPELLING["magic"] else ", "
+                    raise LabUsageError(
+                        f"{say[field][0]} sets the network between nodes: give {nodes[0]} too, "
+                        f"like {nodes[1]}{sep}{say[field][1]}"
+                    )
+            return
+        checks.whole(nodes[0], self.nodes, minimum=1, example=nodes[1])
+        if self.nodes > self.ranks:
+            raise LabUsageError(
+                f"{nodes[0]} {self.nodes} is more nodes than ranks ({say['ranks'][0]} {self.ranks}): every node needs "
+                f"a rank; use at most {self.ranks} nodes, or more ranks"
+            )
+        if self.launcher != "local":
+            raise LabUsageError(
+                f"{nodes[0]} starts the ranks in namespaces on this machine with the local launcher: "
+                f"leave out {say['launcher'][0]} {self.launcher}"
+            )
+        if self.link is not None:
+            Link.parse(self.link, self.latency, magic=say is _SPELLING["magic"])
+        elif self.latency is not None:
+            raise LabUsageError(
+                f"{say['latency'][0]} delays a shaped link: give {say['link'][0]} too, like {say['link'][1]}"
+            )
+        if self.subnet is not None:
+            check_subnet(self.subnet, self.nodes, say["subnet"])
+        require_namespaces(nodes[0])
 
     @property
     def local(self) -> bool:
         """Whether every engine runs on this machine."""
         return self.launcher in ("local", "mpi")
+
+    def node_link(self) -> Any:
+        """The ``cluster.nodes.Link`` between nodes, or None (no nodes, or not shaped)."""
+        from ..cluster.nodes import Link
+
+        return None if self.link is None else Link.parse(self.link, self.latency)
+
+    def ranks_per_node(self) -> list[int]:
+        """How many ranks each node runs: as even as can be, the first nodes taking one more."""
+        nodes = self.nodes or 1
+        return [self.ranks // nodes + (1 if i < self.ranks % nodes else 0) for i in range(nodes)]

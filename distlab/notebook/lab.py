@@ -6,7 +6,8 @@ and a thin one: it holds the cluster and the world, and hands each job to the mo
 - ``config``: the checked configuration;  ``cluster.launch``: the ipyparallel cluster;
 - ``world``: the rank table and backend (pure);  ``group``: forming the process group;
 - ``cell``: a cell's run;  ``recovery``: diagnosis and repair after a failed cell;
-- ``cluster.processes``: which processes are ours, and ending them;  ``release``: freeing stuck ranks.
+- ``cluster.processes``: which processes are ours, and ending them;  ``release``: freeing stuck ranks;
+- ``cluster.nodes``: emulated nodes (network namespaces) and the links between them.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
-import socket
+import tempfile
 import time
 import weakref
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from ..cluster.launch import engine_start_args, make_cluster
-from ..cluster.processes import ProcessGuard, pid_alive, terminate, wait_for
+from ..cluster.launch import controller_start_args, engine_start_args, link_client_sockets, make_cluster
+from ..cluster.nodes import Link, Network
+from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
 from ..server import registry
 from . import recovery, rpc
@@ -48,9 +51,13 @@ class Lab:
 
     def __init__(
         self, ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local",
-        debug: bool = False,
+        debug: bool = False, nodes: int | None = None, link: str | None = None,
+        latency: str | float | None = None, subnet: str | None = None,
     ) -> None:
-        self._configure(LabConfig(ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug))
+        self._configure(LabConfig(
+            ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
+            nodes=nodes, link=link, latency=latency, subnet=subnet,
+        ))
 
     @classmethod
     def from_config(cls, config: LabConfig) -> Lab:
@@ -68,6 +75,8 @@ class Lab:
         self._client: Any = None  # ipyparallel.Client
         self._world: World | None = None
         self._guard = ProcessGuard()
+        self._network: Network | None = None  # the emulated nodes, when config.nodes is set
+        self._folder: str | None = None  # the lab's own files (the controller's sockets on nodes)
         self._releaser = Releaser()
         self._listeners: list[Listener] = []
         self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
@@ -93,11 +102,20 @@ class Lab:
         if self.config.launcher == "local":
             check_gpus(self.world_size, self.config.backend, _local_gpus(self.config.backend))
         t0 = self._phase_start = time.perf_counter()
-        self._cluster = make_cluster(self.world_size, self.config.launcher, self.config.local, self.timeout)
         _stop_at_exit(self)
         try:
-            self._cluster.start_controller_sync()
-            self._guard.watch(self._cluster, folders=[self._releaser.open()])
+            if self.config.nodes:
+                self._folder = tempfile.mkdtemp(prefix="distlab-lab-")
+                self._network = Network.create(self.config.nodes, self.config.node_link(), self.config.subnet)
+                self._phase("network_s")
+            self._cluster = make_cluster(
+                self.world_size, self.config.launcher, self.config.local, self.timeout, self._network, self._folder
+            )
+            self._cluster.start_controller_sync(**controller_start_args(self._network))
+            self._guard.watch(
+                self._cluster, folders=[self._folder] if self._folder else [],
+                namespaces=self._network.namespaces() if self._network else [],
+            )
             self._phase("controller_s")
             self._launch_engines()
             self._phase("engines_s")
@@ -110,9 +128,16 @@ class Lab:
         return self
 
     def _launch_engines(self) -> None:
-        self._cluster.start_engines_sync(self.world_size, **engine_start_args(self.config.local))
+        network = self._network
+        if network is None:
+            self._cluster.start_engines_sync(self.world_size, **engine_start_args(self.config.local))
+        else:
+            for node, count in enumerate(self.config.ranks_per_node()):
+                self._cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
         self._guard.update()
         if self._client is None:
+            if self._folder is not None:
+                link_client_sockets(self._cluster, self._folder, self.timeout)
             self._client = self._cluster.connect_client_sync()
         try:
             self._client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
@@ -126,10 +151,13 @@ class Lab:
         """Rank table, device checks, rendezvous, process group, and the ranks' namespace."""
         client = self._client
         ids = sorted(client.ids)[-self.world_size :]
-        controller_ip = self._cluster.controller_ip or "127.0.0.1"
+        network = self._network
+        # Each engine's address is the one its traffic to the controller leaves from: how the others reach it.
+        controller_ip = network.switch_addr if network else (self._cluster.controller_ip or "127.0.0.1")
         identities = get(rpc.describe(client.direct_view(ids), controller_ip), self.timeout, "describing the engines")
         self._phase("describe_s")  # includes engines finishing their import of torch
-        self._world = plan_world(dict(zip(ids, identities)), self.world_size, self.config.backend)
+        nodes = [network.hostname(i) for i in range(network.nodes)] if network else []
+        self._world = plan_world(dict(zip(ids, identities)), self.world_size, self.config.backend, host_order=nodes)
         self.backend = self._world.backend
         form_group(client, self._world, self.timeout, self.debug, rebuild=False)
         self._phase("process_group_s")  # rendezvous, init_process_group, first all-reduce
@@ -180,6 +208,7 @@ class Lab:
         """Stop engines and controller and make sure their processes are gone."""
         cluster, self._cluster = self._cluster, None
         if cluster is None:
+            self._remove_network()  # a start that failed before its cluster existed
             return
         pids = self._local_pids()
         pgids = self._guard.pgids()
@@ -192,9 +221,18 @@ class Lab:
             cluster.stop_cluster_sync()
         self._guard.end_all(pgids, pids)  # trust the processes, not the call
         self._world = None
-        self._releaser.close()
+        self._remove_network()
         _live.discard(self)
         registry.forget(self)
+
+    def _remove_network(self) -> None:
+        """The nodes, switch and links go (after the processes in them), and the lab's folder."""
+        network, self._network = self._network, None
+        if network is not None:
+            network.destroy()
+        folder, self._folder = self._folder, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def __enter__(self) -> Lab:
         if not self.running:
@@ -214,9 +252,12 @@ class Lab:
         if not self.running:
             raise LabUsageError("no lab is running: start one with %dist start -n 2 (or distlab.start(2))")
 
+    def _on_this_machine(self, info: RankInfo) -> bool:
+        """Whether the rank's process runs on this machine (in any namespace): then it is signalled directly."""
+        return info.machine == machine_id()
+
     def _local_pids(self) -> list[int]:
-        here = socket.gethostname()
-        return [r.pid for r in self.table if r.host == here]
+        return [r.pid for r in self.table if self._on_this_machine(r)]
 
     def ranks(self, spec: str | int | Iterable[int] | None = None) -> list[int]:
         """Parse a rank selection ('0,2-3', 1, [0, 1], None for all) against this world."""
@@ -234,10 +275,9 @@ class Lab:
         registered = set(self._client.ids)
         alive = [r.engine_id for r in self.table if r.engine_id in registered]
         queue = self._client.queue_status(targets=alive) if alive else {}
-        here = socket.gethostname()
-        rows = RankTable()
+        rows = RankTable(caption=self._network_caption())
         for r in self.table:
-            if r.engine_id not in registered or (r.host == here and not pid_alive(r.pid)):
+            if r.engine_id not in registered or (self._on_this_machine(r) and not pid_alive(r.pid)):
                 health = "dead"
             elif isinstance(queue.get(r.engine_id), dict) and queue[r.engine_id].get("tasks"):
                 health = "busy"
@@ -245,6 +285,50 @@ class Lab:
                 health = "ok"
             rows.append(replace(r, health=health))
         return rows
+
+    def _network_caption(self) -> str:
+        network = self._network
+        if network is None:
+            return ""
+        return (
+            f"{network.nodes} nodes on {network.subnet}, each linked to a switch at {network.switch_addr}; "
+            f"link {network.link or 'not shaped'} (each way, every node's link)"
+        )
+
+    # ---------------------------------------------------------------------- the network
+
+    @property
+    def link(self) -> Link | None:
+        """The link between nodes now (``.rate_bps``, ``.latency_s``; prints as "1gbit"); None where
+        nothing is shaped (no nodes, or nodes with an unshaped link)."""
+        return self._network.link if self._network is not None else None
+
+    def set_link(self, rate: str | None, latency: str | float | None = None) -> Link | None:
+        """Reshape every node's link, both ways, between cells: ``lab.set_link("100mbit")``.
+
+        ``latency`` adds a one-way delay between nodes where the kernel has netem. ``None`` as the
+        rate takes the shaping off. Returns the new link.
+        """
+        self._require_nodes("set_link")
+        assert self._network is not None
+        if rate is None:
+            if latency is not None:
+                raise LabUsageError('latency delays a shaped link: give a rate too, like set_link("1gbit", latency="1ms")')
+            link = None
+        else:
+            link = Link.parse(rate, latency)
+        self._network.set_link(link)
+        self.config = replace(self.config, link=rate, latency=latency)
+        registry.publish(self)
+        return link
+
+    def _require_nodes(self, what: str) -> None:
+        self._require_running()
+        if self._network is None:
+            raise LabUsageError(
+                f"{what} needs a lab on emulated nodes: start one like distlab.start(ranks=4, nodes=2, link=\"1gbit\") "
+                "(%dist start -n 4 --nodes 2 --link 1gbit)"
+            )
 
     def push(self, ranks: str | int | Iterable[int] | None = None, **names: Any) -> None:
         """Copy names into the namespace of the given ranks (all by default)."""
@@ -279,7 +363,7 @@ class Lab:
         self._require_running()
         (rank,) = parse_ranks(rank, self.world_size)
         info = self.table[rank]
-        if info.host == socket.gethostname():
+        if self._on_this_machine(info):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGKILL)
             wait_for(lambda: not pid_alive(info.pid), 5.0)
@@ -371,14 +455,23 @@ class Lab:
 
 
 def start(
-    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False
+    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False,
+    nodes: int | None = None, link: str | None = None, latency: str | float | None = None, subnet: str | None = None,
 ) -> Lab:
     """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
 
     ``debug=True`` turns on torch's collective checking on every rank (TORCH_DISTRIBUTED_DEBUG=DETAIL):
     mismatched collectives fail at once, named; everything runs slower.
+
+    ``nodes=2, link="1gbit"`` spreads the ranks over emulated nodes: network namespaces on this
+    machine, each with its own address, joined to a switch by links shaped to ``link`` both ways
+    (``latency="200us"`` adds delay where the kernel has netem). Ranks on one node talk over its
+    loopback, ranks on different nodes over the links. Needs root (CAP_NET_ADMIN).
     """
-    return Lab(ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug).start()
+    return Lab(
+        ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
+        nodes=nodes, link=link, latency=latency, subnet=subnet,
+    ).start()
 
 
 def _local_gpus(backend: str) -> int:

@@ -1,7 +1,8 @@
 """The IPython layer: parse a magic's arguments, call the Lab, show the result. Nothing else.
 
     %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...] [--debug]
-    %dist status | restart [-n N] | kill RANK | stop
+                     [--nodes K [--link RATE [--latency T]] [--subnet NET]]
+    %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off]
     %%ddp [-r RANKS] [--timeout S]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
 """
@@ -23,7 +24,7 @@ from .config import LabConfig
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
-_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop")
+_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link")
 
 
 def _text(text: str) -> Any:
@@ -63,6 +64,17 @@ def _start_parser() -> MagicArgumentParser:
     p.add_argument("--timeout", type=_text, default=30.0, help="seconds any wait may take")
     p.add_argument("--launcher", default="local", help="ipyparallel engine launcher: local, mpi, ssh, slurm, ...")
     p.add_argument("--debug", action="store_true", help="torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+    p.add_argument("--nodes", type=_text, default=None, help="emulated nodes (network namespaces) to spread the ranks over")
+    p.add_argument("--link", default=None, help="each node's link, both ways, like 1gbit or 100mbit")
+    p.add_argument("--latency", default=None, help="one-way delay between nodes, like 200us (needs netem)")
+    p.add_argument("--subnet", default=None, help="the nodes' IPv4 subnet (default: a free /24 of 198.18.0.0/15)")
+    return p
+
+
+def _link_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist link", add_help=False)
+    p.add_argument("rate", nargs="?", default=None, help="the new rate, like 100mbit; off: not shaped")
+    p.add_argument("--latency", default=None, help="one-way delay between nodes, like 1ms (needs netem)")
     return p
 
 
@@ -113,6 +125,8 @@ class DistMagics(Magics):
             return self._kill(_kill_parser().parse_args(rest).rank)
         if sub == "restart":
             return self._restart(_restart_parser().parse_args(rest).ranks)
+        if sub == "link":
+            return self._link(_link_parser().parse_args(rest))
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -126,15 +140,19 @@ class DistMagics(Magics):
         try:
             config = LabConfig(
                 ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher,
-                debug=args.debug, spelling="magic",
+                debug=args.debug, nodes=args.nodes, link=args.link, latency=args.latency, subnet=args.subnet,
+                spelling="magic",
             )
             lab = Lab.from_config(config)
             lab.start()
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
         self.lab = lab
+        where = ""
+        if config.nodes:
+            where = f" on {config.nodes} nodes (link {config.node_link() or 'not shaped'})"
         print(
-            f"{_ranks(lab.world_size)} ready on {lab.backend} in {lab.timings['ready_s']:.1f} s "
+            f"{_ranks(lab.world_size)} ready{where} on {lab.backend} in {lab.timings['ready_s']:.1f} s "
             f"(launcher {lab.launcher}{', collective checking on' if lab.debug else ''}); "
             "%%ddp cells now run on every rank"
         )
@@ -156,6 +174,26 @@ class DistMagics(Magics):
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
         print(f"{_ranks(lab.world_size, 'fresh ')} ready in {lab.timings['restart_s']:.1f} s")
+
+    def _link(self, args: argparse.Namespace) -> None:
+        lab = self._running_lab()
+        if lab.config.nodes is None:
+            raise UsageError("%dist link needs a lab on emulated nodes: start one like %dist start -n 4 --nodes 2 --link 1gbit")
+        try:
+            if args.rate is None:
+                if args.latency is not None:
+                    raise LabUsageError("--latency delays a shaped link: give a rate too, like %dist link 1gbit --latency 1ms")
+                link = lab.link
+            else:
+                rate = None if args.rate == "off" else args.rate
+                if rate is not None:
+                    from ..cluster.nodes import Link
+
+                    Link.parse(rate, args.latency, magic=True)  # checked, named as the magic's arguments
+                link = lab.set_link(rate, latency=args.latency)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"link: {link or 'not shaped'} (each way, every node's link to the switch)")
 
     def _kill(self, rank: int) -> None:
         lab = self._running_lab()

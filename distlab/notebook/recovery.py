@@ -13,6 +13,7 @@ to look at the survivors first).
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,10 +31,17 @@ TRACE_TIMEOUT_S = 2.0
 TRACE_ENTRIES = 4
 
 
+# How a backend says a collective outlived the group's timeout (gloo; NCCL's watchdog).
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Watchdog caught collective operation timeout")
+
+
 def diagnose(outcome: CellOutcome, ctx: CellContext, selected: list[int]) -> None:
     """After a stopped cell: which ranks never reached a collective, and where the others waited."""
     failed = outcome.failures
-    stuck = set(outcome.stopped) | {r for r, f in failed.items() if f.ename == "KeyboardInterrupt"}
+    # A rank whose collective outlived the process group's own timeout waited as a stopped one did:
+    # the diagnosis is the same whichever deadline, the cell's or the group's, fired first.
+    timed_out = {r for r, f in failed.items() if _COLLECTIVE_TIMEOUT.search(f.evalue or "")}
+    stuck = set(outcome.stopped) | {r for r, f in failed.items() if f.ename == "KeyboardInterrupt"} | timed_out
     if not stuck:
         return
     dead = set(outcome.killed) | {r for r, f in failed.items() if f.ename == "EngineError"}

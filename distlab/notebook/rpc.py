@@ -21,7 +21,7 @@ __all__ = [
     "collective_trace",
     "describe",
     "init_rank",
-    "listen_for_release",
+    "serve_release",
     "open_store",
     "rebuild_group",
     "run_cell",
@@ -35,7 +35,7 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "rebuild_group": ("group", "rebuild_group"),
     "check_group": ("group", "check_group"),
     "abort_group": ("group", "abort_group"),
-    "listen_for_release": ("release", "listen_for_release"),
+    "serve_release": ("release", "serve_release"),
     "collective_trace": ("flight", "collective_trace"),
     "run_cell": ("cell", "run_cell"),
 }
@@ -69,12 +69,13 @@ def check_group(target: Any, timeout_s: float) -> Any:
     return _call(target, "check_group", timeout_s)
 
 
-def abort_group(target: Any, peer_pids: list[int]) -> Any:
-    return _call(target, "abort_group", peer_pids)
+def abort_group(target: Any) -> Any:
+    return _call(target, "abort_group")
 
 
-def listen_for_release(target: Any, path: str, peer_pids: list[int]) -> Any:
-    return _call(target, "listen_for_release", path, peer_pids)
+def serve_release(target: Any) -> Any:
+    """The rank answers ``release.RELEASE_REQUEST`` on its control channel from now on."""
+    return _call(target, "serve_release")
 
 
 def collective_trace(target: Any, last: int) -> Any:

@@ -9,7 +9,7 @@ which backend, which address the others reach rank 0 at) is tested without a clu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +32,24 @@ class RankInfo:
     backend: str
     addr: str
     health: str = "ok"
+    #: The machine's boot id (``rank.identity.machine_id``): equal for every rank on one machine.
+    machine: str = ""
 
 
 class RankTable(list[RankInfo]):
-    """The rank table, printed as a table."""
+    """The rank table, printed as a table; ``caption`` (the link between nodes, say) goes under it."""
 
-    _COLUMNS = ("rank", "engine_id", "host", "pid", "device", "backend", "health")
+    _COLUMNS = ("rank", "engine_id", "host", "addr", "pid", "device", "backend", "health")
+
+    def __init__(self, rows: Iterable[RankInfo] = (), caption: str = "") -> None:
+        super().__init__(rows)
+        self.caption = caption
 
     def __str__(self) -> str:
         rows = [self._COLUMNS] + [tuple(str(getattr(r, c)) for c in self._COLUMNS) for r in self]
         widths = [max(len(row[i]) for row in rows) for i in range(len(self._COLUMNS))]
-        return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
+        text = "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
+        return f"{text}\n{self.caption}" if self.caption else text
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
@@ -60,21 +67,25 @@ class World:
         return sum(1 for r in self.table if r.host == host)
 
 
-def plan_world(identities: Mapping[int, EngineIdentity], world_size: int, requested_backend: str) -> World:
+def plan_world(
+    identities: Mapping[int, EngineIdentity], world_size: int, requested_backend: str,
+    host_order: Sequence[str] = (),
+) -> World:
     """The world from ``{engine_id: identity}``.
 
     Ranks follow the launcher's numbering when it gave one to every engine (MPI, Slurm); otherwise
-    they are grouped by host (hosts in order of their first engine), then ordered by engine id.
+    they are grouped by host, then ordered by engine id. Hosts come in ``host_order`` (the lab's
+    own nodes: node0 first), then the others in order of their first engine.
     ``local_rank`` counts within a host; NCCL ranks get ``cuda:<local_rank>``.
     """
     launcher_ranks = [i["launcher_rank"] for i in identities.values()]
     if sorted(r for r in launcher_ranks if r is not None) == list(range(world_size)):
         order = sorted(identities, key=lambda eid: identities[eid]["launcher_rank"])  # type: ignore[arg-type,return-value]
     else:
-        host_order: dict[str, int] = {}
+        position = {host: i for i, host in enumerate(host_order)}
         for eid in sorted(identities):
-            host_order.setdefault(identities[eid]["host"], len(host_order))
-        order = sorted(identities, key=lambda eid: (host_order[identities[eid]["host"]], eid))
+            position.setdefault(identities[eid]["host"], len(position))
+        order = sorted(identities, key=lambda eid: (position[identities[eid]["host"]], eid))
     backend = resolve_backend(identities, requested_backend)
     per_host: dict[str, int] = {}
     table = []
@@ -83,7 +94,10 @@ def plan_world(identities: Mapping[int, EngineIdentity], world_size: int, reques
         local_rank = per_host.get(info["host"], 0)
         per_host[info["host"]] = local_rank + 1
         device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
-        table.append(RankInfo(rank, eid, info["host"], info["pid"], local_rank, device, backend, info["addr"]))
+        table.append(RankInfo(
+            rank, eid, info["host"], info["pid"], local_rank, device, backend, info["addr"],
+            machine=info.get("machine", ""),
+        ))
     if backend == "nccl":
         for host, count in per_host.items():
             gpus = next(i["cuda_devices"] for i in identities.values() if i["host"] == host)

@@ -7,6 +7,7 @@ the time the notebook asks for anything.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
 import time
@@ -19,7 +20,8 @@ import torch.distributed as dist
 
 from ..wire import GroupSpec
 from . import namespace, torchcompat
-from .release import shutdown_connections_to
+from .identity import interface_of
+from .release import shutdown_peer_connections
 
 __all__ = ["abort_group", "check_group", "init_rank", "open_store", "rebuild_group"]
 
@@ -81,6 +83,7 @@ def init_rank(spec: GroupSpec) -> dict[str, Any]:
         WORLD_SIZE=str(spec.world_size),
         LOCAL_RANK=str(spec.local_rank),
     )
+    _choose_gloo_interface(spec.master_addr)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", _FLIGHT_RECORDER_ENTRIES)
     if spec.debug:
         # torch reads the level when it is imported (it already is): set it, then make it re-read.
@@ -113,6 +116,21 @@ def init_rank(spec: GroupSpec) -> dict[str, Any]:
     return {"device": str(device), "init_s": time.perf_counter() - t0}
 
 
+def _choose_gloo_interface(master_addr: str) -> None:
+    """Have gloo listen on the interface that reaches rank 0, unless the user chose one.
+
+    Left alone, gloo listens on the address its host name resolves to; on a host whose name
+    resolves to nothing, or to loopback (nodes in network namespaces, many clusters), peers on other
+    hosts could not reach it. Ranks on one host still talk over loopback: an address of one's own
+    is routed through ``lo``.
+    """
+    if "GLOO_SOCKET_IFNAME" in os.environ or ipaddress.ip_address(master_addr).is_loopback:
+        return
+    name = interface_of(master_addr)
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
 def _bind_device(backend: str, local_rank: int) -> torch.device:
     if backend == "nccl":
         count = torch.cuda.device_count()
@@ -129,7 +147,8 @@ def rebuild_group(master_port: int) -> dict[str, Any]:
     """Join a fresh process group of the same world on a new rendezvous port."""
     if _spec is None:
         raise RuntimeError("this rank never joined a process group: there is nothing to rebuild")
-    abort_group([])
+    # Only the old group goes (init_rank destroys it): cutting connections here would cut rank 0's
+    # connections to the new store, opened just before.
     return init_rank(replace(_spec, master_port=master_port))
 
 
@@ -149,20 +168,20 @@ def check_group(timeout_s: float) -> str:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def abort_group(peer_pids: list[int]) -> bool:
-    """Tear down this rank's process group and its connections to the ranks in ``peer_pids``.
+def abort_group() -> bool:
+    """Tear down this rank's process group and its connections to its peers, on any host.
 
     Peers blocked in a collective with this rank then fail at once instead of waiting out the
     timeout, which is how a stuck cell is released. ``destroy_process_group`` alone is not
     enough: a DDP model keeps the group, and its sockets, alive (measured: the peer waited the
     full timeout, and gloo's ``abort()``/``shutdown()`` did not help either). So the connections
-    to the peer processes on this host are shut down at the socket level, as if this rank had
-    died, while this process and its namespace live on.
+    to the peers are shut down at the socket level (``rank.release``), as if this rank had died,
+    while this process and its namespace live on.
     """
     was_up = dist.is_initialized()
     if was_up:
         _destroy_group()
-    shutdown_connections_to(set(peer_pids))
+    shutdown_peer_connections()
     return was_up
 
 

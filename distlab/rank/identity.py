@@ -8,9 +8,11 @@ import sys
 
 import torch
 
+from ..cluster.processes import machine_id
 from ..wire import EngineIdentity
+from . import release
 
-__all__ = ["describe"]
+__all__ = ["describe", "interface_of", "machine_id"]
 
 # Environment variables through which launchers tell a process its rank; the first one set wins.
 _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -18,11 +20,13 @@ _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_P
 
 def describe(controller_ip: str) -> EngineIdentity:
     """This engine's identity, from which the notebook builds the rank table."""
+    release.remember_controller_connections()  # before any group: what this engine has now is ipyparallel's
     launcher_rank = next((int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if v in os.environ), None)
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "addr": _address_toward(controller_ip),
+        "machine": machine_id(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "launcher_rank": launcher_rank,
         "python": sys.version.split()[0],
@@ -43,3 +47,18 @@ def _address_toward(peer_ip: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def interface_of(peer: str) -> str | None:
+    """The name of the interface this host reaches ``peer`` through (the one holding that local address)."""
+    import psutil
+
+    try:
+        peer_ip = socket.gethostbyname(peer)
+    except OSError:
+        return None
+    local = _address_toward(peer_ip)
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name
+    return None

@@ -2,8 +2,17 @@
 
 A rank blocked in a C++ collective cannot be interrupted (SIGINT waits for the call to return).
 Shutting down its TCP connections to its peers makes the collective fail at once, while the
-process and its namespace live on. The notebook asks for it through a private UNIX socket
-(``listen_for_release``) or through a free rank's ``group.abort_group``.
+process and its namespace live on.
+
+Which connections are the peers'? Those the engine did not have when it first described itself
+(``remember_controller_connections``, before any store or process group existed): those first ones
+are ipyparallel's, to its controller. Everything opened since (the rendezvous store, gloo's pairs in
+every group and subgroup) belongs to the ranks' own traffic, on this host or any other.
+
+The request reaches a stuck rank on ipyparallel's control channel (``serve_release``): the engine
+serves it from its control thread, which runs while the main thread waits in C++ (collectives
+release the GIL). It travels like every other message to the engine, so it works for ranks on any
+host the controller reaches, not only on the notebook's.
 """
 
 from __future__ import annotations
@@ -11,60 +20,75 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
+from typing import Any
 
-__all__ = ["listen_for_release", "shutdown_connections_to"]
+__all__ = [
+    "RELEASE_REQUEST",
+    "remember_controller_connections",
+    "serve_release",
+    "shutdown_peer_connections",
+]
+
+#: The control-channel message the notebook sends (``notebook.release``); the engine answers with
+#: ``distlab_release_reply``.
+RELEASE_REQUEST = "distlab_release_request"
+
+# Remote endpoints of the connections the engine had before any process group: ipyparallel's.
+_controller_endpoints: set[tuple[str, int]] | None = None
 
 
-def shutdown_connections_to(peer_pids: set[int]) -> int:
-    """Shut down this process's established TCP connections to the processes ``peer_pids``."""
-    if not peer_pids:
-        return 0
+def _established() -> list[Any]:
     import psutil
 
-    me = os.getpid()
-    connections = psutil.net_connections(kind="tcp")
-    owner = {(c.laddr.ip, c.laddr.port): c.pid for c in connections if c.pid and c.laddr}
+    proc = psutil.Process()
+    listing = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6 names it connections
+    return [c for c in listing(kind="tcp") if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.fd >= 0]
+
+
+def remember_controller_connections() -> None:
+    """Note the connections this engine has now, before any rendezvous: they are ipyparallel's."""
+    global _controller_endpoints
+    if _controller_endpoints is None:
+        _controller_endpoints = {(c.raddr.ip, c.raddr.port) for c in _established()}
+
+
+def shutdown_peer_connections() -> int:
+    """Shut down every TCP connection of this process that is not ipyparallel's; return how many.
+
+    ``shutdown`` acts on the socket itself (every descriptor of it), so gloo's own threads see the
+    connection fail at once. The descriptor is left to its owner to close.
+    """
+    keep = _controller_endpoints if _controller_endpoints is not None else set()
     closed = 0
-    for c in connections:
-        if c.pid != me or c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
+    for c in _established():
+        if (c.raddr.ip, c.raddr.port) in keep:
             continue
-        if owner.get((c.raddr.ip, c.raddr.port)) in peer_pids:
-            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(c.fd)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)  # shutdown acts on the socket, not just this fd
-                closed += 1
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(c.fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+            closed += 1
     return closed
 
 
-def listen_for_release(path: str, peer_pids: list[int]) -> bool:
-    """Serve release requests on a private UNIX socket, from a side thread.
+def serve_release() -> bool:
+    """Answer release requests on this engine's control channel (from its control thread).
 
-    When every rank is stuck there is no free one to tear the group down from outside. This thread
-    can still run (collectives release the GIL while they wait): on b"release" it shuts down this
-    rank's connections to its peers on this host, the stuck collective fails, and the cell returns
-    with its namespace intact.
+    When every rank is stuck there is no free one to tear the group down from outside; the control
+    thread still runs. On a request it shuts down this rank's connections to its peers and answers
+    when done: the notebook rebuilds the group only after that, so a late release can never cut
+    the new group's connections.
     """
-    peers = {int(p) for p in peer_pids} - {os.getpid()}
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)  # in a directory only this user can enter (the notebook made it 0700)
-    server.listen(4)
+    from IPython import get_ipython
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2.0)
-                with contextlib.suppress(OSError):
-                    if conn.recv(16) == b"release":
-                        closed = 0
-                        with contextlib.suppress(Exception):
-                            closed = shutdown_connections_to(peers)
-                        # Answer when done: the notebook rebuilds the group only after this, so a
-                        # late release can never cut the new group's connections.
-                        conn.sendall(str(closed).encode())
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return False
 
-    threading.Thread(target=serve, name="distlab-release", daemon=True).start()
+    def handle(stream: Any, ident: Any, parent: Any) -> None:
+        closed = 0
+        with contextlib.suppress(Exception):
+            closed = shutdown_peer_connections()
+        kernel.session.send(stream, "distlab_release_reply", {"status": "ok", "closed": closed}, parent, ident=ident)
+
+    kernel.control_handlers[RELEASE_REQUEST] = handle
     return True

@@ -1,0 +1,282 @@
+"""A lab on emulated nodes: network namespaces joined to a switch by shaped links, real gloo traffic across them.
+
+Everything distlab does on one host is done here across two nodes of two ranks each: the rank table,
+DDP, output, errors, hangs and their release, kill and restart, watch, checkpoints, the side panel's
+view, and cleaning up. Needs root (CAP_NET_ADMIN), as CI has.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_ddp_correctness import TRAIN, _reference
+from test_faults import TRAIN_ONE_EPOCH
+
+import distlab
+from distlab.cluster import nodes as nodes_mod
+from distlab.errors import CellTimeout, LabUsageError, RankError
+from distlab.server import registry
+
+pytestmark = pytest.mark.cluster
+
+LINK = "1gbit"
+ALL_REDUCE_ONE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
+
+
+def _lab_namespaces() -> set[str]:
+    try:
+        return {n for n in os.listdir("/run/netns") if n.startswith("distlab-")}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="module")
+def _nodes_lab():
+    lab = distlab.start(ranks=4, nodes=2, link=LINK, timeout=30)
+    try:
+        yield lab
+    finally:
+        lab.stop()
+
+
+@pytest.fixture
+def nodes_lab(_nodes_lab):
+    """The 4-rank, 2-node lab, healthy and on its own link, whatever the test before left."""
+    if _nodes_lab.world_size != 4 or any(r.health != "ok" for r in _nodes_lab.status()):
+        _nodes_lab.restart(ranks=4)
+    if str(_nodes_lab.link) != LINK:
+        _nodes_lab.set_link(LINK)
+    return _nodes_lab
+
+
+def test_ranks_are_grouped_by_node_and_reach_rank_0_at_node_0s_address(nodes_lab):
+    table = nodes_lab.status()
+    assert [(r.rank, r.host, r.local_rank) for r in table] == [
+        (0, "node0", 0), (1, "node0", 1), (2, "node1", 0), (3, "node1", 1)
+    ]
+    subnet = nodes_lab._network.subnet
+    assert subnet.subnet_of(ipaddress.ip_network("198.18.0.0/15"))
+    assert table[0].addr == table[1].addr != table[2].addr == table[3].addr
+    assert all(ipaddress.ip_address(r.addr) in subnet for r in table)
+    assert "2 nodes on" in str(table) and f"link {LINK}" in str(table)
+    seen = nodes_lab.run(
+        "import os, psutil\n"
+        "routes = [line.split()[1] for line in open('/proc/net/route').read().splitlines()[1:]]\n"
+        "(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], sorted(psutil.net_if_addrs()), routes)",
+        stream=False,
+    )
+    for rank, (master, local_rank, interfaces, routes) in seen.items():
+        assert master == table[0].addr != "127.0.0.1"
+        assert int(local_rank) == table[rank].local_rank
+        assert interfaces == ["eth0", "lo"]  # the node's own loopback and its one link
+        assert "00000000" not in routes  # no default route: nothing leaves the lab's network
+
+
+def test_traffic_between_nodes_crosses_the_link_and_traffic_within_a_node_does_not(nodes_lab):
+    network = nodes_lab._network
+    nodes_lab.run("same_node = dist.new_group([0, 1])\nacross = dist.new_group([0, 2])", stream=False)
+    size = 4 * 2**20  # bytes of float32
+
+    def sent_by_node0(group: str, ranks: list[int]) -> int:
+        before = network.sent_bytes()[0]
+        nodes_lab.run(f"dist.all_reduce(torch.ones({size // 4}), group={group})", ranks=ranks, stream=False)
+        return network.sent_bytes()[0] - before
+
+    assert sent_by_node0("same_node", [0, 1]) < size / 8  # loopback inside node 0: only the control chatter
+    assert sent_by_node0("across", [0, 2]) >= size  # a 2-rank ring: each rank sends the whole tensor once
+
+
+def test_the_link_is_shaped_both_ways_and_reshaped_between_cells(nodes_lab):
+    queues = nodes_lab._network.queues()
+    assert len(queues) == 4 and all("tbf" in q and "rate 1Gbit" in q for q in queues.values()), queues
+    nodes_lab.run("across = dist.new_group([0, 2])", stream=False)
+    new = nodes_lab.set_link("40mbit")
+    assert nodes_lab.link == new and new.rate_bps == 40_000_000
+    assert all("rate 40Mbit" in q for q in nodes_lab._network.queues().values())
+    size = 2 * 2**20
+    took = nodes_lab.run(
+        f"x = torch.ones({size // 4})\n"
+        "dist.barrier(group=across)\n"
+        "t0 = time.perf_counter(); dist.all_reduce(x, group=across); time.perf_counter() - t0",
+        ranks=[0, 2], stream=False, timeout=60,
+    )
+    # No faster than the link allows (a bound the kernel sets, not a speed target): S / B.
+    floor = size * 8 / 40e6
+    assert min(took.values()) > 0.9 * floor, (took, floor)
+    with pytest.raises(LabUsageError, match="bandwidth with a unit"):
+        nodes_lab.set_link("fast")
+    assert nodes_lab.link == new  # a bad value changes nothing
+    nodes_lab.set_link(None)
+    assert nodes_lab.link is None and not any("tbf" in q for q in nodes_lab._network.queues().values())
+
+
+def test_ddp_across_nodes_matches_single_process_training(nodes_lab):
+    params = nodes_lab.run(TRAIN, stream=False)
+    for rank in range(1, 4):
+        assert all(torch.equal(a, b) for a, b in zip(params[0], params[rank])), f"rank {rank} differs"
+    for got, want in zip(params[0], _reference()):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_output_streams_labelled_by_rank_and_identical_errors_are_grouped(nodes_lab, capsys):
+    nodes_lab.run("print(f'hello from {socket.gethostname()}')".replace("socket.", "__import__('socket')."))
+    out = capsys.readouterr().out
+    for rank, node in ((0, "node0"), (1, "node0"), (2, "node1"), (3, "node1")):
+        assert re.search(rf"\[rank {rank}\].*hello from {node}", out), out
+    with pytest.raises(RankError) as info:
+        nodes_lab.run("raise ValueError('bad shard')", stream=False)
+    assert str(info.value).count("ValueError: bad shard") == 1 and "rank 0-3" in str(info.value)
+
+
+def test_a_collective_some_ranks_never_reach_is_diagnosed_and_released_across_nodes(nodes_lab):
+    pids = [r.pid for r in nodes_lab.status()]
+    with pytest.raises(CellTimeout) as info:
+        nodes_lab.run("if rank in (0, 2):\n    dist.all_reduce(torch.ones(6))\n", timeout=2, stream=False)
+    text = str(info.value)
+    assert re.search(r"rank 0,2 waited in it", text) and re.search(r"rank 1,3 never arrived", text), text
+    assert [r.pid for r in nodes_lab.status()] == pids  # released, not killed
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+
+
+def test_ranks_all_stuck_on_two_nodes_are_released_over_the_control_channel(nodes_lab):
+    # No rank is free: each is freed by its own engine's control thread, on whichever node it runs.
+    nodes_lab.run("kept = rank * 10", stream=False)
+    pids = [r.pid for r in nodes_lab.status()]
+    with pytest.raises(CellTimeout) as info:
+        nodes_lab.run("if rank < 2:\n    dist.all_reduce(torch.ones(4))\nelse:\n    dist.broadcast(torch.ones(4), 2)\n",
+                      timeout=2, stream=False)
+    assert "the ranks disagree on what it is" in str(info.value)
+    assert [r.pid for r in nodes_lab.status()] == pids
+    assert dict(nodes_lab.run("kept", stream=False)) == {0: 0, 1: 10, 2: 20, 3: 30}
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+
+
+def test_a_killed_rank_on_another_node_is_named_and_restart_brings_the_nodes_back(nodes_lab):
+    subnet = nodes_lab._network.subnet
+    nodes_lab.kill(3)
+    with pytest.raises(RankError) as info:
+        nodes_lab.run(ALL_REDUCE_ONE, stream=False, timeout=20)
+    assert "rank 3" in str(info.value)
+    nodes_lab.restart()
+    assert [r.host for r in nodes_lab.status()] == ["node0", "node0", "node1", "node1"]
+    assert nodes_lab._network.subnet == subnet  # the same network: only the engines were replaced
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+
+
+def test_watch_publishes_every_ranks_all_reduces_across_nodes(nodes_lab):
+    nodes_lab.run(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(torch.nn.Linear(64, 64))\n"
+        "distlab.watch(model, every=1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); model(torch.randn(8, 64)).pow(2).mean().backward(); opt.step()\n",
+        stream=False,
+    )
+    records = nodes_lab.telemetry.records()
+    assert {r["rank"] for r in records if r.get("kind") == "collective"} == {0, 1, 2, 3}, records[:3]
+
+
+def test_checkpoint_and_resume_on_nodes_at_another_size(nodes_lab, tmp_path):
+    nodes_lab.push(CKPT=str(tmp_path))
+    nodes_lab.run(TRAIN_ONE_EPOCH, stream=False)
+    saved = nodes_lab.run("(step, [p.detach().clone() for p in model.parameters()])", stream=False)
+    nodes_lab.restart(ranks=2)  # one rank per node
+    assert [r.host for r in nodes_lab.status()] == ["node0", "node1"]
+    nodes_lab.push(CKPT=str(tmp_path))
+    nodes_lab.run(TRAIN_ONE_EPOCH, stream=False)
+    after = nodes_lab.run("(world_size, resumed, seen)", stream=False)
+    for world, resumed, _ in after.values():
+        assert world == 2 and all(torch.equal(a, b) for a, b in zip(resumed, saved[0][1]))
+    shards = [set(after[r][2]) for r in range(2)]
+    assert set().union(*shards) == set(range(24)) and sum(map(len, shards)) == 24
+
+
+def test_the_side_panel_sees_the_ranks_on_their_nodes(nodes_lab):
+    rows = registry.read_labs()
+    mine = next(lab for lab in rows if lab["id"] == registry.id_of(nodes_lab))
+    assert [(r["rank"], r["host"], r["addr"]) for r in mine["ranks"]] == [
+        (r.rank, r.host, r.addr) for r in nodes_lab.table
+    ]
+    assert mine["link"] == LINK
+
+
+def test_two_labs_at_once_get_disjoint_subnets_and_nothing_outlives_them():
+    before = _lab_namespaces()
+    first = distlab.start(ranks=2, nodes=2, link="100mbit")
+    try:
+        second = distlab.start(ranks=2, nodes=2)
+        try:
+            nets = [first._network.subnet, second._network.subnet]
+            assert not nets[0].overlaps(nets[1])
+            made = _lab_namespaces() - before
+            assert len(made) == 6  # two switches, four nodes
+            with pytest.raises(LabUsageError, match="overlaps"):
+                distlab.start(ranks=2, nodes=2, subnet=str(nets[0]))
+            assert _lab_namespaces() - before == made  # the refused lab made nothing
+            pids = [r.pid for r in first.table + second.table]
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    assert _lab_namespaces() == before
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def test_latency_needs_netem_and_without_it_the_start_says_so_and_makes_nothing():
+    before = _lab_namespaces()
+    if nodes_mod.netem_missing() is None:  # a kernel with netem: the delay is really there
+        lab = distlab.start(ranks=2, nodes=2, link="1gbit", latency="10ms")
+        try:
+            assert all("netem" in q and "delay 5ms" in q for q in lab._network.queues().values())
+        finally:
+            lab.stop()
+    else:
+        with pytest.raises(LabUsageError) as info:
+            distlab.start(ranks=2, nodes=2, link="1gbit", latency="200us")
+        assert "netem" in str(info.value) and "\n" not in str(info.value)
+    assert _lab_namespaces() == before
+
+
+def test_without_cap_net_admin_nodes_fail_before_anything_starts_in_one_line():
+    # The same root user with NET_ADMIN and SYS_ADMIN taken out of its bounding set: what an
+    # unprivileged container is like.
+    code = (
+        "import distlab, sys\n"
+        "try:\n    distlab.start(ranks=2, nodes=2)\n"
+        "except distlab.LabUsageError as exc:\n    print(exc); sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        ["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 3, done.stderr
+    line = done.stdout.strip()
+    assert "needs CAP_NET_ADMIN and CAP_SYS_ADMIN" in line and "\n" not in line and "loopback" in line
+    # and a lab without nodes still starts there
+    plain = subprocess.run(
+        ["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c",
+         "import distlab\nwith distlab.start(ranks=2) as lab:\n    print(lab.run('rank', stream=False))"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert plain.returncode == 0 and "{0: 0, 1: 1}" in plain.stdout, plain.stderr[-2000:]
+
+
+def test_an_orphaned_labs_namespaces_are_removed_by_the_next_lab():
+    # A notebook that died with its reaper (both SIGKILLed) leaves namespaces; the next start removes them.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = f"distlab-{dead.pid}-1-n0"
+    subprocess.run(["ip", "netns", "add", orphan], check=True, timeout=10)
+    try:
+        assert orphan in nodes_mod.remove_orphans()
+        assert orphan not in _lab_namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", orphan], capture_output=True, timeout=10)
