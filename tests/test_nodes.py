@@ -30,8 +30,9 @@ ALL_REDUCE_ONE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 
 
 def _lab_namespaces() -> set[str]:
+    """The namespaces of this test process's labs (other labs may run on the machine meanwhile)."""
     try:
-        return {n for n in os.listdir("/run/netns") if n.startswith("distlab-")}
+        return {n for n in os.listdir("/run/netns") if n.startswith(f"distlab-{os.getpid()}-")}
     except OSError:
         return set()
 
@@ -101,7 +102,7 @@ def test_the_link_is_shaped_both_ways_and_reshaped_between_cells(nodes_lab):
     assert all("rate 40Mbit" in q for q in nodes_lab._network.queues().values())
     size = 2 * 2**20
     took = nodes_lab.run(
-        f"x = torch.ones({size // 4})\n"
+        f"import time\nx = torch.ones({size // 4})\n"
         "dist.barrier(group=across)\n"
         "t0 = time.perf_counter(); dist.all_reduce(x, group=across); time.perf_counter() - t0",
         ranks=[0, 2], stream=False, timeout=60,
@@ -125,13 +126,13 @@ def test_ddp_across_nodes_matches_single_process_training(nodes_lab):
 
 
 def test_output_streams_labelled_by_rank_and_identical_errors_are_grouped(nodes_lab, capsys):
-    nodes_lab.run("print(f'hello from {socket.gethostname()}')".replace("socket.", "__import__('socket')."))
+    nodes_lab.run("import socket\nprint(f'hello from {socket.gethostname()}')")
     out = capsys.readouterr().out
     for rank, node in ((0, "node0"), (1, "node0"), (2, "node1"), (3, "node1")):
         assert re.search(rf"\[rank {rank}\].*hello from {node}", out), out
     with pytest.raises(RankError) as info:
         nodes_lab.run("raise ValueError('bad shard')", stream=False)
-    assert str(info.value).count("ValueError: bad shard") == 1 and "rank 0-3" in str(info.value)
+    assert str(info.value).count("ValueError: bad shard") == 1 and "ranks 0-3" in str(info.value)
 
 
 def test_a_collective_some_ranks_never_reach_is_diagnosed_and_released_across_nodes(nodes_lab):
@@ -174,14 +175,15 @@ def test_watch_publishes_every_ranks_all_reduces_across_nodes(nodes_lab):
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "torch.manual_seed(0)\n"
         "model = DDP(torch.nn.Linear(64, 64))\n"
-        "distlab.watch(model, every=1)\n"
+        "distlab.watch(model)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
         "for _ in range(3):\n"
         "    opt.zero_grad(); model(torch.randn(8, 64)).pow(2).mean().backward(); opt.step()\n",
         stream=False,
     )
     records = nodes_lab.telemetry.records()
-    assert {r["rank"] for r in records if r.get("kind") == "collective"} == {0, 1, 2, 3}, records[:3]
+    assert {r["rank"] for r in records} == {0, 1, 2, 3}
+    assert all(r["allreduce"] for r in records)  # each step's buckets, timed on every rank
 
 
 def test_checkpoint_and_resume_on_nodes_at_another_size(nodes_lab, tmp_path):
@@ -255,7 +257,7 @@ def test_without_cap_net_admin_nodes_fail_before_anything_starts_in_one_line():
     )
     done = subprocess.run(
         ["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 3, done.stderr
     line = done.stdout.strip()
@@ -264,7 +266,7 @@ def test_without_cap_net_admin_nodes_fail_before_anything_starts_in_one_line():
     plain = subprocess.run(
         ["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c",
          "import distlab\nwith distlab.start(ranks=2) as lab:\n    print(lab.run('rank', stream=False))"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert plain.returncode == 0 and "{0: 0, 1: 1}" in plain.stdout, plain.stderr[-2000:]
 
@@ -279,4 +281,4 @@ def test_an_orphaned_labs_namespaces_are_removed_by_the_next_lab():
         assert orphan in nodes_mod.remove_orphans()
         assert orphan not in _lab_namespaces()
     finally:
-        subprocess.run(["ip", "netns", "del", orphan], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", orphan], capture_output=True, timeout=10, check=False)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -18,6 +20,7 @@ from .nodes import Network
 __all__ = [
     "HEARTBEAT_MISSES",
     "HEARTBEAT_MS",
+    "controller_address",
     "controller_start_args",
     "engine_start_args",
     "link_client_sockets",
@@ -57,8 +60,9 @@ def make_cluster(
         ]
         controller_ip = ""
     else:
-        # Listen on loopback unless engines may come from other hosts.
-        controller_ip = "127.0.0.1" if local else ""
+        # Listen on loopback unless engines may come from other hosts. Those need every interface:
+        # ipyparallel spells it "*" ("" would leave the controller's own default, loopback).
+        controller_ip = "127.0.0.1" if local else "*"
     return ipp.Cluster(
         n=engines,
         engine_launcher_class=launcher,
@@ -73,6 +77,22 @@ def make_cluster(
         # the notebook. Its default logger in a kernel is the kernel app's, so pass our own.
         log=_ipp_log(),
     )
+
+
+def controller_address(cluster: ipp.Cluster) -> str:
+    """The address engines reach the controller at, worked out as they do it themselves.
+
+    Its listening IP; where that is every interface ("*"), its location from the engines' connection
+    file (``Cluster.controller_location``, by default this machine's host name).
+    """
+    ip = cluster.controller_ip or "127.0.0.1"
+    if ip not in ("*", "0.0.0.0"):
+        return ip
+    location = None
+    with contextlib.suppress(OSError, ValueError, KeyError, AttributeError, TypeError):
+        with open(cluster.controller.connection_files["engine"]) as f:
+            location = json.load(f).get("location")
+    return location or cluster.controller_location or socket.gethostname()
 
 
 def controller_start_args(network: Network | None) -> dict[str, Any]:

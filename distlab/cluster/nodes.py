@@ -80,7 +80,7 @@ def parse_rate(value: object, name: str = "link", example: str = 'link="1gbit"')
             f"{name} must be a bandwidth with a unit, like {example} (units: bit, kbit, mbit, gbit, tbit); "
             f"got {value!r}"
         )
-    bits = int(round(float(match.group(1)) * _RATE_UNITS[match.group(2)]))
+    bits = round(float(match.group(1)) * _RATE_UNITS[match.group(2)])
     if bits < 8000:
         raise LabUsageError(f"{name} must be at least 8kbit (got {value!r})")
     return bits

@@ -24,7 +24,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from ..cluster.launch import controller_start_args, engine_start_args, link_client_sockets, make_cluster
+from ..cluster.launch import (
+    controller_address, controller_start_args, engine_start_args, link_client_sockets, make_cluster,
+)
 from ..cluster.nodes import Link, Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
@@ -153,7 +155,7 @@ class Lab:
         ids = sorted(client.ids)[-self.world_size :]
         network = self._network
         # Each engine's address is the one its traffic to the controller leaves from: how the others reach it.
-        controller_ip = network.switch_addr if network else (self._cluster.controller_ip or "127.0.0.1")
+        controller_ip = network.switch_addr if network else controller_address(self._cluster)
         identities = get(rpc.describe(client.direct_view(ids), controller_ip), self.timeout, "describing the engines")
         self._phase("describe_s")  # includes engines finishing their import of torch
         nodes = [network.hostname(i) for i in range(network.nodes)] if network else []
@@ -396,6 +398,14 @@ class Lab:
             checks.positive("timeout", timeout, example="timeout=30")
         checks.choice("want", want, ("value", "repr"))
         selected = self.ranks(ranks)
+        registered = set(self._client.ids)
+        gone = [r for r in selected if self.table[r].engine_id not in registered]
+        if gone:
+            # The others would only wait for them in the first collective: run the cell nowhere.
+            raise RankError(
+                {r: RankFailure(r, "EngineError", "the rank's process has died") for r in gone},
+                notes=["the cell ran on no rank: %dist restart (lab.restart()) brings a full world back"],
+            )
         ctx = self._cell_context()
         cell = CellRun(ctx, code, selected, want)
         printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
 
 __all__ = [
@@ -150,6 +150,9 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
         "world_size": lab.world_size,
         "backend": lab.backend,
         "launcher": lab.launcher,
+        # On emulated nodes: how many, and the link between them (None: not shaped).
+        "nodes": lab.config.nodes,
+        "link": str(lab.link) if lab.link is not None else None,
         "busy": bool(busy),
         "ranks": rows,
         "training": training_summary(lab.telemetry.records()),
@@ -158,8 +161,8 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
 
 def _row(r: Any) -> dict[str, Any]:
     return {
-        "rank": r.rank, "engine_id": r.engine_id, "host": r.host, "pid": r.pid, "device": r.device,
-        "health": r.health,
+        "rank": r.rank, "engine_id": r.engine_id, "host": r.host, "addr": r.addr, "pid": r.pid,
+        "device": r.device, "health": r.health, "machine": r.machine,
     }
 
 
@@ -216,7 +219,7 @@ def read_labs(directory: Path | None = None) -> list[dict[str, Any]]:
     """Every live lab's description. Files of dead processes (or of kernels whose connection file
     is gone) are removed; ranks on this host whose process is gone are reported dead."""
     directory = directory or registry_dir()
-    here = socket.gethostname()
+    here = machine_id()
     labs = []
     for path in sorted(directory.glob("lab-*.json")):
         try:
@@ -230,7 +233,7 @@ def read_labs(directory: Path | None = None) -> list[dict[str, Any]]:
                 path.unlink()
             continue
         for row in data.get("ranks") or ():
-            if row.get("host") == here and not _pid_alive(int(row.get("pid", 0))):
+            if row.get("machine") == here and not _pid_alive(int(row.get("pid", 0))):
                 row["health"] = "dead"
         data["id"] = path.stem
         labs.append(data)
