@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml Makefile extension/package.json $(wildcard extension/sr
 	$(PY) -m pip check
 	touch $(STAMP)
 
-# Open MPI's mpiexec, for the MPI launcher test, and Chromium, for the browser tests (driven by
+# Open MPI's mpiexec, for the MPI launcher test; iproute2 (ip, tc) for labs on emulated nodes and
+# OpenSSH for the SSH launcher test across them; Chromium, for the browser tests (driven by
 # Playwright; its own browser download is not used): installed with apt when missing and we may.
 # Node.js 20+ builds the JupyterLab extension (extension/) when pip installs distlab.
 system-deps:
@@ -36,6 +37,10 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
 	  else echo "install Open MPI (Debian: sudo apt-get install openmpi-bin libopenmpi-dev), then re-run" >&2; exit 1; fi; }
+	@{ command -v ip && command -v tc && test -x /usr/sbin/sshd; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 openssh-server openssh-client >/dev/null; \
+	  else echo "install iproute2 and OpenSSH (Debian: sudo apt-get install iproute2 openssh-server openssh-client), then re-run" >&2; exit 1; fi; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \

@@ -93,6 +93,20 @@ def test_a_collective_some_ranks_never_reach_names_them_and_where_the_others_wai
 
 
 @pytest.mark.cluster
+def test_a_collective_that_outlives_the_groups_own_timeout_is_diagnosed_as_a_cell_deadline_is(lab_factory):
+    # No cell deadline: the process group's timeout fires first, and gloo's own message says only
+    # that it timed out. The diagnosis still names who never arrived and where the other waited.
+    lab = lab_factory(ranks=2, timeout=4)
+    with pytest.raises(RankError) as info:
+        lab.run("if rank == 0:\n    dist.all_reduce(torch.ones(7))\n", stream=False)
+    text = str(info.value)
+    assert "Timed out waiting" in text  # gloo's words, kept
+    assert re.search(r"collective #\d+ \(all_reduce of \[7\] float32\): rank 0 waited in it", text), text
+    assert "rank 1 never arrived" in text, text
+    assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 2.0, 1: 2.0}
+
+
+@pytest.mark.cluster
 def test_ranks_stuck_in_different_collectives_are_all_released_with_their_namespaces(lab):
     # No rank is free to tear the group down from outside: each stuck rank drops its own connections.
     lab.run("kept = rank * 10", stream=False)

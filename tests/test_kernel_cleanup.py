@@ -26,28 +26,44 @@ def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Proce
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def _release_folders() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "distlab-release-*")))
+def _lab_folders() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "distlab-lab-*")))
 
 
-def _start_kernel_with_lab():
+def _namespaces() -> set[str]:
+    return {n for n in os.listdir("/run/netns") if n.startswith("distlab-")} if os.path.isdir("/run/netns") else set()
+
+
+def _start_kernel_with_lab(line: str):
     km, kc = start_new_kernel(kernel_name="python3")
-    before = _release_folders()
-    execute(kc, "%load_ext distlab\n%dist start -n 2", timeout=60)
-    folders = _release_folders() - before
-    assert len(folders) == 1, folders  # the lab's release sockets
+    before, namespaces_before = _lab_folders(), _namespaces()
+    execute(kc, f"%load_ext distlab\n%dist {line}", timeout=90)
     pid = km.provisioner.process.pid
+    # Everything this kernel's lab made: a folder (the controller's sockets) and namespaces on nodes.
+    folders = _lab_folders() - before
+    namespaces = {n for n in _namespaces() - namespaces_before if n.startswith(f"distlab-{pid}-")}
+    if "--nodes" in line:
+        assert len(folders) == 1 and len(namespaces) == 3, (folders, namespaces)  # switch and two nodes
     procs = _lab_processes(pid)
     shown = execute(kc, "print(','.join(str(r.pid) for r in get_ipython().run_line_magic('dist', 'status')))")
     engine_pids = [int(p) for p in shown.split(",")]
     assert set(engine_pids) <= {p.pid for p in procs}
     assert len(procs) >= 4, [p.cmdline() for p in procs]
-    return km, kc, procs, folders
+    return km, kc, procs, folders | {os.path.join("/run/netns", n) for n in namespaces}
 
 
-@pytest.mark.parametrize("how", ["shutdown", "restart", "sigkill"])
-def test_no_distlab_process_outlives_its_kernel(how):
-    km, kc, procs, folders = _start_kernel_with_lab()
+@pytest.mark.parametrize(
+    "how, line",
+    [
+        ("shutdown", "start -n 2"),
+        ("restart", "start -n 2"),
+        ("sigkill", "start -n 2"),
+        ("shutdown", "start -n 2 --nodes 2 --link 1gbit"),
+        ("sigkill", "start -n 2 --nodes 2 --link 1gbit"),
+    ],
+)
+def test_no_distlab_process_or_namespace_outlives_its_kernel(how, line):
+    km, kc, procs, folders = _start_kernel_with_lab(line)
     try:
         if how == "shutdown":
             kc.stop_channels()

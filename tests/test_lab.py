@@ -232,15 +232,30 @@ def test_a_stop_signal_that_arrives_before_the_cells_code_starts_still_stops_it(
         ({"timeout": 0}, "timeout must be a number of seconds > 0"),
         ({"timeout": -3}, "timeout must be a number of seconds > 0"),
         ({"launcher": "carrier-pigeon"}, "unknown launcher"),
+        ({"ranks": 2, "nodes": 0}, "nodes must be >= 1"),
+        ({"ranks": 2, "nodes": 3}, "nodes 3 is more nodes than ranks"),
+        ({"ranks": 2, "nodes": "two"}, "nodes must be a whole number"),
+        ({"ranks": 2, "nodes": 2, "link": "fast"}, "link must be a bandwidth with a unit"),
+        ({"ranks": 2, "nodes": 2, "link": "1gbps"}, "link must be a bandwidth with a unit"),
+        ({"ranks": 2, "nodes": 2, "link": "1gbit", "latency": -1}, "latency must be >= 0"),
+        ({"ranks": 2, "nodes": 2, "link": "1gbit", "latency": "-1ms"}, "latency must be >= 0"),
+        ({"ranks": 2, "nodes": 2, "latency": "1ms"}, "latency delays a shaped link: give link too"),
+        ({"ranks": 2, "link": "1gbit"}, "link sets the network between nodes: give nodes too"),
+        ({"ranks": 2, "subnet": "198.18.9.0/24"}, "subnet sets the network between nodes: give nodes too"),
+        ({"ranks": 2, "nodes": 2, "subnet": "10.1.2.0/30"}, "has room for 2 addresses"),
+        ({"ranks": 2, "nodes": 2, "subnet": "nowhere"}, "subnet must be an IPv4 network"),
+        ({"ranks": 2, "nodes": 2, "launcher": "mpi"}, "with the local launcher"),
     ],
 )
 def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, fragment):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    namespaces = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
     with pytest.raises(LabUsageError) as info:
         distlab.start(**kwargs)
     assert fragment in str(info.value) and "\n" not in str(info.value)
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before
+    assert (set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()) <= namespaces
 
 
 def test_nccl_without_a_gpu_is_refused_with_the_fix():

@@ -20,6 +20,15 @@ BAD_BEFORE_START = [
     ("dist", "start -n 2 --timeout soon", "--timeout must be a number of seconds"),
     ("dist", "start -n 2 --launcher pigeon", "unknown launcher 'pigeon'"),
     ("dist", "start -n __import__('os').getpid()", "-n must be a whole number"),  # never evaluated
+    ("dist", "start -n 2 --nodes 0", "--nodes must be >= 1"),
+    ("dist", "start -n 2 --nodes two", "--nodes must be a whole number"),
+    ("dist", "start -n 2 --nodes 3", "--nodes 3 is more nodes than ranks (-n 2)"),
+    ("dist", "start -n 2 --nodes 2 --link fast", "--link must be a bandwidth with a unit, like --link 1gbit"),
+    ("dist", "start -n 2 --nodes 2 --link 1gbit --latency=-1ms", "--latency must be >= 0"),
+    ("dist", "start -n 2 --nodes 2 --link 1gbit --latency soon", "--latency must be a time with a unit"),
+    ("dist", "start -n 2 --link 1gbit", "--link sets the network between nodes: give --nodes too, like --nodes 2 --link"),
+    ("dist", "start -n 2 --nodes 2 --launcher mpi", "--nodes starts the ranks in namespaces"),
+    ("dist", "link 1gbit", "no lab is running"),
     ("dist", "launch", "unknown subcommand 'launch'"),
     ("dist", "", "%dist needs a subcommand"),
     ("dist", "status", "no lab is running"),
@@ -43,6 +52,15 @@ BAD_WHILE_RUNNING = [
     ("dist", "restart -n 0", "-n must be >= 1"),
     ("dist", "restart -n two", "-n must be a whole number"),
     ("dist", "restart now", "unrecognized arguments"),
+    ("dist", "link 100mbit", "%dist link needs a lab on emulated nodes"),
+]
+
+BAD_ON_NODES = [
+    ("dist", "link fast", "--link must be a bandwidth with a unit"),
+    ("dist", "link --latency 1ms", "--latency delays a shaped link: give a rate too"),
+    ("dist", "link 1gbit --latency=-2ms", "--latency must be >= 0"),
+    ("dist", "restart -n 1", "--nodes 2 is more nodes than ranks (-n 1)"),
+    ("dist", "link 1gbit 2gbit", "unrecognized arguments"),
 ]
 
 
@@ -147,3 +165,28 @@ def test_quiz_magic_with_a_seed_asks_the_same_questions_each_time(ipython):
 
     assert asked(1) == asked(1)
     assert any(asked(1) != asked(seed) for seed in range(2, 6))
+
+
+@pytest.mark.cluster
+def test_a_lab_on_nodes_from_the_magics_and_its_link_changed_between_cells(ipython, capsys):
+    from distlab.cluster.nodes import netem_missing
+
+    ipython.run_line_magic("dist", "start -n 2 --nodes 2 --link 100mbit")
+    assert "2 ranks ready on 2 nodes (link 100mbit)" in capsys.readouterr().out
+    lab = distlab.notebook.magics._registered[id(ipython)].lab
+    shown = str(ipython.run_line_magic("dist", "status"))
+    assert "node0" in shown and "node1" in shown and "link 100mbit" in shown
+    ipython.run_line_magic("dist", "link 200mbit")
+    assert "link: 200mbit" in capsys.readouterr().out and lab.link.rate_bps == 200_000_000
+    table = [(r.rank, r.pid) for r in lab.status()]
+    bad = list(BAD_ON_NODES)
+    if netem_missing() is not None:
+        bad.append(("dist", "link 1gbit --latency 1ms", "needs the kernel's netem queue"))
+    for magic, line, fragment in bad:
+        with pytest.raises(UsageError) as info:
+            _call(ipython, magic, line)
+        assert fragment in str(info.value), (line, str(info.value))
+        assert "\n" not in str(info.value)
+    assert str(lab.link) == "200mbit" and [(r.rank, r.pid) for r in lab.status()] == table
+    ipython.run_line_magic("dist", "link off")
+    assert "link: not shaped" in capsys.readouterr().out and lab.link is None

@@ -39,3 +39,11 @@ def test_the_notebook_side_never_imports_torch_or_the_rank_side():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_release_request_is_named_alike_on_both_sides():
+    # The notebook names the control message as text (it never imports the rank side).
+    from distlab.notebook import release as notebook_side
+    from distlab.rank import release as rank_side
+
+    assert notebook_side.RELEASE_REQUEST == rank_side.RELEASE_REQUEST

@@ -91,3 +91,14 @@ def test_a_config_is_normalised_once():
     config = LabConfig(ranks=3, timeout=5, launcher="LOCAL")
     assert (config.ranks, config.timeout, config.launcher, config.local) == (3, 5.0, "local", True)
     assert isinstance(config.timeout, float)
+
+
+def test_a_labs_own_nodes_come_first_in_order_whichever_engine_registered_first():
+    ids = {0: identity("node1", 20, addr="198.18.0.2"), 1: identity("node0", 10, addr="198.18.0.1"),
+           2: identity("node1", 21, addr="198.18.0.2"), 3: identity("node0", 11, addr="198.18.0.1")}
+    world = plan_world(ids, 4, "gloo", host_order=["node0", "node1"])
+    assert [(r.rank, r.host, r.local_rank) for r in world.table] == [
+        (0, "node0", 0), (1, "node0", 1), (2, "node1", 0), (3, "node1", 1)
+    ]
+    assert world.master_addr == "198.18.0.1"  # node 0's address, as the other node reaches it
+    assert plan_world(ids, 4, "gloo").table[0].host == "node1"  # without an order: first to register
