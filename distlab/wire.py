@@ -35,7 +35,7 @@ class GroupSpec:
     rank: int
     world_size: int
     local_rank: int
-    #: Ranks on this rank's host: CPU threads are shared among them.
+    #: Ranks on this rank's machine (all its emulated nodes together): CPU threads are shared among them.
     local_world_size: int
     master_addr: str
     master_port: int

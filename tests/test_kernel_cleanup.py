@@ -40,7 +40,7 @@ def _start_kernel_with_lab(line: str):
     execute(kc, f"%load_ext distlab\n%dist {line}", timeout=90)
     pid = km.provisioner.process.pid
     # Everything this kernel's lab made: a folder (the controller's sockets) and namespaces on nodes.
-    folders = _lab_folders() - before
+    folders = {f for f in _lab_folders() - before if os.path.basename(f).startswith(f"distlab-lab-{pid}-")}
     namespaces = {n for n in _namespaces() - namespaces_before if n.startswith(f"distlab-{pid}-")}
     if "--nodes" in line:
         assert len(folders) == 1 and len(namespaces) == 3, (folders, namespaces)  # switch and two nodes

@@ -46,7 +46,7 @@ def form_group(client: Any, world: World, timeout_s: float, debug: bool, rebuild
         else:
             spec = GroupSpec(
                 rank=r.rank, world_size=len(world.table), local_rank=r.local_rank,
-                local_world_size=world.local_world_size(r.host), master_addr=world.master_addr,
+                local_world_size=world.sharing_cores(r), master_addr=world.master_addr,
                 master_port=port, backend=world.backend, timeout_s=timeout_s, debug=debug,
             )
             pending[r.rank] = rpc.init_rank(target, spec)

@@ -107,7 +107,7 @@ class Lab:
         _stop_at_exit(self)
         try:
             if self.config.nodes:
-                self._folder = tempfile.mkdtemp(prefix="distlab-lab-")
+                self._folder = tempfile.mkdtemp(prefix=f"distlab-lab-{os.getpid()}-")
                 self._network = Network.create(self.config.nodes, self.config.node_link(), self.config.subnet)
                 self._phase("network_s")
             self._cluster = make_cluster(

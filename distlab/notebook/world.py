@@ -66,6 +66,13 @@ class World:
     def local_world_size(self, host: str) -> int:
         return sum(1 for r in self.table if r.host == host)
 
+    def sharing_cores(self, info: RankInfo) -> int:
+        """How many ranks share ``info``'s machine's cores: emulated nodes of one machine share
+        them all, so they count together (by machine id), not per node."""
+        if not info.machine:
+            return self.local_world_size(info.host)
+        return sum(1 for r in self.table if r.machine == info.machine)
+
 
 def plan_world(
     identities: Mapping[int, EngineIdentity], world_size: int, requested_backend: str,

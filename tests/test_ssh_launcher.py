@@ -1,0 +1,301 @@
+"""ipyparallel's own SSH launcher carries distlab across two hosts, as users run small clusters.
+
+Two emulated nodes (network namespaces, ``distlab.cluster.nodes``) each run Debian's OpenSSH server
+under the node's host name, on the node's address only. The notebook runs where a user's would: on
+a machine that reaches the nodes (the switch), as a child Python process whose only lab set-up is
+ipyparallel's profile configuration (``ipcluster_config.py``: the nodes' addresses, how to ssh).
+``distlab.start(launcher="ssh")`` then takes its multi-host path, with no distlab shortcut: the
+controller on every interface, engines started over ssh by ipyparallel, ranks grouped by the host
+names the engines report, rank 0's rendezvous at its node's address.
+
+Needs root (namespaces) and ``/usr/sbin/sshd`` (Debian's openssh-server; ``make test`` installs it).
+Everything started here (sshd, the notebook, its controller and engines, ssh connections, the
+namespaces, the key and profile folders) is ended and removed when the module's tests end, pass or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from distlab.cluster.nodes import Network
+
+pytestmark = pytest.mark.cluster
+
+SSHD = "/usr/sbin/sshd"
+NODES = 2
+RANKS_PER_NODE = 2
+# How long the notebook may take as a whole (start, cells, stop); it takes ~30-45 s on 2 cores.
+NOTEBOOK_DEADLINE_S = 240
+START_TIMEOUT_S = 90  # distlab.start(timeout=...): each of its waits
+
+# The notebook: start the lab with the launcher named in argv[1], look at it from inside, stop it.
+# It prints one line, RESULT {json}; the test asserts on it.
+NOTEBOOK = textwrap.dedent(
+    """
+    import json, sys, time
+    import distlab
+
+    ALL_REDUCE_ONE = "t = torch.ones(1)\\ndist.all_reduce(t)\\nt.item()"
+    out = {}
+    t0 = time.monotonic()
+    lab = distlab.start(ranks=4, launcher=sys.argv[1], timeout=float(sys.argv[2]))
+    try:
+        out["start_s"] = time.monotonic() - t0
+        out["table"] = [
+            {"rank": r.rank, "host": r.host, "addr": r.addr, "local_rank": r.local_rank, "pid": r.pid}
+            for r in lab.table
+        ]
+        seen = lab.run(
+            "import os, socket\\n(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], socket.gethostname())",
+            stream=False,
+        )
+        out["seen"] = {str(rank): list(value) for rank, value in seen.items()}
+        out["all_reduce"] = {str(rank): value for rank, value in lab.run(ALL_REDUCE_ONE, stream=False).items()}
+        # A hang across hosts: ranks 0 (node0) and 2 (node1) wait in an all-reduce the others never join.
+        pids = [r.pid for r in lab.status()]
+        t1 = time.monotonic()
+        try:
+            lab.run("if rank in (0, 2):\\n    dist.all_reduce(torch.ones(4))\\n", timeout=3, stream=False)
+            out["hang"] = "returned"
+        except distlab.CellTimeout as exc:
+            out["hang"] = "CellTimeout"
+            out["hang_text"] = str(exc)
+        out["hang_s"] = time.monotonic() - t1
+        out["pids_before"], out["pids_after"] = pids, [r.pid for r in lab.status()]
+        out["all_reduce_after"] = {str(rank): value for rank, value in lab.run(ALL_REDUCE_ONE, stream=False).items()}
+    finally:
+        t2 = time.monotonic()
+        lab.stop()
+        out["stop_s"] = time.monotonic() - t2
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+@dataclass
+class SshNodes:
+    """Two nodes, each with an sshd that lets the throwaway key in as root."""
+
+    net: Network
+    folder: str  # keys, sshd configs and logs, the notebook's IPYTHONDIR, each node's remote profile
+    key: str  # the client's private key
+    sshd: list[subprocess.Popen] = field(default_factory=list)
+
+    def addr(self, node: int) -> str:
+        return self.net.node_addr(node)
+
+    @property
+    def ssh_options(self) -> list[str]:
+        """What ssh and scp are given: this key only, no host key checks, no prompts, one connection
+        per node for all of ipyparallel's calls (it makes a dozen per engine)."""
+        return [
+            "-F", "/dev/null",  # no user or system ssh_config
+            "-i", self.key, "-o", "IdentitiesOnly=yes",
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={self.folder}/cm-%C", "-o", "ControlPersist=60",
+        ]
+
+    def sshd_log(self, node: int) -> str:
+        with contextlib.suppress(OSError), open(os.path.join(self.folder, f"sshd{node}.log")) as f:
+            return f.read()
+        return ""
+
+
+def _require(program: str, package: str) -> str:
+    path = shutil.which(program) if "/" not in program else (program if os.access(program, os.X_OK) else None)
+    if path is None:
+        pytest.fail(
+            f"{program} is needed to start the nodes' SSH servers: apt-get install {package} "
+            "(make test installs it as root)",
+            pytrace=False,
+        )
+    return path
+
+
+def _start_sshd(nodes: SshNodes, node: int, host_key: str) -> None:
+    config = os.path.join(nodes.folder, f"sshd{node}.conf")
+    with open(config, "w") as f:
+        f.write(textwrap.dedent(f"""\
+            ListenAddress {nodes.addr(node)}
+            Port 22
+            HostKey {host_key}
+            PermitRootLogin prohibit-password
+            PubkeyAuthentication yes
+            AuthorizedKeysFile {nodes.key}.pub
+            PasswordAuthentication no
+            KbdInteractiveAuthentication no
+            StrictModes no
+            UsePAM no
+            PidFile none
+            MaxSessions 50
+            MaxStartups 50
+            Subsystem sftp internal-sftp
+            """))
+    log = open(os.path.join(nodes.folder, f"sshd{node}.log"), "w")
+    with log:
+        # Under the node's prefix: the node's network, and its host name (ssh sessions inherit both).
+        nodes.sshd.append(subprocess.Popen(
+            [*nodes.net.exec_prefix(node), SSHD, "-D", "-e", "-f", config],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        ))
+
+
+def _wait_listening(nodes: SshNodes, deadline_s: float = 15.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    for node, proc in enumerate(nodes.sshd):
+        while "Server listening on" not in nodes.sshd_log(node):
+            if proc.poll() is not None:
+                pytest.fail(f"sshd on node{node} exited ({proc.returncode}):\n{nodes.sshd_log(node)}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"sshd on node{node} was not listening within {deadline_s:g} s:\n{nodes.sshd_log(node)}",
+                            pytrace=False)
+            time.sleep(0.05)
+
+
+def _stop(nodes: SshNodes) -> None:
+    """Close the shared ssh connections, stop the sshds, remove the namespaces (and whatever still
+    runs in them: engines, the controller) and the folder. Each step bounded; every step runs."""
+    for node in range(NODES):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [*nodes.net.exec_prefix(None), "ssh", *nodes.ssh_options, "-O", "exit", f"root@{nodes.addr(node)}"],
+                stdin=subprocess.DEVNULL, capture_output=True, timeout=5,
+            )
+    for proc in nodes.sshd:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+    for proc in nodes.sshd:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    try:
+        nodes.net.destroy()
+    finally:
+        shutil.rmtree(nodes.folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ssh_nodes() -> Iterator[SshNodes]:
+    _require(SSHD, "openssh-server")
+    for program in ("ssh", "scp", "ssh-keygen"):
+        _require(program, "openssh-client")
+    net = Network.create(NODES, None)
+    # Short and in /tmp: ssh's control sockets live here, and a socket's path has at most 107 bytes.
+    nodes = SshNodes(net, tempfile.mkdtemp(prefix="dl-ssh-", dir="/tmp"), "")
+    try:
+        nodes.key = os.path.join(nodes.folder, "client")
+        host_key = os.path.join(nodes.folder, "host")
+        for path in (nodes.key, host_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "distlab-test", "-f", path],
+                           check=True, capture_output=True, timeout=30)
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation folder (Debian)
+        for node in range(NODES):
+            _start_sshd(nodes, node, host_key)
+        _wait_listening(nodes)
+        yield nodes
+    finally:
+        _stop(nodes)
+        assert not set(net.namespaces()) & set(os.listdir("/run/netns")), "the nodes' namespaces outlived the test"
+
+
+def _write_profile(nodes: SshNodes, settings: str) -> str:
+    """A fresh IPYTHONDIR whose default profile's ipcluster_config.py holds ``settings`` (Python)."""
+    ipython_dir = tempfile.mkdtemp(prefix="ipython-", dir=nodes.folder)
+    os.makedirs(os.path.join(ipython_dir, "profile_default"))
+    with open(os.path.join(ipython_dir, "profile_default", "ipcluster_config.py"), "w") as f:
+        f.write(settings)
+    return ipython_dir
+
+
+def _run_notebook(nodes: SshNodes, launcher: str, ipython_dir: str) -> dict:
+    """Run NOTEBOOK on the switch with ``launcher``; its RESULT, or a failure with everything it said."""
+    out_path = os.path.join(ipython_dir, "notebook.out")
+    env = dict(os.environ, IPYTHONDIR=ipython_dir)
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(
+            [*nodes.net.exec_prefix(None), sys.executable, "-c", NOTEBOOK, launcher, str(START_TIMEOUT_S)],
+            env=env, cwd=ipython_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=NOTEBOOK_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    with open(out_path) as f:
+        said = f.read()
+    results = [line[len("RESULT "):] for line in said.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not results:
+        logs = "\n".join(f"--- sshd on node{i}:\n{nodes.sshd_log(i)[-3000:]}" for i in range(NODES))
+        pytest.fail(
+            f"the notebook (launcher={launcher}) exited {proc.returncode} without a result:\n{said[-12000:]}\n{logs}",
+            pytrace=False,
+        )
+    return json.loads(results[-1])
+
+
+def _check_two_node_lab(result: dict, nodes: SshNodes) -> None:
+    table = result["table"]
+    assert [r["rank"] for r in table] == [0, 1, 2, 3]
+    hosts = [r["host"] for r in table]
+    # Ranks 0-1 on one node, 2-3 on the other (node0 first with ipyparallel's engine order).
+    assert sorted(hosts) == ["node0", "node0", "node1", "node1"], table
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], table
+    node_of = {f"node{i}": nodes.addr(i) for i in range(NODES)}
+    for row in table:
+        assert row["addr"] == node_of[row["host"]], table  # the address its node reaches the others at
+    assert [r["local_rank"] for r in table] == [0, 1, 0, 1], table
+    master = node_of[hosts[0]]
+    for rank, (master_addr, local_rank, hostname) in result["seen"].items():
+        assert master_addr == master != "127.0.0.1", result["seen"]
+        assert int(local_rank) == table[int(rank)]["local_rank"], result["seen"]
+        assert hostname == table[int(rank)]["host"], result["seen"]
+    assert result["all_reduce"] == {str(r): 4.0 for r in range(4)}
+    # The hang across hosts was released by the cell's deadline, without a restart.
+    assert result["hang"] == "CellTimeout", result
+    assert result["hang_s"] < 30, result
+    assert "never arrived" in result["hang_text"], result["hang_text"]
+    assert result["pids_after"] == result["pids_before"]
+    assert result["all_reduce_after"] == {str(r): 4.0 for r in range(4)}
+
+
+def test_ssh_launcher_starts_ranks_on_two_hosts_grouped_by_host(ssh_nodes: SshNodes) -> None:
+    profile_dirs = {i: os.path.join(ssh_nodes.folder, f"node{i}-profile") for i in range(NODES)}
+    settings = textwrap.dedent(f"""\
+        c = get_config()  # noqa: F821
+        # Engines reach the controller at the switch's address: this machine's host name resolves
+        # only to loopback here, as a head node's may where no DNS knows it.
+        c.Cluster.controller_location = {ssh_nodes.net.switch_addr!r}
+        c.SSHLauncher.ssh_args = {ssh_nodes.ssh_options!r}
+        c.SSHLauncher.scp_args = {ssh_nodes.ssh_options!r}
+        c.SSHLauncher.remote_python = {sys.executable!r}
+        c.SSHEngineSetLauncher.engine_cmd = [{sys.executable!r}, "-m", "ipyparallel.engine"]
+        # Each node its own remote profile: the nodes share this machine's files, and scp of the
+        # connection files onto themselves would empty them.
+        c.SSHEngineSetLauncher.engines = {{
+            {ssh_nodes.addr(0)!r}: {{"n": {RANKS_PER_NODE}, "remote_profile_dir": {profile_dirs[0]!r}}},
+            {ssh_nodes.addr(1)!r}: {{"n": {RANKS_PER_NODE}, "remote_profile_dir": {profile_dirs[1]!r}}},
+        }}
+        """)
+    result = _run_notebook(ssh_nodes, "ssh", _write_profile(ssh_nodes, settings))
+    _check_two_node_lab(result, ssh_nodes)
+    # ipyparallel's ssh ran the engines: each node's sshd let the key in.
+    for node in range(NODES):
+        assert "Accepted publickey for root" in ssh_nodes.sshd_log(node)
