@@ -6,9 +6,10 @@ import ipaddress
 
 import pytest
 
-from distlab.cluster.nodes import Link, Network, check_subnet, format_duration, format_rate, parse_duration, parse_rate
+from distlab.cluster.nodes import (
+    Link, Network, check_subnet, format_duration, format_rate, parse_duration, parse_rate, spread,
+)
 from distlab.errors import LabUsageError
-from distlab.notebook.config import LabConfig
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_a_networks_addresses_names_and_commands_follow_from_its_subnet():
 
 
 def test_ranks_spread_over_nodes_as_evenly_as_they_can():
-    assert LabConfig(ranks=4, nodes=2).ranks_per_node() == [2, 2]
-    assert LabConfig(ranks=5, nodes=2).ranks_per_node() == [3, 2]
-    assert LabConfig(ranks=3, nodes=3).ranks_per_node() == [1, 1, 1]
-    assert LabConfig(ranks=3).ranks_per_node() == [3]
+    assert spread(4, 2) == [2, 2]
+    assert spread(5, 2) == [3, 2]
+    assert spread(3, 3) == [1, 1, 1]
+    assert spread(3, 1) == [3]

@@ -252,6 +252,7 @@ def _run_notebook(nodes: SshNodes, launcher: str, ipython_dir: str) -> dict:
 
 
 def _check_two_node_lab(result: dict, nodes: SshNodes) -> None:
+    print({k: round(result[k], 1) for k in ("start_s", "hang_s", "stop_s")})  # shown with -s, or on failure
     table = result["table"]
     assert [r["rank"] for r in table] == [0, 1, 2, 3]
     hosts = [r["host"] for r in table]

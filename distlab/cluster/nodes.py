@@ -47,6 +47,7 @@ __all__ = [
     "parse_rate",
     "remove_orphans",
     "require_namespaces",
+    "spread",
 ]
 
 #: Where lab subnets come from by default: reserved for benchmarking networks (RFC 2544), so no
@@ -142,6 +143,11 @@ class Link:
 
     def as_dict(self) -> dict[str, object]:
         return {"rate": format_rate(self.rate_bps), "rate_bps": self.rate_bps, "latency_s": self.latency_s}
+
+
+def spread(ranks: int, nodes: int) -> list[int]:
+    """How many of ``ranks`` each of ``nodes`` runs: as even as can be, the first nodes taking one more."""
+    return [ranks // nodes + (1 if i < ranks % nodes else 0) for i in range(nodes)]
 
 
 def _capabilities() -> int:

@@ -123,6 +123,7 @@ class LabConfig:
         return None if self.link is None else Link.parse(self.link, self.latency)
 
     def ranks_per_node(self) -> list[int]:
-        """How many ranks each node runs: as even as can be, the first nodes taking one more."""
-        nodes = self.nodes or 1
-        return [self.ranks // nodes + (1 if i < self.ranks % nodes else 0) for i in range(nodes)]
+        """How many ranks each node runs (``cluster.nodes.spread``)."""
+        from ..cluster.nodes import spread
+
+        return spread(self.ranks, self.nodes or 1)

@@ -20,15 +20,23 @@
 
 # %%
 # %load_ext distlab
-from IPython.core.error import UsageError
+import distlab
+from distlab.cluster.nodes import require_namespaces
 
 try:
-    # %dist start -n 4 --nodes 2 --link 100mbit
+    require_namespaces()            # says in one line why namespaces and links cannot be made here
     on_nodes = True
-except UsageError as e:
+except distlab.LabUsageError as e:
     print(f"no emulated nodes here ({e}): 4 ranks on loopback instead, so the times below are CPU copying, not a link")
-    # %dist start -n 4
     on_nodes = False
+nodes = "--nodes 2 --link 100mbit" if on_nodes else ""
+
+# %% [markdown]
+# IPython fills `{nodes}` in before the magic runs: with nodes the line reads
+# `%dist start -n 4 --nodes 2 --link 100mbit`, without them `%dist start -n 4`.
+
+# %%
+# %dist start -n 4 {nodes}
 
 # %% [markdown]
 # `%dist status` shows where each rank runs: its node (host name), the node's address, and under the
@@ -50,7 +58,6 @@ except UsageError as e:
 
 # %%
 import torch
-import distlab
 from distlab import theory
 
 lab = distlab.current_lab()
@@ -291,13 +298,8 @@ else:
 # %dist stop
 
 # %%
-try:
-    # %dist start -n 4 --nodes 4 --link 100mbit
-    on_nodes = True
-except UsageError as e:
-    print(f"no emulated nodes here ({e}): 4 ranks on loopback instead")
-    # %dist start -n 4
-    on_nodes = False
+nodes = "--nodes 4 --link 100mbit" if on_nodes else ""
+# %dist start -n 4 {nodes}
 lab = distlab.current_lab()
 lab.push(timed=timed, RUNS=RUNS, MB=MB)
 
