@@ -27,6 +27,8 @@ interface IRank {
   rank: number;
   engine_id: number;
   host: string;
+  /** The address the other ranks reach this one at. */
+  addr: string;
   pid: number;
   device: string;
   health: string;
@@ -41,6 +43,9 @@ export interface ILabInfo {
   world_size: number;
   backend: string;
   launcher: string;
+  /** Emulated nodes (network namespaces) and the link between them, when the lab has them. */
+  nodes: number | null;
+  link: string | null;
   busy: boolean;
   updated: number;
   ranks: IRank[];
@@ -218,7 +223,8 @@ class LabsPanel extends Widget {
       el(
         'p',
         'distlab-summary',
-        `${lab.world_size} ranks · ${lab.backend} · launcher ${lab.launcher} · ${lab.busy ? 'running a cell' : 'idle'}`
+        `${lab.world_size} ranks${lab.nodes ? ` on ${lab.nodes} nodes, link ${lab.link ?? 'not shaped'}` : ''} · ` +
+          `${lab.backend} · launcher ${lab.launcher} · ${lab.busy ? 'running a cell' : 'idle'}`
       )
     );
     box.appendChild(el('p', 'distlab-training', fmtRate(lab)));
@@ -232,6 +238,7 @@ class LabsPanel extends Widget {
     for (const r of lab.ranks) {
       const row = el('tr', 'distlab-rank');
       row.dataset.rank = String(r.rank);
+      row.title = `rank ${r.rank} at ${r.addr}`;
       for (const v of [r.rank, r.host, r.pid, r.device]) {
         row.appendChild(el('td', '', String(v)));
       }
