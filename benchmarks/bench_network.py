@@ -115,9 +115,9 @@ def hierarchical(repeats: int) -> None:
             hier = statistics.median(max(out[r][1][i] for r in out) for i in range(repeats))
             sent = []
             for name in ("dist.all_reduce(x)", "hierarchical_all_reduce(x)"):
-                before = lab._network.sent_bytes()
+                before = lab.link_bytes()
                 lab.run(f"x = torch.ones({size_mb * MB // 4})\n{name}", stream=False, timeout=600)
-                after = lab._network.sent_bytes()
+                after = lab.link_bytes()
                 sent.append(statistics.mean(after[i] - before[i] for i in after) / (size_mb * MB))
             size = size_mb * MB
             print(f"| {link} | {size_mb} MB | {flat:.3f} | {1.5 * size / bandwidth:.3f} | {hier:.3f} | "

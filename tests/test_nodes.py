@@ -80,14 +80,13 @@ def test_ranks_are_grouped_by_node_and_reach_rank_0_at_node_0s_address(nodes_lab
 
 
 def test_traffic_between_nodes_crosses_the_link_and_traffic_within_a_node_does_not(nodes_lab):
-    network = nodes_lab._network
     nodes_lab.run("same_node = dist.new_group([0, 1])\nacross = dist.new_group([0, 2])", stream=False)
     size = 4 * 2**20  # bytes of float32
 
     def sent_by_node0(group: str, ranks: list[int]) -> int:
-        before = network.sent_bytes()[0]
+        before = nodes_lab.link_bytes()[0]
         nodes_lab.run(f"dist.all_reduce(torch.ones({size // 4}), group={group})", ranks=ranks, stream=False)
-        return network.sent_bytes()[0] - before
+        return nodes_lab.link_bytes()[0] - before
 
     assert sent_by_node0("same_node", [0, 1]) < size / 8  # loopback inside node 0: only the control chatter
     assert sent_by_node0("across", [0, 2]) >= size  # a 2-rank ring: each rank sends the whole tensor once

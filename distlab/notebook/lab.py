@@ -324,6 +324,13 @@ class Lab:
         registry.publish(self)
         return link
 
+    def link_bytes(self) -> dict[int, int]:
+        """{node: bytes it has sent onto its link so far}, as the kernel's queue counted them (frames,
+        headers included). Take it before and after a cell to see what crossed the links."""
+        self._require_nodes("link_bytes")
+        assert self._network is not None
+        return self._network.sent_bytes()
+
     def _require_nodes(self, what: str) -> None:
         self._require_running()
         if self._network is None:
