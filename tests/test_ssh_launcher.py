@@ -6,7 +6,8 @@ a machine that reaches the nodes (the switch), as a child Python process whose o
 ipyparallel's profile configuration (``ipcluster_config.py``: the nodes' addresses, how to ssh).
 ``distlab.start(launcher="ssh")`` then takes its multi-host path, with no distlab shortcut: the
 controller on every interface, engines started over ssh by ipyparallel, ranks grouped by the host
-names the engines report, rank 0's rendezvous at its node's address.
+names the engines report, rank 0's rendezvous at its node's address. The same nodes then run the
+lab with ``launcher="mpi"``: Open MPI's mpiexec on the switch starts the engines over the same sshds.
 
 Needs root (namespaces) and ``/usr/sbin/sshd`` (Debian's openssh-server; ``make test`` installs it).
 Everything started here (sshd, the notebook, its controller and engines, ssh connections, the
@@ -59,7 +60,8 @@ NOTEBOOK = textwrap.dedent(
             for r in lab.table
         ]
         seen = lab.run(
-            "import os, socket\\n(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], socket.gethostname())",
+            "import os, socket\\n(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], socket.gethostname(), "
+            "os.environ.get('OMPI_COMM_WORLD_RANK'))",
             stream=False,
         )
         out["seen"] = {str(rank): list(value) for rank, value in seen.items()}
@@ -227,6 +229,9 @@ def _run_notebook(nodes: SshNodes, launcher: str, ipython_dir: str) -> dict:
     """Run NOTEBOOK on the switch with ``launcher``; its RESULT, or a failure with everything it said."""
     out_path = os.path.join(ipython_dir, "notebook.out")
     env = dict(os.environ, IPYTHONDIR=ipython_dir)
+    # Open MPI's mpiexec refuses root without these (CI runs as root); conftest sets them too.
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     with open(out_path, "w") as out:
         proc = subprocess.Popen(
             [*nodes.net.exec_prefix(None), sys.executable, "-c", NOTEBOOK, launcher, str(START_TIMEOUT_S)],
@@ -264,7 +269,7 @@ def _check_two_node_lab(result: dict, nodes: SshNodes) -> None:
         assert row["addr"] == node_of[row["host"]], table  # the address its node reaches the others at
     assert [r["local_rank"] for r in table] == [0, 1, 0, 1], table
     master = node_of[hosts[0]]
-    for rank, (master_addr, local_rank, hostname) in result["seen"].items():
+    for rank, (master_addr, local_rank, hostname, _) in result["seen"].items():
         assert master_addr == master != "127.0.0.1", result["seen"]
         assert int(local_rank) == table[int(rank)]["local_rank"], result["seen"]
         assert hostname == table[int(rank)]["host"], result["seen"]
@@ -278,6 +283,7 @@ def _check_two_node_lab(result: dict, nodes: SshNodes) -> None:
 
 
 def test_ssh_launcher_starts_ranks_on_two_hosts_grouped_by_host(ssh_nodes: SshNodes) -> None:
+    """ipyparallel's SSHEngineSetLauncher, configured as its documentation shows, with 2 engines per host."""
     profile_dirs = {i: os.path.join(ssh_nodes.folder, f"node{i}-profile") for i in range(NODES)}
     settings = textwrap.dedent(f"""\
         c = get_config()  # noqa: F821
@@ -288,8 +294,8 @@ def test_ssh_launcher_starts_ranks_on_two_hosts_grouped_by_host(ssh_nodes: SshNo
         c.SSHLauncher.scp_args = {ssh_nodes.ssh_options!r}
         c.SSHLauncher.remote_python = {sys.executable!r}
         c.SSHEngineSetLauncher.engine_cmd = [{sys.executable!r}, "-m", "ipyparallel.engine"]
-        # Each node its own remote profile: the nodes share this machine's files, and scp of the
-        # connection files onto themselves would empty them.
+        # Each node its own remote profile, as on hosts that share no files with the notebook: the
+        # engines read the connection files ipyparallel sent there with scp, not the notebook's.
         c.SSHEngineSetLauncher.engines = {{
             {ssh_nodes.addr(0)!r}: {{"n": {RANKS_PER_NODE}, "remote_profile_dir": {profile_dirs[0]!r}}},
             {ssh_nodes.addr(1)!r}: {{"n": {RANKS_PER_NODE}, "remote_profile_dir": {profile_dirs[1]!r}}},
@@ -297,6 +303,37 @@ def test_ssh_launcher_starts_ranks_on_two_hosts_grouped_by_host(ssh_nodes: SshNo
         """)
     result = _run_notebook(ssh_nodes, "ssh", _write_profile(ssh_nodes, settings))
     _check_two_node_lab(result, ssh_nodes)
-    # ipyparallel's ssh ran the engines: each node's sshd let the key in.
+    # ipyparallel's ssh ran the engines: each node's sshd let the key in, and scp sent each node
+    # the controller's connection file.
     for node in range(NODES):
         assert "Accepted publickey for root" in ssh_nodes.sshd_log(node)
+        sent = os.listdir(os.path.join(profile_dirs[node], "security"))
+        assert any(name.endswith("-engine.json") for name in sent), sent
+
+
+@pytest.mark.mpi
+def test_mpi_launcher_starts_ranks_on_two_hosts_over_ssh_numbered_as_mpi_numbers_them(ssh_nodes: SshNodes) -> None:
+    """Open MPI's mpiexec, on the switch, starts the engines on both nodes through the same sshds."""
+    assert shutil.which("mpiexec"), "Open MPI's mpiexec is needed: apt-get install openmpi-bin (make test does)"
+    hostfile = os.path.join(ssh_nodes.folder, "hostfile")
+    with open(hostfile, "w") as f:
+        f.writelines(f"{ssh_nodes.addr(i)} slots={RANKS_PER_NODE}\n" for i in range(NODES))
+    mpi_args = [
+        "--hostfile", hostfile,
+        "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", " ".join(ssh_nodes.ssh_options),
+        # Open MPI passes its environment to no process on another host unless told: ipyparallel's
+        # engines find their profile and cluster through these two.
+        "-x", "IPP_PROFILE_DIR", "-x", "IPP_CLUSTER_ID",
+    ]
+    settings = textwrap.dedent(f"""\
+        c = get_config()  # noqa: F821
+        # Ranks on other hosts: the controller listens on every interface, at the switch's address.
+        c.Cluster.controller_ip = "*"
+        c.Cluster.controller_location = {ssh_nodes.net.switch_addr!r}
+        c.MPILauncher.mpi_args = {mpi_args!r}
+        """)
+    result = _run_notebook(ssh_nodes, "mpi", _write_profile(ssh_nodes, settings))
+    _check_two_node_lab(result, ssh_nodes)
+    # Ranks follow MPI's numbering (by slot: the hostfile's first node takes ranks 0 and 1).
+    assert {rank: int(seen[3]) for rank, seen in result["seen"].items()} == {str(r): r for r in range(4)}
+    assert [r["host"] for r in result["table"]] == ["node0", "node0", "node1", "node1"]

@@ -58,15 +58,9 @@ def make_cluster(
             "--IPController.client_transport=ipc",
             f"--IPController.client_ip={os.path.join(str(folder), _CLIENT_SOCKET)}",
         ]
-        controller_ip = ""
-    else:
-        # Listen on loopback unless engines may come from other hosts. Those need every interface:
-        # ipyparallel spells it "*" ("" would leave the controller's own default, loopback).
-        controller_ip = "127.0.0.1" if local else "*"
-    return ipp.Cluster(
+    cluster = ipp.Cluster(
         n=engines,
         engine_launcher_class=launcher,
-        controller_ip=controller_ip,
         controller_args=args,
         delay=0,
         # Engines start at once and wait for the controller's connection file, instead of
@@ -77,6 +71,14 @@ def make_cluster(
         # the notebook. Its default logger in a kernel is the kernel app's, so pass our own.
         log=_ipp_log(),
     )
+    if network is not None:
+        cluster.controller_ip = ""  # the addresses are the ones given above
+    elif not cluster.controller_ip:
+        # Where the user's ipyparallel profile says (c.Cluster.controller_ip = "*" for MPI ranks on
+        # other hosts); else loopback, unless engines may come from other hosts: those need every
+        # interface, which ipyparallel spells "*" ("" would leave the controller's default, loopback).
+        cluster.controller_ip = "127.0.0.1" if local else "*"
+    return cluster
 
 
 def controller_address(cluster: ipp.Cluster) -> str:
