@@ -10,8 +10,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -141,6 +143,25 @@ def test_a_collective_some_ranks_never_reach_is_diagnosed_and_released_across_no
     text = str(info.value)
     assert re.search(r"rank 0,2 waited in it", text) and re.search(r"rank 1,3 never arrived", text), text
     assert [r.pid for r in nodes_lab.status()] == pids  # released, not killed
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+
+
+def test_interrupting_the_notebook_stops_the_cell_on_every_node(nodes_lab):
+    # A kernel interrupt is SIGINT to the notebook's process: ranks on node1 sleep in Python, those
+    # on node0 wait in an all-reduce across the link that node1 never joins.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    pids = [r.pid for r in nodes_lab.status()]
+    timer.start()
+    try:
+        with pytest.raises(RankError) as info:
+            nodes_lab.run("import time\nif rank >= 2:\n    time.sleep(60)\nt = torch.ones(1)\ndist.all_reduce(t)",
+                          stream=False)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert set(info.value.ranks) == {0, 1, 2, 3}
+    assert [r.pid for r in nodes_lab.status()] == pids and all(r.health == "ok" for r in nodes_lab.status())
     assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
 
 
