@@ -206,7 +206,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert re.search(r"\[rank 0\] hello from rank 0 of 2", hello), hello
     assert re.search(r"\[rank 1\] hello from rank 1 of 2", hello), hello
     status = outputs[nb.index("%dist status")].inner_text()
-    assert re.search(r"^rank\s+engine_id\s+host\s+pid\s+device\s+backend\s+health", status, re.MULTILINE), status
+    assert re.search(r"^rank\s+engine_id\s+host\s+addr\s+pid\s+device\s+backend\s+health", status, re.MULTILINE), status
     assert len(re.findall(r"\bgloo\s+ok\b", status)) == 2, status
 
     # The dashboard under the training cell, with data plotted in it.

@@ -7,7 +7,14 @@ import ipaddress
 import pytest
 
 from distlab.cluster.nodes import (
-    Link, Network, check_subnet, format_duration, format_rate, parse_duration, parse_rate, spread,
+    Link,
+    Network,
+    check_subnet,
+    format_duration,
+    format_rate,
+    parse_duration,
+    parse_rate,
+    spread,
 )
 from distlab.errors import LabUsageError
 

@@ -25,7 +25,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..cluster.launch import (
-    controller_address, controller_start_args, engine_start_args, link_client_sockets, make_cluster,
+    controller_address,
+    controller_start_args,
+    engine_start_args,
+    link_client_sockets,
+    make_cluster,
 )
 from ..cluster.nodes import Link, Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
