@@ -11,7 +11,8 @@ import pytest
 from distlab.cluster.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD, engine_environment
 
 # A training step: zero_grad() frees the gradients (8 MiB for the larger layer) and backward makes
-# them again. Page faults per step, after 30 steps of warm-up, are the value of the last line.
+# them again. Page faults per step, after 30 steps of warm-up, the least of three windows of 20 steps,
+# are the value of the last line.
 _TRAIN = r"""
 import resource, torch
 torch.manual_seed(0)
@@ -25,10 +26,14 @@ def step():
     opt.step()
 for _ in range(30):
     step()
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    step()
-(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 20
+windows = []
+for _ in range(3):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        step()
+    windows.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 20)
+# A one-off burst (the machine settling) spoils one window; a heap that is trimmed faults in all.
+min(windows)
 """
 
 
