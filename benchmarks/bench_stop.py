@@ -31,7 +31,6 @@ def _ipyparallel_stop(lab: distlab.Lab) -> float:
     seconds = time.perf_counter() - t0
     lab._cluster = lab._client = None
     lab._guard.end_all(pgids, pids)
-    lab._releaser.close()
     return seconds
 
 

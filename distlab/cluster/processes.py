@@ -9,6 +9,7 @@ when the lab stops: trusting the processes, not ipyparallel's stop call.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 __all__ = ["ProcessGuard", "kill_group", "machine_id", "pid_alive", "reap", "terminate", "wait_for"]
 
 
+@functools.cache  # a process never moves to another machine
 def machine_id() -> str:
     """Which machine this is: the kernel's boot id, the same in every namespace of one machine.
 

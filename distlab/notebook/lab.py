@@ -317,14 +317,10 @@ class Lab:
         """
         self._require_nodes("set_link")
         assert self._network is not None
-        if rate is None:
-            if latency is not None:
-                raise LabUsageError('latency delays a shaped link: give a rate too, like set_link("1gbit", latency="1ms")')
-            link = None
-        else:
-            link = Link.parse(rate, latency)
+        config = replace(self.config, link=rate, latency=latency)  # checked as the lab's own config is
+        link = config.node_link()
         self._network.set_link(link)
-        self.config = replace(self.config, link=rate, latency=latency)
+        self.config = config
         registry.publish(self)
         return link
 
