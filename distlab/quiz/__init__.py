@@ -7,11 +7,13 @@
     attempt.answer()                  # computed by distlab.theory, never stored
 
 ``show(topic)`` (what ``%quiz TOPIC`` calls) gives the widget; ``summary()`` the mastery per topic.
-Live questions are graded on a running lab: ``q.draw(lab=lab)``.
+Live questions are graded on a running lab: ``q.draw(lab=lab)``. ``predict(...)`` asks for a guess
+before a measurement, graded by theory, and shows it beside the measurement (``p.reveal(x)``).
 """
 
 from .loader import Bank, BankError, bank, load_bank, schema
 from .model import Attempt, CheckResult, Option, Question
+from .predict import Comparison, Prediction, predict
 from .progress import Summary, TopicMastery, progress_path
 from .session import choose_questions, show, summary
 from .topics import DIFFICULTIES, TOPICS
@@ -23,13 +25,16 @@ __all__ = [
     "Bank",
     "BankError",
     "CheckResult",
+    "Comparison",
     "Option",
+    "Prediction",
     "Question",
     "Summary",
     "TopicMastery",
     "bank",
     "choose_questions",
     "load_bank",
+    "predict",
     "progress_path",
     "schema",
     "show",
