@@ -43,6 +43,12 @@ class GroupSpec:
     timeout_s: float
     #: torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL).
     debug: bool = False
+    #: The index of this rank's host (node) among the world's hosts, in rank order: torchrun's GROUP_RANK.
+    node: int = 0
+    #: The world's hosts: torchrun's GROUP_WORLD_SIZE.
+    nodes: int = 1
+    #: Ranks on this rank's host: torchrun's LOCAL_WORLD_SIZE (0: ``local_world_size``).
+    ranks_on_node: int = 0
 
 
 class CellError(TypedDict):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import distlab_processes
 from IPython.core.error import UsageError
 
 import distlab
 import distlab.notebook.magics
-from conftest import distlab_processes
-
 
 BAD_BEFORE_START = [
     ("dist", "start -n 0", "-n must be >= 1"),
@@ -34,6 +33,9 @@ BAD_BEFORE_START = [
     ("dist", "status", "no lab is running"),
     ("dist", "restart", "no lab is running"),
     ("dist", "kill 1", "no lab is running"),
+    ("dist", "run train.py --epochs 2", "no lab is running"),
+    ("dist", "run", "%dist run needs a script: %dist run train.py [ARGS...]"),
+    ("dist", "export train.py", "no lab is running"),
     ("ddp", "", "no lab is running"),
     ("quiz", "nope", "unknown topic 'nope'; choose one of: why-distribute"),
     ("quiz", "scaling -n 0", "-n must be >= 1"),
@@ -53,6 +55,12 @@ BAD_WHILE_RUNNING = [
     ("dist", "restart -n two", "-n must be a whole number"),
     ("dist", "restart now", "unrecognized arguments"),
     ("dist", "link 100mbit", "%dist link needs a lab on emulated nodes"),
+    ("dist", "run no-such-script.py --epochs 2", "no such file: no-such-script.py"),
+    ("dist", "run --timeout 0 train.py", "--timeout must be a number of seconds > 0"),
+    ("dist", "export /no/such/folder/train.py", "the folder /no/such/folder does not exist"),
+    ("dist", "export", "the following arguments are required: file"),
+    ("dist", "export a.py b.py", "unrecognized arguments"),
+    ("dist", "export no-cell-yet.py", "no cell has run on every rank yet: there is nothing to export"),
 ]
 
 BAD_ON_NODES = [

@@ -71,12 +71,14 @@ def test_ranks_are_grouped_by_node_and_reach_rank_0_at_node_0s_address(nodes_lab
     seen = nodes_lab.run(
         "import os, psutil\n"
         "routes = [line.split()[1] for line in open('/proc/net/route').read().splitlines()[1:]]\n"
-        "(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], sorted(psutil.net_if_addrs()), routes)",
+        "(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], sorted(psutil.net_if_addrs()), routes,\n"
+        " [os.environ[k] for k in ('GROUP_RANK', 'GROUP_WORLD_SIZE', 'LOCAL_WORLD_SIZE')])",
         stream=False,
     )
-    for rank, (master, local_rank, interfaces, routes) in seen.items():
+    for rank, (master, local_rank, interfaces, routes, torchrun_node) in seen.items():
         assert master == table[0].addr != "127.0.0.1"
         assert int(local_rank) == table[rank].local_rank
+        assert torchrun_node == [str(rank // 2), "2", "2"]  # torchrun's node index, node count, ranks per node
         assert interfaces == ["eth0", "lo"]  # the node's own loopback and its one link
         assert "00000000" not in routes  # no default route: nothing leaves the lab's network
 

@@ -1,6 +1,7 @@
 """One cell's run on the ranks: send, wait, stop what must stop, collect what each rank did.
 
-    outcome = CellRun(ctx, code, ranks=[0, 1], want="repr").run(timeout=None, printer=printer)
+    run = CellRun(ctx, [0, 1], lambda engine, rank: rpc.run_cell(engine, code, rank, "repr"))
+    outcome = run.run(timeout=None, printer=printer)
 
 The run is a small state machine. While ranks run, their output is streamed and the lab's
 listeners polled. It ends when every rank answered; or when one rank failed (the others get
@@ -23,12 +24,11 @@ from typing import Any
 import ipyparallel as ipp
 
 from ..errors import RankFailure, format_ranks
-from . import rpc
 from .release import Releaser
 from .streams import RankPrinter
 from .world import RankInfo
 
-__all__ = ["CellContext", "CellOutcome", "CellRun", "RunResult"]
+__all__ = ["CellContext", "CellOutcome", "CellRun", "RunResult", "Send"]
 
 # After SIGINT, how long ranks get to leave their cell before distlab aborts the process group
 # under them, and then how long before it kills them. Together they stay under 2 s.
@@ -38,10 +38,14 @@ ABORT_GRACE_S = 0.8
 FAILURE_GRACE_S = 0.3
 _POLL_S = 0.02
 # How gloo and NCCL word a collective failing because a peer process went away.
-_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited", re.I)
+_PEER_GONE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited", re.IGNORECASE
+)
 
 #: Called on every poll with ``(pending, final)``: pending maps rank -> AsyncResult.
 Listener = Callable[[dict[int, Any], bool], None]
+#: Sends the work to one rank: ``(engine, rank) -> AsyncResult`` of a ``wire.CellReply`` (an ``rpc`` call).
+Send = Callable[[Any, int], Any]
 
 
 class RunResult(dict[int, Any]):
@@ -81,14 +85,17 @@ class CellContext:
 
 
 class CellRun:
-    """One cell sent to some ranks; :meth:`run` waits for it and returns its :class:`CellOutcome`."""
+    """One cell sent to some ranks; :meth:`run` waits for it and returns its :class:`CellOutcome`.
 
-    def __init__(self, ctx: CellContext, code: str, ranks: Sequence[int], want: str) -> None:
+    ``send`` sends it to each rank: ``rpc.run_cell``, or ``rpc.run_script`` for a script, whose
+    ``filename`` (its path on the ranks) says where its lines are when a rank is stopped.
+    """
+
+    def __init__(self, ctx: CellContext, ranks: Sequence[int], send: Send, filename: str | None = None) -> None:
         self.ctx = ctx
         self.outcome = CellOutcome()
-        self.pending: dict[int, Any] = {
-            r: rpc.run_cell(ctx.client[ctx.table[r].engine_id], code, r, want) for r in ranks
-        }
+        self.pending: dict[int, Any] = {r: send(ctx.client[ctx.table[r].engine_id], r) for r in ranks}
+        self._filename = filename
         self._printer: RankPrinter | None = None
 
     def run(self, timeout: float | None, printer: RankPrinter | None) -> CellOutcome:
@@ -220,12 +227,12 @@ class CellRun:
                 # gloo noticed the dead peer before distlab did: say so in the same words.
                 outcome.failures[rank] = RankFailure(
                     rank, "Stopped", f"rank {format_ranks(dead)} died while this rank was in a collective with it"
-                    f"{_cell_line(failure.traceback)}", failure.traceback,
+                    f"{_cell_line(failure.traceback, self._filename)}", failure.traceback,
                 )
         for rank in outcome.stopped:
             # Say why distlab stopped the rank; what it was doing stays in the message.
             was = outcome.failures.get(rank)
-            doing = _cell_line(was.traceback) if was is not None else ""
+            doing = _cell_line(was.traceback, self._filename) if was is not None else ""
             outcome.failures[rank] = RankFailure(
                 rank, "Stopped", f"stopped by distlab: {outcome.stopped_because}{doing}", was.traceback if was else ""
             )
@@ -235,11 +242,12 @@ class CellRun:
         return {rank: getattr(ar, name) or "" for rank, ar in self.pending.items()}
 
 
-def _cell_line(traceback_text: str) -> str:
-    """'; it was at line 4: dist.all_reduce(t)', from the deepest frame of the user's cell."""
+def _cell_line(traceback_text: str, filename: str | None = None) -> str:
+    """'; it was at line 4: dist.all_reduce(t)', from the deepest frame of the user's cell (or script)."""
     lines = traceback_text.splitlines()
+    name = re.escape(filename) if filename else r"<rank \d+ cell>"
     for i in range(len(lines) - 1, -1, -1):
-        match = re.search(r'File "<rank \d+ cell>", line (\d+)', lines[i])
+        match = re.search(rf'File "{name}", line (\d+)', lines[i])
         if match:
             source = lines[i + 1].strip() if i + 1 < len(lines) else ""
             return f"; it was at line {match.group(1)}: {source}"

@@ -39,6 +39,7 @@ def form_group(client: Any, world: World, timeout_s: float, debug: bool, rebuild
         "opening the rendezvous store on rank 0",
     )
     pending = {}
+    hosts = world.hosts()
     for r in world.table:
         target = client[r.engine_id]
         if rebuild:
@@ -48,6 +49,7 @@ def form_group(client: Any, world: World, timeout_s: float, debug: bool, rebuild
                 rank=r.rank, world_size=len(world.table), local_rank=r.local_rank,
                 local_world_size=world.sharing_cores(r), master_addr=world.master_addr,
                 master_port=port, backend=world.backend, timeout_s=timeout_s, debug=debug,
+                node=hosts.index(r.host), nodes=len(hosts), ranks_on_node=world.local_world_size(r.host),
             )
             pending[r.rank] = rpc.init_rank(target, spec)
     failures = {}

@@ -6,6 +6,7 @@ and a thin one: it holds the cluster and the world, and hands each job to the mo
 - ``config``: the checked configuration;  ``cluster.launch``: the ipyparallel cluster;
 - ``world``: the rank table and backend (pure);  ``group``: forming the process group;
 - ``cell``: a cell's run;  ``recovery``: diagnosis and repair after a failed cell;
+- ``script``: what the lab ran, and the torchrun script made of it (``export``);
 - ``cluster.processes``: which processes are ours, and ending them;  ``release``: freeing stuck ranks;
 - ``cluster.nodes``: emulated nodes (network namespaces) and the links between them.
 """
@@ -19,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 from dataclasses import replace
@@ -36,10 +38,11 @@ from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, 
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
 from ..server import registry
 from . import recovery, rpc
-from .cell import CellContext, CellRun, Listener, RunResult
+from .cell import CellContext, CellRun, Listener, RunResult, Send
 from .config import LabConfig
 from .group import form_group, get
 from .release import Releaser
+from .script import CellRan, Event, Pushed, Restarted, ScriptRan, build_script, export_path, read_script, script_args
 from .streams import RankPrinter
 from .world import RankInfo, RankTable, World, check_gpus, plan_world
 
@@ -88,6 +91,8 @@ class Lab:
         self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
         self.timings: dict[str, float] = {}
         self._phase_start = 0.0
+        # What ran, in order (cells that succeeded, pushes, scripts, restarts): what export writes.
+        self._history: list[Event] = []
 
     # The configuration, as attributes (the magics and tests read them).
     timeout = property(lambda self: self.config.timeout)
@@ -109,6 +114,7 @@ class Lab:
             check_gpus(self.world_size, self.config.backend, _local_gpus(self.config.backend))
         t0 = self._phase_start = time.perf_counter()
         _stop_at_exit(self)
+        self._history = []
         try:
             if self.config.nodes:
                 self._folder = tempfile.mkdtemp(prefix=f"distlab-lab-{os.getpid()}-")
@@ -207,6 +213,7 @@ class Lab:
             self.stop()
             raise
         self.timings["restart_s"] = time.perf_counter() - t0
+        self._history.append(Restarted(self.world_size))
         registry.publish(self)
         return self
 
@@ -344,8 +351,10 @@ class Lab:
         self._require_running()
         if not names:
             raise LabUsageError("nothing to push: name the values, like lab.push(lr=0.1)")
-        targets = [self.table[r].engine_id for r in self.ranks(ranks)]
+        selected = self.ranks(ranks)
+        targets = [self.table[r].engine_id for r in selected]
         get(self._client.direct_view(targets).push(names, block=False), self.timeout, "pushing to the ranks")
+        self._history.append(Pushed(tuple(names), self._subset(selected)))
 
     def pull(self, name: str, ranks: str | int | Iterable[int] | None = None) -> dict[int, Any]:
         """{rank: value of ``name``} from the given ranks (all by default)."""
@@ -388,6 +397,7 @@ class Lab:
         timeout: float | None = None,
         stream: bool = True,
         want: str = "value",
+        record: bool = True,
     ) -> RunResult:
         """Run ``code`` on the given ranks (all by default) and wait for it.
 
@@ -395,6 +405,8 @@ class Lab:
         last expression}. If any rank fails, raises RankError naming the ranks, with identical
         failures grouped; ranks still running are stopped, and a broken process group is rebuilt.
         ``timeout`` (seconds) bounds the whole cell; Ctrl-C / kernel interrupt stops it on every rank.
+        A cell that succeeds is kept for :meth:`export`; ``record=False`` leaves it out (code run for
+        distlab's own purposes, such as a quiz's check).
         """
         from .. import checks
 
@@ -404,7 +416,70 @@ class Lab:
         if timeout is not None:
             checks.positive("timeout", timeout, example="timeout=30")
         checks.choice("want", want, ("value", "repr"))
+        checks.flag("record", record)
         selected = self.ranks(ranks)
+        result = self._run_on(selected, timeout, stream, lambda engine, rank: rpc.run_cell(engine, code, rank, want))
+        if record:
+            self._history.append(CellRan(code, self._subset(selected)))
+        return result
+
+    def run_script(
+        self, path: str | os.PathLike[str], args: Iterable[str] = (), timeout: float | None = None, stream: bool = True
+    ) -> RunResult:
+        """Run a script written for torchrun on every rank, as ``__main__``, unchanged: ``%dist run``.
+
+        So that code written for torchrun runs in the lab as it is: ``sys.argv`` is ``[path, *args]``,
+        ``os.environ`` has torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, ...), the script's
+        ``init_process_group`` joins the lab's group and its ``destroy_process_group()`` leaves it up.
+        The file is read here and its text sent, so the ranks need not share this machine's files.
+        Output streams labelled by rank; a failure raises RankError as a cell's does, its traceback
+        naming the script's lines. Afterwards the names the script defined are the ranks' own.
+        Returns {rank: None}, with each rank's output (``.stdout``, ``.stderr``).
+        """
+        from .. import checks
+
+        self._require_running()
+        if timeout is not None:
+            checks.positive("timeout", timeout, example="timeout=30")
+        name, text = read_script(path)
+        argv = [name, *script_args(args)]
+        full = os.path.abspath(name)  # the file's name on the ranks, in tracebacks and __file__
+        result = self._run_on(
+            self.ranks(), timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full
+        )
+        self._history.append(ScriptRan(tuple(argv)))
+        return result
+
+    def export(self, path: str | os.PathLike[str]) -> str:
+        """Write the cells run so far on every rank as a script torchrun runs as it is; return its path.
+
+        So that what was built in the lab leaves it as a torchrun script: ``torchrun --standalone
+        --nproc_per_node=N path`` runs the cells that succeeded, in order, on ranks that start with
+        what a lab's rank has. What the script cannot carry (names pushed with :meth:`push`, cells run
+        on some ranks only, lines only IPython runs) is said in its comments and in a UserWarning.
+        """
+        self._require_running()
+        name = export_path(path)
+        script = build_script(self._history, self.world_size, self.backend, name)
+        if script.cells == 0:
+            raise LabUsageError("no cell has run on every rank yet: there is nothing to export")
+        try:
+            with open(name, "w", encoding="utf-8") as out:
+                out.write(script.text)
+        except OSError as exc:
+            raise LabUsageError(f"cannot write {name}: {exc.strerror}") from None
+        if script.notes:
+            warnings.warn(f"{name}: " + "; ".join(script.notes), UserWarning, stacklevel=2)
+        return name
+
+    def _subset(self, selected: list[int]) -> tuple[int, ...] | None:
+        """None for every rank of the world, else the ranks."""
+        return None if selected == list(range(self.world_size)) else tuple(selected)
+
+    def _run_on(
+        self, selected: list[int], timeout: float | None, stream: bool, send: Send, filename: str | None = None
+    ) -> RunResult:
+        """Send the work to the selected ranks, stream their output, and recover from a failure."""
         registered = set(self._client.ids)
         gone = [r for r in selected if self.table[r].engine_id not in registered]
         if gone:
@@ -414,7 +489,7 @@ class Lab:
                 notes=["the cell ran on no rank: %dist restart (lab.restart()) brings a full world back"],
             )
         ctx = self._cell_context()
-        cell = CellRun(ctx, code, selected, want)
+        cell = CellRun(ctx, selected, send, filename)
         printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
         outcome = cell.run(timeout, printer)
         if outcome.failures:

@@ -3,6 +3,7 @@
     %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...] [--debug]
                      [--nodes K [--link RATE [--latency T]] [--subnet NET]]
     %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off]
+    %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
     %%ddp [-r RANKS] [--timeout S]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +26,7 @@ from .config import LabConfig
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
-_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link")
+_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export")
 
 
 def _text(text: str) -> Any:
@@ -90,6 +92,21 @@ def _kill_parser() -> MagicArgumentParser:
     return p
 
 
+def _run_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist run", add_help=False)
+    p.add_argument("--timeout", type=_seconds, default=None, help="seconds the script may run")
+    p.add_argument("file", help="the script, as torchrun is given it")
+    # Everything after the file is the script's, options too (--epochs 2), as torchrun passes them.
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments: sys.argv[1:] on every rank")
+    return p
+
+
+def _export_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist export", add_help=False)
+    p.add_argument("file", help="the script to write, like train.py")
+    return p
+
+
 def _no_args_parser(sub: str) -> MagicArgumentParser:
     return MagicArgumentParser(prog=f"%dist {sub}", add_help=False)
 
@@ -106,9 +123,9 @@ class DistMagics(Magics):
 
     @line_magic
     def dist(self, line: str) -> Any:
-        """Start, inspect, restart, kill a rank of, or stop the lab.
+        """Start, inspect, restart, kill a rank of, or stop the lab; run or export a torchrun script.
 
-        %dist start -n 2 [--debug] | status | restart [-n N] | kill R | stop
+        %dist start -n 2 [--debug] | status | restart [-n N] | kill R | stop | run FILE.py [ARGS] | export FILE.py
         """
         try:
             words = shlex.split(line)
@@ -127,6 +144,12 @@ class DistMagics(Magics):
             return self._restart(_restart_parser().parse_args(rest).ranks)
         if sub == "link":
             return self._link(_link_parser().parse_args(rest))
+        if sub == "run":
+            if not rest:
+                raise UsageError("%dist run needs a script: %dist run train.py [ARGS...]")
+            return self._run(_run_parser().parse_args(rest))
+        if sub == "export":
+            return self._export(_export_parser().parse_args(rest).file)
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -202,6 +225,28 @@ class DistMagics(Magics):
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
         print(f"rank {rank} killed (SIGKILL); %dist restart brings the world back")
+
+    def _run(self, args: argparse.Namespace) -> None:
+        lab = self._running_lab()
+        from ..dashboard.autoshow import autoshow
+
+        try:
+            with autoshow(lab):  # the dashboard appears if the script watches a model
+                lab.run_script(args.file, args.args, timeout=args.timeout)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _export(self, file: str) -> None:
+        lab = self._running_lab()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
+                path = lab.export(file)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"wrote {path}; torchrun runs it as it is: torchrun --standalone --nproc_per_node={lab.world_size} {path}")
+        for warning in caught:
+            print(f"note: {warning.message}")  # what the script lacks of what ran
 
     def _stop(self) -> None:
         if self.lab is None or not self.lab.running:

@@ -21,10 +21,11 @@ __all__ = [
     "collective_trace",
     "describe",
     "init_rank",
-    "serve_release",
     "open_store",
     "rebuild_group",
     "run_cell",
+    "run_script",
+    "serve_release",
 ]
 
 #: wrapper name -> (module under ``distlab.rank``, function name there).
@@ -38,6 +39,7 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "serve_release": ("release", "serve_release"),
     "collective_trace": ("flight", "collective_trace"),
     "run_cell": ("cell", "run_cell"),
+    "run_script": ("cell", "run_script"),
 }
 
 
@@ -85,3 +87,8 @@ def collective_trace(target: Any, last: int) -> Any:
 def run_cell(target: Any, code: str, rank: int, want: str) -> Any:
     """-> ``wire.CellReply``."""
     return _call(target, "run_cell", code, rank, want)
+
+
+def run_script(target: Any, text: str, path: str, argv: list[str], rank: int) -> Any:
+    """-> ``wire.CellReply``: the script run as ``__main__`` with ``sys.argv = argv`` (``%dist run``)."""
+    return _call(target, "run_script", text, path, argv, rank)

@@ -66,6 +66,10 @@ class World:
     def local_world_size(self, host: str) -> int:
         return sum(1 for r in self.table if r.host == host)
 
+    def hosts(self) -> list[str]:
+        """The world's hosts, in the order of their first rank (a host's index is torchrun's GROUP_RANK)."""
+        return list(dict.fromkeys(r.host for r in self.table))
+
     def sharing_cores(self, info: RankInfo) -> int:
         """How many ranks share ``info``'s machine's cores: emulated nodes of one machine share
         them all, so they count together (by machine id), not per node."""

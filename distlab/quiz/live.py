@@ -132,7 +132,8 @@ class LiveQuestion(Question):
         if "observed" not in attempt.cache:
             if attempt.lab is None or attempt.rank is None:
                 raise ValueError(f"attempt of {self.id!r} has no lab: draw it with lab=...")
-            results = attempt.lab.run(self.program(attempt.params), timeout=LIVE_TIMEOUT_S)
+            # record=False: a quiz's probe is not part of the learner's program (lab.export leaves it out).
+            results = attempt.lab.run(self.program(attempt.params), timeout=LIVE_TIMEOUT_S, record=False)
             attempt.cache["observed"] = results[attempt.rank]
         return attempt.cache["observed"]
 

@@ -31,7 +31,9 @@ class LabLike(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def run(self, code: str, ranks: Any = None, timeout: float | None = None) -> Mapping[int, Any]: ...
+    def run(
+        self, code: str, ranks: Any = None, timeout: float | None = None, record: bool = True
+    ) -> Mapping[int, Any]: ...
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,27 @@
-"""Running a cell on a rank: the user's code in the rank's namespace, its failure described for the notebook."""
+"""Running a cell (or a torchrun script) on a rank: the user's code, its failure described for the notebook."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
 import linecache
+import os
 import signal
 import sys
 import threading
 import traceback
+import types
+from collections.abc import Callable
 from typing import Any
 
 from ..wire import CellError, CellReply
-from .namespace import user_namespace
+from .namespace import LAB_NAMES, user_namespace
 
-__all__ = ["run_cell"]
+__all__ = ["run_cell", "run_script"]
+
+# distlab's stand-ins for torch's init_process_group and destroy_process_group (``rank.torchrun``),
+# and the forwarding function torch's names now hold (``rank.torchcompat``).
+_STAND_INS = tuple(os.path.join(os.path.dirname(__file__), name) for name in ("torchrun.py", "torchcompat.py"))
 
 # Where the cell being handled is: "starting" until its code runs, "running" while it does, then
 # "ending" (packing the reply). A SIGINT in "starting" is kept for the moment the code would start.
@@ -50,14 +57,10 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
     """
     from IPython import get_ipython
 
-    global _cell_phase, _interrupt_pending
     shell = get_ipython()
     filename = f"<rank {rank} cell>"
-    _cell_phase, _interrupt_pending = "starting", False
-    if getattr(shell, "kernel", None) is not None and threading.current_thread() is threading.main_thread():
-        # Only inside the engine's request handler: ipykernel puts its own handler back after it.
-        signal.signal(signal.SIGINT, _interrupt_cell_code)
-    try:
+
+    def prepare() -> Callable[[], Any]:
         source = shell.transform_cell(code) if shell is not None else code
         # Register the source so tracebacks show the offending line, as in a notebook.
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -66,12 +69,83 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         namespace = user_namespace()
+
+        def run() -> Any:
+            exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell is the point
+            return eval(compile(last, filename, "eval"), namespace) if last is not None else None
+
+        return run
+
+    return _handle(filename, prepare, want)
+
+
+def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
+    """Run a script written for torchrun on this rank as ``python path`` would run it, unchanged.
+
+    So that code written for torchrun runs in the lab as it is (``%dist run``): it runs as
+    ``__main__`` (``if __name__ == "__main__":`` holds, ``sys.modules["__main__"]`` is its module,
+    so what it defines pickles), with ``sys.argv = argv``, ``__file__ = path`` and the script's
+    folder first on ``sys.path``; ``sys.exit()`` or ``sys.exit(0)`` is a success. Its
+    ``init_process_group`` joins the lab's group (``rank.torchrun``). The text comes from the
+    notebook, so the ranks need not share its files; it is compiled under ``path`` so that
+    tracebacks name the script and its lines. Afterwards the names the script defined are the
+    rank's, for the next cells (as IPython's ``%run`` leaves them), but for distlab's own (``rank``,
+    ``device``, ...: a script's global ``device`` need not be this rank's). Replies as
+    :func:`run_cell`, with no value.
+    """
+
+    def prepare() -> Callable[[], Any]:
+        linecache.cache[path] = (len(text), None, text.splitlines(True), path)
+        code = compile(text, path, "exec", dont_inherit=True)  # not distlab's __future__ imports
+        module = types.ModuleType("__main__")
+        module.__file__ = path
+
+        def run() -> None:
+            saved_argv, saved_main = sys.argv, sys.modules.get("__main__")
+            folder = os.path.dirname(path)
+            sys.argv = list(argv)
+            sys.modules["__main__"] = module
+            sys.path.insert(0, folder)
+            try:
+                exec(code, vars(module))  # noqa: S102 - running the user's script is the point
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    raise
+            finally:
+                sys.argv = saved_argv
+                if saved_main is not None:
+                    sys.modules["__main__"] = saved_main
+                with contextlib.suppress(ValueError):
+                    sys.path.remove(folder)
+                defined = vars(module).items()
+                user_namespace().update((k, v) for k, v in defined if not k.startswith("__") and k not in LAB_NAMES)
+
+        return run
+
+    return _handle(path, prepare, "value")
+
+
+def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) -> CellReply:
+    """Run what ``prepare`` makes ready, stoppable by SIGINT, and pack its reply.
+
+    ``prepare`` (reading, compiling) runs before the code starts; the function it returns is the
+    user's code. A SIGINT that arrives while preparing stops the code as it starts.
+    """
+    from IPython import get_ipython
+
+    global _cell_phase, _interrupt_pending
+    shell = get_ipython()
+    _cell_phase, _interrupt_pending = "starting", False
+    if getattr(shell, "kernel", None) is not None and threading.current_thread() is threading.main_thread():
+        # Only inside the engine's request handler: ipykernel puts its own handler back after it.
+        signal.signal(signal.SIGINT, _interrupt_cell_code)
+    try:
+        run = prepare()
         try:
             _cell_phase = "running"
             if _interrupt_pending:
                 raise KeyboardInterrupt
-            exec(compile(tree, filename, "exec"), namespace)
-            value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
+            value = run()
         finally:
             _cell_phase = "ending"
         if want == "repr":
@@ -99,6 +173,10 @@ def _describe_failure(exc: BaseException, filename: str) -> CellError:
     # Drop distlab's own frames above the user's code; keep everything from the cell down.
     start = next((i for i, f in enumerate(frames) if f.filename == filename), len(frames))
     trimmed = frames[start:] if start < len(frames) else frames[-1:]
+    if len(trimmed) > 1 and trimmed[-1].filename == _STAND_INS[0]:
+        # distlab's init_process_group refused the call: the error is about the user's line, shown last.
+        while len(trimmed) > 1 and trimmed[-1].filename in _STAND_INS:
+            trimmed.pop()
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(trimmed)
     lines += traceback.format_exception_only(type(exc), exc)

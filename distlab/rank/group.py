@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..wire import GroupSpec
-from . import namespace, torchcompat
+from . import namespace, torchcompat, torchrun
 from .identity import interface_of
 from .release import shutdown_peer_connections
 
@@ -67,6 +67,9 @@ def open_store(host: str, timeout_s: float) -> int:
 def init_rank(spec: GroupSpec) -> dict[str, Any]:
     """Bind the device, join the process group, prove it with one all-reduce, fill the namespace.
 
+    The rank also gets torchrun's variables, and ``init_process_group`` joins this group from now
+    on (``rank.torchrun``), so code written for torchrun runs in a cell as it is.
+
     ``spec.debug`` turns on torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): every
     collective is first compared across ranks, so an op or shape mismatch fails at once, named.
     """
@@ -76,13 +79,7 @@ def init_rank(spec: GroupSpec) -> dict[str, Any]:
         # N ranks sharing a host's cores each default to all of them and thrash; split them
         # (torchrun does the same by setting OMP_NUM_THREADS=1).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_world_size))
-    os.environ.update(
-        MASTER_ADDR=spec.master_addr,
-        MASTER_PORT=str(spec.master_port),
-        RANK=str(spec.rank),
-        WORLD_SIZE=str(spec.world_size),
-        LOCAL_RANK=str(spec.local_rank),
-    )
+    torchrun.set_environment(spec)  # RANK, WORLD_SIZE, MASTER_ADDR, ... as torchrun gives them
     _choose_gloo_interface(spec.master_addr)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", _FLIGHT_RECORDER_ENTRIES)
     if spec.debug:
@@ -99,19 +96,21 @@ def init_rank(spec: GroupSpec) -> dict[str, Any]:
     with contextlib.suppress(Exception):
         torchcompat.reset_group_count()
     t0 = time.perf_counter()
-    dist.init_process_group(
-        spec.backend,
-        store=_store,
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.timeout_s),
-        device_id=device if device.type == "cuda" else None,
-    )
+    with torchrun.lab_owned():  # torch's own init_process_group, not the one cells call (which joins)
+        dist.init_process_group(
+            spec.backend,
+            store=_store,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timedelta(seconds=spec.timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
     probe = torch.ones(1, device=device)
     dist.all_reduce(probe)
     if int(probe.item()) != spec.world_size:
         raise RuntimeError(f"first all-reduce gave {probe.item()}, expected {spec.world_size}")
     _spec, _device = spec, device
+    torchrun.follow(spec)  # from now on a cell's init_process_group joins this group
     namespace.fill(spec.rank, spec.world_size, spec.local_rank, device)
     return {"device": str(device), "init_s": time.perf_counter() - t0}
 
@@ -193,6 +192,7 @@ def _destroy_group() -> None:
     for keys that never come (measured: every rebuild after a released barrier timed out).
     """
     try:
-        dist.destroy_process_group()
+        with torchrun.lab_owned():  # really destroyed (a cell's destroy_process_group() leaves it up)
+            dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group may fail to shut down: forget it anyway
         torchcompat.forget_process_groups()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fill", "user_namespace"]
+__all__ = ["LAB_NAMES", "fill", "user_namespace"]
+
+#: The names distlab gives every cell (``fill``; kept in step with it).
+LAB_NAMES = ("rank", "world_size", "local_rank", "device", "torch", "dist", "distlab")
 
 # Outside an engine (a unit test calling rank functions in-process) cells get a namespace of their own.
 _fallback: dict[str, Any] = {}

@@ -13,11 +13,12 @@ machines), it refuses with one line saying what to install, unless ``DISTLAB_ALL
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "foreach_norm",
     "foreach_sub_",
     "forget_process_groups",
+    "replace_group_functions",
     "reset_group_count",
     "set_reducer_group",
     "swappable_reducer",
@@ -195,6 +197,34 @@ def forget_process_groups() -> None:
         c10d._unregister_all_process_groups()  # the C++ registry that resolves groups by name
     with contextlib.suppress(Exception):
         reset_group_count()
+
+
+def replace_group_functions(
+    init: Callable[..., Any], destroy: Callable[..., Any]
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Make ``init_process_group`` call ``init`` and ``destroy_process_group`` call ``destroy``; return torch's two.
+
+    Both are defined in ``torch.distributed.distributed_c10d`` and re-exported by
+    ``torch.distributed``: each name is replaced in both modules, so ``dist.init_process_group(...)``
+    and a later ``from torch.distributed import init_process_group`` reach the replacement. A module
+    that imported torch's function by name before keeps it (``device_mesh`` does, and calls it only
+    when no group is up). The replacements show torch's name, signature and documentation.
+    """
+    c10d = dist.distributed_c10d
+    torch_init, torch_destroy = c10d.init_process_group, c10d.destroy_process_group
+    for name, ours, theirs in (("init_process_group", init, torch_init), ("destroy_process_group", destroy, torch_destroy)):
+        replacement = _forwarding(ours, theirs)
+        setattr(c10d, name, replacement)
+        setattr(dist, name, replacement)
+    return torch_init, torch_destroy
+
+
+def _forwarding(ours: Callable[..., Any], theirs: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(theirs)
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        return ours(*args, **kwargs)
+
+    return replacement
 
 
 def flight_recorder_dump() -> dict[str, Any] | None:
