@@ -4,14 +4,15 @@
 # Data parallelism is the simplest way to use more than one device: every worker holds a **full copy**
 # of the model, works on a **different slice** of the data, and before each update the workers agree
 # on one gradient by **averaging** theirs. Because every copy starts from the same weights and applies
-# the same averaged gradient, the copies never drift apart.
+# the same averaged gradient, the copies' weights never drift apart (a model's *buffers*, such as
+# BatchNorm's running statistics, are not gradients: notebook 10 shows what happens to them).
 #
 # In this lab you will
 #
 # 1. average gradients by hand with `all_reduce`, and check that the two replicas stay bit-identical;
 # 2. check that this is exactly one model trained on the two batches put together;
 # 3. let `DistributedDataParallel` (DDP) do the same thing for you, and watch it live;
-# 4. read the training round as a table: who does what, step by step.
+# 4. read a run of your own as a table, step by step: who does what, local and global state.
 #
 # Everything runs on 2 CPU ranks (gloo) started by distlab.
 
@@ -85,7 +86,10 @@ print(f"last loss on my batch: {loss.item():.3f}")
 
 # %% [markdown]
 # The ranks saw different data and had different losses, but they should hold the very same
-# weights. Pull them back and compare them bit for bit:
+# weights. (The dashboard's line about the link fits the ring model to these all-reduces; tensors
+# of 40 bytes to 8 KB cost almost nothing but latency, so the bandwidth it fits here means nothing:
+# notebook 03 measures the link with sizes up to 16 MB.) Pull the weights back and compare them
+# bit for bit:
 
 # %% tags=["nbval-check-output"]
 manual = lab.pull("manual")                      # {rank: [tensor, ...]}
@@ -120,7 +124,8 @@ print("one process on the combined batch of", 2 * BATCH, "gives the same weights
 # rest, so communication overlaps computation. Here the model is small enough to fit in one bucket.
 #
 # The dashboard under the cell shows the loss of each rank, the all-reduce timeline, gradient norms
-# per layer, whether the replicas agree, and the measured link speed.
+# per layer, whether the replicas agree, and what the all-reduces say about the link (not much here:
+# one bucket of 9.6 KB a step, a single size, so it does not fit the ring model).
 
 # %%
 # %%ddp
@@ -164,22 +169,104 @@ print(analysis.divergence(records, lab.telemetry.meta()).message)
 #
 # One round of data-parallel training is always the same sequence: split the data -> every worker
 # holds the model -> each trains on its slice -> they share gradients -> the gradients are
-# aggregated -> the model is updated everywhere -> repeat. Here are the last two steps of the DDP run,
-# as the ranks recorded them (the numbers are live measurements; the actions and the global state are
-# what the round must look like):
+# aggregated -> the model is updated everywhere -> repeat. To see every step of it, train a small run
+# of **2 epochs of 6 steps**, by hand as in step 1, and record what the table needs:
+#
+# * each rank owns a contiguous shard of 96 samples (rank 0: samples 0..95, rank 1: 96..191) and
+#   trains on 16 of them per step, so an epoch is 6 steps, and epoch 1 goes over the same samples
+#   again in the same order (notebook 02 shuffles them with `DistributedSampler` instead);
+# * `distlab.watch(model, stats_every=1, checksum_every=1)` records, at every step, the loss, the
+#   timed all-reduces, the norms of the gradient and of the weights, and an exact checksum of the
+#   weights after the update;
+# * `distlab.log` adds what only the loop knows: which samples the rank trained on, the norm of the
+#   rank's **own** gradient before the exchange, and the first three values of the output layer's
+#   bias (`peek`), a few numbers you can read.
 
 # %%
-rows = analysis.trace_rows(records, [0, 1], last_steps=2)
-print(f"{'step':>4} {'epoch':>5} {'rank':>4}  {'action':<45} {'local state':<38} global state")
-for r in rows:
-    print(f"{r.step:>4} {r.epoch:>5} {r.rank:>4}  {r.action:<45} {r.local:<38} {r.world}")
+SHARD, PER_STEP, EPOCHS = 96, 16, 2          # per rank: 96 samples, 16 a step, so 6 steps an epoch
+
+def shard_batch(rank, i):
+    """Rank `rank`'s i-th batch of an epoch: samples first..last of its contiguous shard."""
+    first = rank * SHARD + i * PER_STEP
+    return first, first + PER_STEP - 1, X[first:first + PER_STEP], y[first:first + PER_STEP]
+
+def peek(model, prefix="w"):
+    """The first three values of the output layer's bias, as {"w0": ..., "w1": ..., "w2": ...}."""
+    return {f"{prefix}{i}": v for i, v in enumerate(model[-1].bias.detach()[:3].tolist())}
+
+lab.push(SHARD=SHARD, PER_STEP=PER_STEP, EPOCHS=EPOCHS, shard_batch=shard_batch, peek=peek)
+
+# %%
+# %%ddp
+model = make_model()
+w = distlab.watch(model, stats_every=1, checksum_every=1)
+distlab.log(**peek(model, "start_w"))                # what every replica starts from
+for epoch in range(EPOCHS):
+    for i in range(SHARD // PER_STEP):
+        first, last, xb, yb = shard_batch(rank, i)
+        loss = F.cross_entropy(model(xb), yb)        # forward ...
+        model.zero_grad(set_to_none=True)
+        loss.backward()                              # ... and backward, on this rank's samples only
+        own = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
+        for p in model.parameters():
+            w.all_reduce(p.grad)                     # share: every rank gets the sum of the gradients
+        for p in model.parameters():
+            p.grad /= world_size                     # aggregate: the sum becomes the average
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad                     # update: the same step on every replica
+        distlab.log(loss=loss, epoch=epoch, samples_from=first, samples_to=last, own_grad_norm=own,
+                    **peek(model))
+w.close()
 
 # %% [markdown]
-# The same table without the live numbers, so that a change in what the round does is caught:
+# Now the table, built from what your ranks recorded (`lab.telemetry`). Every step has a
+# forward/backward row per rank (its own samples, its own loss and gradient: **local state**), one
+# all-reduce row and one aggregate row for the whole world, and an update row per rank; the last row
+# is the exit. The **global state** is the model the replicas share. In data parallelism it is stored
+# nowhere else: the table shows the checksum of the weights all ranks agree on (an exact integer sum
+# of the weights' bit patterns; its low 32 bits in hex), and would say "none" where they differ.
+
+# %%
+from distlab.dashboard import rounds
+
+table = rounds.round_table(lab.telemetry.records(), lab.telemetry.meta())
+table
+
+# %% [markdown]
+# Read it down one step: the two losses and the two own-gradient norms differ (different samples),
+# the averaged gradient is one number for the world, and after the update both ranks hold the same
+# weights, which the next step's forward starts from. What must hold of every synchronous round,
+# checked on your table:
 
 # %% tags=["nbval-check-output"]
-for r in rows:
-    print(r.step, r.rank, r.action.split(" (")[0], "|", r.world)
+for fact, value in table.facts().items():
+    print(f"{fact}: {value}")
+
+# %% [markdown]
+# ### The status tracker
+#
+# The same run at four moments: the global weights and each rank's local weights, as a checksum and
+# the three values `peek` logged.
+
+# %%
+tracker = table.tracker(after=(5, 10))
+tracker
+
+# %% tags=["nbval-check-output"]
+print([point.when for point in tracker.points])
+print("every rank's local weights equal the global ones at each:",
+      all(point.locals_equal_global() for point in tracker.points))
+print("the global weights differ from one moment to the next:",
+      len({point.global_checksum for point in tracker.points}) == len(tracker.points))
+
+# %% [markdown]
+# ### Questions on your table
+#
+# These are graded against the table above: the answers are your ranks' own numbers.
+
+# %%
+table.quiz()
 
 # %% [markdown]
 # Two ways to break the round, and what they do:

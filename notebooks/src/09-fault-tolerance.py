@@ -2,9 +2,9 @@
 # # 09 · Fault tolerance: checkpoint, crash, restart, resume
 #
 # A job on many devices fails more often than a job on one: if any of N devices can stop it, the
-# job's mean time between failures is the device's divided by N. Long runs survive by
-# **checkpointing** regularly and **resuming** from the last checkpoint after a failure, losing only
-# the work done since.
+# job's mean time between failures is the device's divided by N (for independent failures). Long
+# runs survive by **checkpointing** regularly and **resuming** from the last checkpoint after a
+# failure, losing only the work done since.
 #
 # Two rules make a checkpoint trustworthy:
 #
@@ -16,7 +16,8 @@
 #
 # `distlab.checkpoint.save` / `load` do both, and also keep the optimizer state, the sampler's epoch
 # and every rank's random-number state, so that a resumed run continues **exactly** as if it had
-# never stopped. This lab proves that on two ranks, with a real crash in the middle.
+# never stopped. This lab proves that on two ranks, with a real crash in the middle, then resumes the
+# same checkpoint on three ranks, as an elastic job would.
 
 # %%
 # %load_ext distlab
@@ -27,8 +28,9 @@
 #
 # The loop is defined once, in the notebook, and pushed to the ranks (after a restart the ranks are
 # fresh processes, so it is pushed again). It looks for the latest checkpoint in its directory and,
-# if there is one, loads it and skips the batches of the current epoch that were already done.
-# Every `every` steps it saves. `crash_at` makes rank 1 die by `SIGKILL` at that step, the way a
+# if there is one, loads it and skips the batches of the current epoch that were already done (a
+# count it saves with each checkpoint, as `extra`; at another world size it starts the epoch over,
+# as the elastic section explains). Every `every` steps it saves. `crash_at` makes rank 1 die by `SIGKILL` at that step, the way a
 # machine losing power would: no exception, no clean-up.
 
 # %%
@@ -45,30 +47,40 @@ work = tempfile.mkdtemp(prefix="distlab-09-")
 REF, RUN = os.path.join(work, "reference"), os.path.join(work, "run")
 
 def train(ckpt_dir, total_steps, every=10, crash_at=None):
-    """Train to `total_steps` optimizer steps, resuming from the latest checkpoint in `ckpt_dir`."""
+    """Train to `total_steps` optimizer steps, resuming from the latest checkpoint in `ckpt_dir`.
+
+    Returns the final weights, the weights the run started from (after loading a checkpoint), a log,
+    the step it started from, the batches of an epoch per rank, and the seconds a step took here.
+    """
     import signal
+    import time
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     data = TensorDataset(torch.tensor(digits.data, dtype=torch.float32) / 16, torch.tensor(digits.target))
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)   # momentum: state that must survive
-    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    sampler = DistributedSampler(data, shuffle=True, seed=0)           # this rank's share of this world
     loader = DataLoader(data, batch_size=32, sampler=sampler, generator=torch.Generator())
 
-    step, epoch, log = 0, 0, []
+    step, epoch, done_in_epoch, log = 0, 0, 0, []
     last = checkpoint.latest(ckpt_dir)
     if last is not None:
         state = checkpoint.load(last, model=model, optimizer=opt, sampler=sampler)
         step, epoch = state["step"], state["epoch"]
-        log.append(f"resumed from {last.name}: step {step}, epoch {epoch}")
+        if state["world_size"] == world:
+            done_in_epoch = state["extra"]["done_in_epoch"]   # batches of this epoch already trained on
+        # at another world size the epoch is cut into other batches: it starts over (done_in_epoch 0)
+        log.append(f"resumed from {last.name}: step {step}, epoch {epoch}, saved by {state['world_size']} "
+                   f"ranks, {world} now; RNG state {state['rng']}")
+    first_step, start = step, [p.detach().clone() for p in model.module.parameters()]
+    began = time.perf_counter()
     while step < total_steps:
         sampler.set_epoch(epoch)
-        done_in_epoch = step - epoch * len(loader)       # batches of this epoch already trained on
         for i, (x, y) in enumerate(loader):
             if i < done_in_epoch:
                 continue
@@ -82,13 +94,15 @@ def train(ckpt_dir, total_steps, every=10, crash_at=None):
             distlab.log(loss=loss, epoch=epoch)
             if step % every == 0:
                 checkpoint.save(checkpoint.path_for(ckpt_dir, step), model=model, optimizer=opt,
-                                step=step, sampler=sampler)
+                                step=step, sampler=sampler, extra={"done_in_epoch": i + 1})
                 log.append(f"step {step} (epoch {epoch}): checkpoint saved")
             if step == total_steps:
                 break
         else:
-            epoch += 1
-    return [p.detach().clone() for p in model.module.parameters()], log
+            epoch, done_in_epoch = epoch + 1, 0
+    return {"weights": [p.detach().clone() for p in model.module.parameters()], "start": start, "log": log,
+            "first_step": first_step, "batches_per_epoch": len(loader),
+            "s_per_step": (time.perf_counter() - began) / max(1, step - first_step)}
 
 lab = distlab.current_lab()
 lab.push(train=train, REF=REF, RUN=RUN)
@@ -101,12 +115,13 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-reference, ref_log = train(REF, total_steps=40)
+ref = train(REF, total_steps=40)
 if rank == 0:
-    print(*ref_log, sep="\n")
+    print(*ref["log"], sep="\n")
 
 # %%
-reference = lab.pull("reference", ranks=0)[0]      # kept in the notebook: rank memory does not survive
+ref = lab.pull("ref", ranks=0)[0]         # kept in the notebook: rank memory does not survive a crash
+reference = ref["weights"]
 
 # %% [markdown]
 # ## The run that crashes
@@ -117,7 +132,7 @@ reference = lab.pull("reference", ranks=0)[0]      # kept in the notebook: rank 
 
 # %% tags=["raises-exception"]
 # %%ddp
-weights, run_log = train(RUN, total_steps=40, crash_at=25)
+run = train(RUN, total_steps=40, crash_at=25)
 
 # %% tags=["nbval-check-output"]
 print([(row.rank, row.health) for row in lab.status()])
@@ -136,26 +151,41 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-weights, run_log = train(RUN, total_steps=40)
+run = train(RUN, total_steps=40)
 if rank == 0:
-    print(*run_log, sep="\n")
+    print(*run["log"], sep="\n")
 
 # %% [markdown]
-# The resumed run started at step 20 (5 steps of work, 20 to 25, were lost and redone) and finished
-# at 40. Compare it with the run that never failed, bit for bit:
+# The resumed run started at step 20 and finished at 40. Compare it with the run that never failed,
+# bit for bit:
 
 # %% tags=["nbval-check-output"]
-weights = lab.pull("weights")
+run = lab.pull("run")
 print("resumed run identical to the uninterrupted run:",
-      all(torch.equal(a, b) for a, b in zip(weights[0], reference)))
-print("replicas identical:", all(torch.equal(a, b) for a, b in zip(weights[0], weights[1])))
-print("steps redone after the crash:", theory.lost_work_s(25, 10))
+      all(torch.equal(a, b) for a, b in zip(run[0]["weights"], reference)))
+print("replicas identical:", all(torch.equal(a, b) for a, b in zip(run[0]["weights"], run[1]["weights"])))
 
 # %% [markdown]
-# Identical, not merely close: same weights, same momentum buffers, same position in the same
-# shuffled epoch. That is the standard a checkpoint should meet; "the loss curve looks similar" hides
-# bugs such as a sampler that restarts its epoch or an optimizer that lost its state.
+# Identical, not merely close. Equal weights after 20 more steps also vouch for what is not compared
+# here: with the momentum buffers lost, or a sampler that restarted its epoch, the same 20 steps would
+# have ended elsewhere. That is the standard a checkpoint should meet; "the loss curve looks similar"
+# hides exactly such bugs.
 #
+# What the crash cost is the work since the last checkpoint: steps 20 to 25, done twice.
+# `theory.lost_work_s(elapsed_s, checkpoint_interval_s)` counts it in seconds: the time since the start
+# modulo the checkpoint interval. At the pace a step took here (checkpoints included, measured in the
+# run that never failed):
+
+# %%
+step_s = ref["s_per_step"]
+lost_s = theory.lost_work_s(elapsed_s=25 * step_s, checkpoint_interval_s=10 * step_s)
+print(f"a step took {step_s * 1e3:.1f} ms; the crash 25 steps in, with a checkpoint every 10, lost {lost_s * 1e3:.0f} ms")
+
+# %% tags=["nbval-check-output"]
+print("steps redone (crash step - step resumed from):", 25 - run[0]["first_step"])
+print("theory.lost_work_s, counted in steps:", round(lost_s / step_s))
+
+# %% [markdown]
 # ## Fault injection from the notebook: `%dist kill`
 #
 # `%dist kill 1` hard-kills rank 1 now, as a crash would. The next cell cannot run on a world with a
@@ -166,7 +196,7 @@ print("steps redone after the crash:", theory.lost_work_s(25, 10))
 
 # %% tags=["raises-exception"]
 # %%ddp
-weights, run_log = train(RUN, total_steps=50)
+run = train(RUN, total_steps=50)
 
 # %% [markdown]
 # Restart, push, and go on to step 50 from the checkpoint of step 40:
@@ -177,11 +207,60 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-weights, run_log = train(RUN, total_steps=50)
+run = train(RUN, total_steps=50)
 
 # %% tags=["nbval-check-output"]
-print(*lab.pull("run_log", ranks=0)[0], sep="\n")
+print(*lab.pull("run", ranks=0)[0]["log"], sep="\n")
 print("checkpoints on disk:", sorted(os.listdir(RUN)))
+
+# %% [markdown]
+# ## Elastic training: resume at another world size
+#
+# `torchrun` can run a job elastically (`torchrun --nnodes=MIN:MAX` with a rendezvous backend). When a
+# node leaves or joins, its agent does not carry on with the workers that are left: it **stops every
+# worker and starts all of them again** in a group of the new size, with new `RANK`s and `WORLD_SIZE`,
+# and the script resumes from its last checkpoint (PyTorch docs, "torchrun (Elastic Launch)" and
+# "Elastic Agent": "reacts to membership changes and restarts workers with the new members"). Nothing
+# survives in memory; what the new world knows is what the checkpoint holds.
+#
+# Do the same here: the last checkpoint was written by 2 ranks at step 50. `%dist restart -n 3` stops
+# both ranks and starts 3 fresh ones, and the same `train` resumes from that checkpoint and goes on to
+# step 60. DDP's weights and optimizer state are the same on every rank, so one file serves any world
+# size: every rank of the new world loads it. What changes with the size:
+#
+# * **the data each rank gets**: `DistributedSampler` cuts each epoch's shuffled order into 3 shares
+#   instead of 2, so an epoch is fewer batches per rank, and a position inside an epoch saved at 2
+#   ranks means nothing at 3: `train` starts the interrupted epoch over (the checkpoint of step 50 was
+#   21 batches into epoch 1, and those samples are seen again). Elastic jobs therefore checkpoint at
+#   epoch ends, or save how many samples of the epoch were consumed;
+# * **the global batch**: 32 per rank x 3 ranks = 96 instead of 64, unless the per-rank batch changes;
+# * **the learning rate rule**: the linear scaling rule (Goyal et al., 2017, "Accurate, Large Minibatch
+#   SGD") would scale the rate with the global batch, x 1.5 here; `train` keeps lr = 0.05, so the
+#   resumed run is a different run from here on, not the continuation 2 ranks would have made;
+# * **random state**: ranks 0 and 1 get their own RNG states back; rank 2 had none, and `checkpoint.load`
+#   seeds it from (step, rank), the same way every time.
+
+# %%
+# %dist restart -n 3
+lab.push(train=train, REF=REF, RUN=RUN)
+
+# %%
+# %%ddp
+elastic = train(RUN, total_steps=60)
+print(*elastic["log"][:1], sep="\n")
+
+# %% tags=["nbval-check-output"]
+elastic = lab.pull("elastic")
+saved = checkpoint.read(os.path.join(RUN, "ckpt-00000050.pt"))
+print("world size now:", lab.world_size, "| saved by:", saved["world_size"], "ranks at step", saved["step"])
+print("every rank resumed from step 50:", all(e["first_step"] == 50 for e in elastic.values()))
+print("every rank started from the checkpoint's weights:",
+      all(torch.equal(w, saved["model"][k]) for e in elastic.values() for w, k in zip(e["start"], saved["model"])))
+print("batches per epoch per rank: 2 ranks", run[0]["batches_per_epoch"], "-> 3 ranks",
+      elastic[0]["batches_per_epoch"])
+print("global batch: 2 ranks", 32 * 2, "-> 3 ranks", 32 * lab.world_size)
+print("replicas identical at step 60:",
+      all(torch.equal(a, b) for e in elastic.values() for a, b in zip(e["weights"], elastic[0]["weights"])))
 
 # %% [markdown]
 # ## Why the rename matters
@@ -189,16 +268,16 @@ print("checkpoints on disk:", sorted(os.listdir(RUN)))
 # A writer killed halfway leaves a torn file. `checkpoint.save` writes to a hidden temporary file
 # next to the target and renames it only when it is complete and flushed, so a torn file is never
 # under a checkpoint's name, and `latest()` never returns one. Simulate a writer that died at step
-# 60, then a careless writer that wrote straight onto the final name:
+# 70, then a careless writer that wrote straight onto the final name:
 
 # %% tags=["nbval-check-output"]
 good = checkpoint.latest(RUN)
 blob = open(good, "rb").read()
-with open(os.path.join(RUN, ".ckpt-00000060.pt.tmp-host-999999-dead"), "wb") as f:
+with open(os.path.join(RUN, ".ckpt-00000070.pt.tmp-host-999999-dead"), "wb") as f:
     f.write(blob[: len(blob) // 2])                  # what a killed atomic writer leaves: hidden
 print("latest checkpoint is still:", checkpoint.latest(RUN).name)
 
-torn = os.path.join(RUN, "ckpt-00000070.pt")
+torn = os.path.join(RUN, "ckpt-00000080.pt")
 with open(torn, "wb") as f:
     f.write(blob[: len(blob) // 2])                  # what a killed naive writer leaves
 print("latest checkpoint now:", checkpoint.latest(RUN).name)
@@ -214,7 +293,8 @@ except checkpoint.CheckpointError as exc:
 # ## How often to checkpoint
 #
 # Checkpointing costs time; not checkpointing costs the work since the last one. Young's rule
-# balances them: interval = sqrt(2 x checkpoint cost x MTBF). A job on 1,000 devices that each fail
+# (Young, 1974, "A first order approximation to the optimum checkpoint interval") balances them:
+# interval = sqrt(2 x checkpoint cost x MTBF). A job on 1,000 devices that each fail
 # on average once in 5 years fails about every 44 hours; with a 60 s checkpoint:
 
 # %% tags=["nbval-check-output"]
@@ -223,11 +303,6 @@ print(f"job MTBF: {mtbf / 3600:.1f} hours")
 print(f"checkpoint every {theory.optimal_checkpoint_interval_s(60, mtbf) / 60:.0f} minutes")
 
 # %% [markdown]
-# **Elastic training** goes one step further: instead of restarting the same world, the job continues
-# with the workers that are left (or adds new ones), re-sharding the data for the new world size
-# (`torchrun --nnodes=MIN:MAX` with a rendezvous backend does this in PyTorch). `checkpoint.load` is
-# ready for it: it restores the model, optimizer and epoch at any world size.
-#
 # ## Practice
 
 # %%

@@ -2,9 +2,10 @@
 # # 10 · Pitfalls: deadlocks, divergence, and the process group
 #
 # Distributed bugs rarely crash. They **hang** (a collective waits for a rank that will never come)
-# or they **drift** (the replicas quietly stop being replicas). This lab causes each on purpose, on two
-# ranks, and shows how to see it. Then it goes back to the start: what `init_process_group` needs,
-# and what goes wrong when it is called wrong.
+# or they **drift** (the replicas quietly stop being replicas, in their weights or in buffers such as
+# BatchNorm's running statistics, which DDP does not average). This lab causes each on purpose, on
+# two ranks, and shows how to see it. Then it goes back to the start: what `init_process_group`
+# needs, and what goes wrong when it is called wrong.
 
 # %%
 # %load_ext distlab
@@ -159,10 +160,165 @@ print(facts(verdict()))
 # The dashboard's divergence plot shows the same three stories as curves (the spread of the weights
 # across ranks per step); its status line is the verdict above.
 #
-# Other causes of drift worth knowing: an update done on some ranks only (`if rank == 0: opt.step()`),
-# parameters edited by hand outside DDP, and non-deterministic kernels on GPUs (tiny differences that
-# grow, unless the weights are re-synchronised).
+# Two more ways for the weights to drift: an update done on some ranks only (`if rank == 0:
+# opt.step()`, or a learning-rate scheduler stepped on one rank), and parameters edited by hand on
+# one rank. Non-deterministic GPU kernels are *not* one: they can make a rank's gradient differ from
+# one run to the next, but DDP all-reduces the gradients and every rank applies the same average, so
+# the replicas stay equal to each other (the run is merely not reproducible).
 #
+# ## Buffers: what DDP does not average
+#
+# DDP keeps the *parameters* equal by averaging their gradients. A model can also hold **buffers**:
+# tensors it updates itself, without gradients. The everyday ones are BatchNorm's `running_mean`
+# and `running_var`: in training mode every forward moves them toward the mean and variance of the
+# batch it sees, **this rank's** batch, and in evaluation mode the layer normalises with them.
+#
+# DDP's answer is its `broadcast_buffers` flag, on by default ("syncing (broadcasting) buffers of
+# the module at beginning of the `forward` function", `torch.nn.parallel.DistributedDataParallel`'s
+# docs): when a forward through the DDP wrapper starts, rank 0's buffers are copied to every rank.
+# Train the same small model with a BatchNorm layer both ways, under `distlab.watch`, then compare
+# the buffers and the outputs in evaluation mode on one probe batch, the same 64 samples on every
+# rank. (torch 2.13 renames the flag `forward_sync_buffers` and warns at the old name, which every
+# torch release distlab runs on still takes; the cell silences that warning.)
+
+# %%
+# %%ddp
+import warnings
+warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated", FutureWarning)
+
+probe = X[:64]                                       # the same 64 samples on every rank
+
+def bn_run(broadcast_buffers, steps=10):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 10))
+    model = DDP(net, broadcast_buffers=broadcast_buffers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with distlab.watch(model, checksum_every=1):
+        for step in range(steps):
+            rows = mine[step * 32:(step + 1) * 32]
+            loss = F.cross_entropy(model(X[rows]), Y[rows])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            distlab.log(loss=loss)
+    trained = net[1].running_mean.clone()            # right after the last training step
+    model.eval()
+    with torch.no_grad():
+        out = model(probe)                           # evaluation, through the DDP wrapper
+    return {"after training": trained, "after an eval forward": net[1].running_mean.clone(), "eval output": out}
+
+bn = bn_run(broadcast_buffers=False)
+
+# %% [markdown]
+# With `broadcast_buffers=False`: `distlab.watch` compares checksums of the **parameters**, and they
+# agree. The buffers do not, and neither do the two ranks' answers on the same 64 samples:
+
+# %%
+import torch
+
+bn = lab.pull("bn")
+
+def same(key):
+    return torch.equal(bn[0][key], bn[1][key])
+
+print(verdict().message)
+print(f"largest difference between the ranks' eval outputs: "
+      f"{(bn[0]['eval output'] - bn[1]['eval output']).abs().max():.3f}")
+
+# %% tags=["nbval-check-output"]
+print("parameters diverged (distlab.watch):", verdict().diverged)
+print("running_mean equal on both ranks:", same("after an eval forward"))
+print("eval outputs equal on both ranks:", same("eval output"))
+
+# %% [markdown]
+# Now the default, `broadcast_buffers=True`:
+
+# %%
+# %%ddp
+bn = bn_run(broadcast_buffers=True)
+
+# %% tags=["nbval-check-output"]
+bn = lab.pull("bn")
+print("right after the last training step, running_mean equal:", same("after training"))
+print("after one more forward through DDP, equal:", same("after an eval forward"))
+print("and they are rank 0's:", all(torch.equal(bn[r]["after an eval forward"], bn[0]["after training"]) for r in bn))
+print("eval outputs equal on both ranks:", same("eval output"))
+
+# %% [markdown]
+# So with the default the buffers are equal whenever a forward through DDP starts, and rank 0's win.
+# In between they are not: each training forward moves every rank's buffers toward its own batch,
+# after the broadcast. Evaluate through the wrapper (or on rank 0), and save rank 0's copy, and the
+# result is consistent. But look at *what* the buffers hold: rank 0's statistics, from rank 0's 32
+# samples per step, not from the global batch of 64; and in training mode every rank normalises with
+# its own batch's mean and variance. With small batches per device those are noisy estimates: MegDet
+# (Peng et al., 2018) trained an object detector on 256 images over 128 GPUs, 2 per GPU, and
+# introduced Cross-GPU Batch Normalization for that reason.
+#
+# `torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)` fixes that: its BatchNorm layers compute the
+# mean and variance over the **global** batch in training mode (each rank's batch mean, inverse standard
+# deviation and count are all-gathered and combined: `torch/nn/modules/_functions.py`), so every rank
+# normalises with the same statistics and keeps the same running ones. It runs on accelerators only
+# (CUDA, XPU, HPU and the like); on these CPU ranks it refuses:
+
+# %%
+# %%ddp
+sync_net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
+    torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32)))
+try:
+    sync_net(X[mine[:32]])
+except ValueError as exc:
+    if rank == 0:
+        print(type(exc).__name__, exc)
+
+# %% [markdown]
+# So compute what it computes, by hand: the count and the sum of the BatchNorm layer's input,
+# all-reduced, give the global mean; the summed squared deviations from it, all-reduced, give the
+# global variance. Compare them with one BatchNorm layer in this notebook that sees the two ranks'
+# batches put together (rank 0 holds samples 0, 2, ..., 62 and rank 1 samples 1, 3, ..., 63: together,
+# the first 64).
+
+# %%
+# %%ddp
+torch.manual_seed(0)
+layer = torch.nn.Linear(64, 32)                      # the layer before the BatchNorm, equal on every rank
+with torch.no_grad():
+    h = layer(X[mine[:32]])                          # what BatchNorm normalises: this rank's 32 samples
+count, total = torch.tensor([float(len(h))]), h.sum(0)
+dist.all_reduce(count)
+dist.all_reduce(total)
+global_mean = total / count
+squares = ((h - global_mean) ** 2).sum(0)
+dist.all_reduce(squares)
+global_var = squares / count                         # biased: the variance BatchNorm normalises with
+local_mean, local_var = h.mean(0), h.var(0, unbiased=False)
+
+# %% [markdown]
+# BatchNorm normalises with the biased variance and keeps the unbiased one (x n / (n - 1)) in
+# `running_var`; with `momentum=1.0` its running statistics are exactly the last batch's:
+
+# %% tags=["nbval-check-output"]
+from sklearn.datasets import load_digits
+
+X_all = torch.tensor(load_digits().data, dtype=torch.float32) / 16.0
+torch.manual_seed(0)
+layer = torch.nn.Linear(64, 32)
+one = torch.nn.BatchNorm1d(32, momentum=1.0)
+with torch.no_grad():
+    one(layer(X_all[:64]))                           # one model, the combined batch of 64
+
+stats = {name: lab.pull(name) for name in ("global_mean", "global_var", "local_mean", "local_var")}
+
+def close(a, b):
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+print("every rank's global statistics equal one BatchNorm on the combined batch:",
+      all(close(stats["global_mean"][r], one.running_mean)
+          and close(stats["global_var"][r] * 64 / 63, one.running_var) for r in (0, 1)))
+print("each rank's own batch statistics differ from them:",
+      all(not close(stats["local_mean"][r], one.running_mean) for r in (0, 1)))
+
+# %% [markdown]
 # ## Where the time goes: a profiler
 #
 # When a step is slow, `torch.profiler` shows where. On a DDP step the gloo all-reduce shows up as
@@ -187,8 +343,18 @@ events = lab.pull("events", ranks=0)[0]
 print("an all-reduce appears in the profile:", any("all_reduce" in e or "allreduce" in e for e in events))
 
 # %% [markdown]
-# The profiler itself costs time (a lot, when left on for a whole run); profile a few steps, as
-# here. For watching a whole run cheaply, `distlab.watch` samples what it measures.
+# The `ERROR` and `USDT` lines around the table are not from this cell's code. `ERROR: External init
+# callback must run in same thread as registerClient` comes from Kineto, the library under
+# `torch.profiler`: distlab imports torch on a helper thread while a rank starts (it starts sooner),
+# and Kineto, started here from the rank's main thread, prints this and skips a start-up callback of
+# its client (PyTorch's, which sets up the memory profiler of Meta's MTIA accelerators: nothing a
+# CPU profile uses). The `USDT` lines are Kineto's own log of the profiler starting and stopping.
+# The profile is complete.
+#
+# The profiler records an event for every operator call, which costs time on every call: profile a
+# few steps (as here, or with `torch.profiler.schedule(wait=..., warmup=..., active=...)` inside a
+# long loop), not a whole run. For watching a whole run cheaply, `distlab.watch` samples what it
+# measures.
 #
 # ## Init-order mistakes
 #

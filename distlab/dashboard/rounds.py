@@ -1,0 +1,603 @@
+"""The training round as a table, built from a watched run's telemetry: who did what, step by step.
+
+    from distlab.dashboard import rounds
+    table = rounds.round_table(lab.telemetry.records(), lab.telemetry.meta())
+    table                          # step, epoch, node, action, local state, global state
+    table.tracker(after=(5, 10))   # global and local weights at the start, after steps 5 and 10, at the end
+    table.facts()                  # what must hold of every data-parallel round, as booleans and counts
+    table.quiz()                   # questions graded against this table
+
+The rows come from the records ``distlab.watch`` makes (one per rank per step: loss, timed all-reduces,
+per-layer norms and exact checksums when ``stats_every=1, checksum_every=1``) and from what the loop
+gives ``distlab.log``. These names are read when logged (all optional):
+
+    samples_from, samples_to   the first and last sample id of the rank's batch
+    own_grad_norm              the norm of the rank's own gradient, before the exchange
+    w0, w1, ...                the first few weights after the update (``start_w0``, ... before step 0)
+
+In data parallelism the global model is stored nowhere else: it is the model every replica holds.
+Its state is shown where the ranks agree (equal checksums); where they do not, the table says that
+no single global model exists.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..quiz.model import Attempt, CheckResult, LabLike, Option, Question, _unreadable
+from ..quiz.numeric import Tolerance, read_number
+from ..records import StepRecord, WatchMeta
+
+__all__ = [
+    "RoundRow",
+    "RoundTable",
+    "Snapshot",
+    "TableQuestion",
+    "Tracker",
+    "checksum_text",
+    "round_table",
+    "table_questions",
+]
+
+#: What the table calls the whole world in its node column.
+ALL = "all ranks"
+
+
+def checksum_text(value: int | None) -> str:
+    """A checksum as a short tag (its low 32 bits in hex): '#1a2b3c4d'; None: no single value."""
+    return "none: the ranks differ" if value is None else f"#{value & 0xFFFFFFFF:08x}"
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """One line of the table: at ``step`` (None for the exit), ``node`` did ``action``."""
+
+    step: int | None
+    epoch: int | None
+    node: str
+    action: str
+    local: str
+    global_state: str
+    kind: str  # compute, share, aggregate, update, exit
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The global weights and each rank's local weights at one point of the run."""
+
+    when: str
+    step: int | None  # the last update done (None: before the first)
+    global_checksum: int | None  # None when the ranks differ
+    global_values: tuple[float, ...] | None
+    local_checksums: dict[int, int | None]
+    local_values: dict[int, tuple[float, ...] | None]
+
+    def locals_equal_global(self) -> bool:
+        return self.global_checksum is not None and all(
+            c == self.global_checksum for c in self.local_checksums.values()
+        )
+
+
+def _values(metrics: Mapping[str, float], prefix: str) -> tuple[float, ...] | None:
+    found = []
+    while f"{prefix}{len(found)}" in metrics:
+        found.append(float(metrics[f"{prefix}{len(found)}"]))
+    return tuple(found) or None
+
+
+def _values_text(values: tuple[float, ...] | None) -> str:
+    return "" if values is None else "[" + ", ".join(f"{v:+.4f}" for v in values) + ", ...]"
+
+
+def _total(values: Mapping[str, float] | None) -> float | None:
+    if not values:
+        return None
+    return float(sum(v * v for v in values.values()) ** 0.5)
+
+
+def _agreed(values: Sequence[Any]) -> Any:
+    """The value every rank holds, or None when they differ (or one is missing)."""
+    first = values[0] if values else None
+    return first if first is not None and all(v == first for v in values) else None
+
+
+@dataclass
+class RoundTable:
+    """Every step of a watched run as rows, and the weights' states along the way (see the module)."""
+
+    ranks: list[int]
+    steps: list[int]
+    rows: list[RoundRow]
+    start_checksums: dict[int, int | None]
+    start_values: dict[int, tuple[float, ...] | None]
+    by_step: dict[int, dict[int, StepRecord]] = field(repr=False)
+
+    # ------------------------------------------------------------------ states
+
+    def local_checksum(self, step: int, rank: int) -> int | None:
+        return self.by_step[step][rank].get("checksum")
+
+    def global_checksum(self, step: int | None) -> int | None:
+        """The checksum of the global weights after ``step``'s update (None: before the first)."""
+        if step is None:
+            return _agreed([self.start_checksums.get(r) for r in self.ranks])
+        return _agreed([self.local_checksum(step, r) for r in self.ranks])
+
+    def local_values(self, step: int | None, rank: int) -> tuple[float, ...] | None:
+        if step is None:
+            return self.start_values.get(rank)
+        return _values(self.by_step[step][rank].get("metrics") or {}, "w")
+
+    def snapshot(self, step: int | None, when: str | None = None) -> Snapshot:
+        """The global and local weights after ``step`` (None: at the start)."""
+        local_sums = {
+            r: (self.start_checksums.get(r) if step is None else self.local_checksum(step, r)) for r in self.ranks
+        }
+        local_values = {r: self.local_values(step, r) for r in self.ranks}
+        agreed = _agreed(list(local_sums.values()))
+        return Snapshot(
+            when=when or ("start" if step is None else f"after step {step}"),
+            step=step,
+            global_checksum=agreed,
+            global_values=_agreed(list(local_values.values())) if agreed is not None else None,
+            local_checksums=local_sums,
+            local_values=local_values,
+        )
+
+    def tracker(self, after: Sequence[int] = (5, 10)) -> Tracker:
+        """Snapshots at the start, after each step in ``after`` that the run has, and at the end."""
+        points: list[Snapshot] = [self.snapshot(None)]
+        for step in after:
+            if step in self.by_step and step != self.steps[-1]:
+                points.append(self.snapshot(step))
+        if self.steps:
+            points.append(self.snapshot(self.steps[-1], f"end (after step {self.steps[-1]})"))
+        return Tracker(self.ranks, points)
+
+    # ------------------------------------------------------------------ checks
+
+    def facts(self) -> dict[str, Any]:
+        """What every synchronous data-parallel round must show, as deterministic values."""
+        per_step = {s: sum(1 for row in self.rows if row.step == s) for s in self.steps}
+        updates = [row for row in self.rows if row.kind == "update"]
+        epochs = sorted({row.epoch for row in self.rows if row.epoch is not None})
+        return {
+            "steps": len(self.steps),
+            "epochs": epochs,
+            "rows per step": sorted(set(per_step.values())),
+            "every rank's local weights equal the global ones after each update": bool(updates)
+            and all(self.global_checksum(row.step) is not None for row in updates),
+            "the global weights change at every step": all(
+                self.global_checksum(a) != self.global_checksum(b) for a, b in itertools.pairwise([None, *self.steps])
+            ),
+            "the last row is the exit": bool(self.rows) and self.rows[-1].kind == "exit",
+            "no sample is on two ranks in the same step": all(self._disjoint(s) for s in self.steps),
+        }
+
+    def _disjoint(self, step: int) -> bool:
+        """The ranks' logged sample ranges at ``step`` do not overlap (True when none were logged)."""
+        spans = []
+        for rec in self.by_step[step].values():
+            m = rec.get("metrics") or {}
+            if "samples_from" not in m or "samples_to" not in m:
+                return True
+            spans.append((m["samples_from"], m["samples_to"]))
+        spans.sort()
+        return all(a[1] < b[0] for a, b in itertools.pairwise(spans))
+
+    # ------------------------------------------------------------------ showing
+
+    def _cells(self) -> list[tuple[str, str, str, str, str, str]]:
+        return [
+            (
+                "" if r.step is None else str(r.step),
+                "" if r.epoch is None else str(r.epoch),
+                r.node,
+                r.action,
+                r.local,
+                r.global_state,
+            )
+            for r in self.rows
+        ]
+
+    def __str__(self) -> str:
+        head = ("step", "epoch", "node", "action", "local state", "global state")
+        cells = [head, *self._cells()]
+        widths = [max(len(c[i]) for c in cells) for i in range(5)]
+        return "\n".join(
+            "  ".join(c[i].ljust(widths[i]) if i > 1 else c[i].rjust(widths[i]) for i in range(5)) + "  " + c[5]
+            for c in cells
+        )
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in ("step", "epoch", "node", "action", "local state", "global state"))
+        body = "".join(
+            "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in cells) + "</tr>"
+            for cells in self._cells()
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    # ------------------------------------------------------------------ questions
+
+    def questions(self, seed: int | None = None) -> list[Question]:
+        """Questions whose answers are read from this table (see :func:`table_questions`)."""
+        return table_questions(self, random.Random(seed))
+
+    def quiz(self, seed: int | None = None) -> Any:
+        """A quiz widget on this table: each answer is graded against what your ranks recorded."""
+        from ..quiz.progress import Progress
+        from ..quiz.widget import QuizWidget
+
+        class _NotSaved(Progress):
+            # Questions about one run are not the bank's: answering them leaves the saved progress alone.
+            def record(self, question_id: str, correct: bool) -> Any:
+                return None
+
+        return QuizWidget(self.questions(seed), topic="training-round", seed=seed, progress=_NotSaved())
+
+
+@dataclass(frozen=True)
+class Tracker:
+    """The status tracker: global and local weights at a few points of the run."""
+
+    ranks: list[int]
+    points: list[Snapshot]
+
+    def _cells(self) -> list[list[str]]:
+        out = []
+        for p in self.points:
+            row = [p.when, f"{checksum_text(p.global_checksum)} {_values_text(p.global_values)}".rstrip()]
+            for r in self.ranks:
+                same = " (= global)" if p.global_checksum is not None else ""
+                row.append(f"{checksum_text(p.local_checksums[r])} {_values_text(p.local_values[r])}{same}".rstrip())
+            out.append(row)
+        return out
+
+    def _head(self) -> list[str]:
+        return ["when", "global weights", *(f"rank {r}: local weights" for r in self.ranks)]
+
+    def __str__(self) -> str:
+        cells = [self._head(), *self._cells()]
+        widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+        return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(c))).rstrip() for c in cells)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self._head())
+        body = "".join(
+            "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._cells()
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# ---------------------------------------------------------------------------------------- building
+
+
+def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) -> RoundTable:
+    """The table of a watched run: every step every rank finished, then the exit.
+
+    Raises ValueError, naming the fix, when the records cannot make one (no steps, or steps
+    recorded without checksums).
+    """
+    by_step: dict[int, dict[int, StepRecord]] = {}
+    for rec in records:
+        by_step.setdefault(rec["step"], {})[rec["rank"]] = rec
+    ranks = sorted(meta) or sorted({rec["rank"] for rec in records})
+    steps = sorted(s for s, recs in by_step.items() if all(r in recs for r in ranks))
+    if not steps:
+        raise ValueError("no step was recorded on every rank: train under distlab.watch(model, ...) in a %%ddp cell")
+    if any(by_step[s][r].get("checksum") is None for s in steps for r in ranks):
+        raise ValueError(
+            "some steps have no checksum: watch with distlab.watch(model, stats_every=1, checksum_every=1)"
+        )
+    first = {r: by_step[steps[0]][r].get("metrics") or {} for r in ranks}
+    table = RoundTable(
+        ranks=ranks,
+        steps=steps,
+        rows=[],
+        start_checksums={r: _start_checksum(meta.get(r)) for r in ranks},
+        start_values={r: _values(first[r], "start_w") for r in ranks},
+        by_step={s: by_step[s] for s in steps},
+    )
+    world = len(ranks)
+    previous: int | None = None
+    for step in steps:
+        recs = [by_step[step][r] for r in ranks]
+        epoch = _agreed([rec.get("epoch") for rec in recs])
+        before = table.global_checksum(previous)  # None: the start
+        rows = table.rows
+        for rec in recs:
+            m = rec.get("metrics") or {}
+            where = (
+                f"samples {int(m['samples_from'])}..{int(m['samples_to'])}"
+                if "samples_from" in m and "samples_to" in m
+                else "its own batch"
+            )
+            loss = rec.get("loss")
+            local = "loss not logged" if loss is None else f"loss {loss:.4f}"
+            if "own_grad_norm" in m:
+                local += f", own gradient norm {m['own_grad_norm']:.4f}"
+            rows.append(
+                RoundRow(
+                    step,
+                    epoch,
+                    f"rank {rec['rank']}",
+                    f"forward/backward on {where}",
+                    local,
+                    f"weights {checksum_text(before)} (as the last update left them)"
+                    if previous is not None
+                    else f"weights {checksum_text(before)} (the start)",
+                    "compute",
+                )
+            )
+        buckets = [rec.get("allreduce") or [] for rec in recs]
+        if all(buckets):
+            count = _agreed([len(b) for b in buckets])
+            size = _agreed([sum(x["bytes"] for x in b) for b in buckets])
+            what = (
+                f"{count} tensor{'s' if count != 1 else ''}, {size:,} bytes from each rank"
+                if count is not None and size is not None
+                else "sizes differ across ranks"
+            )
+            rows.append(
+                RoundRow(
+                    step,
+                    epoch,
+                    ALL,
+                    f"all-reduce gradients ({what})",
+                    f"each rank's gradient := the sum over the {world} ranks",
+                    "unchanged: nothing is updated yet",
+                    "share",
+                )
+            )
+        else:
+            rows.append(
+                RoundRow(
+                    step, epoch, ALL, "no gradient exchange", "each rank keeps its own gradient", "unchanged", "share"
+                )
+            )
+        norms = [_total(rec.get("grad_norm")) for rec in recs]
+        mean = _agreed(norms)
+        if mean is not None:
+            rows.append(
+                RoundRow(
+                    step,
+                    epoch,
+                    ALL,
+                    f"aggregate: divide the sum by {world}",
+                    f"gradient norm {mean:.4f}, the same on every rank",
+                    f"averaged gradient, norm {mean:.4f}",
+                    "aggregate",
+                )
+            )
+        else:
+            shown = ", ".join("?" if n is None else f"{n:.4f}" for n in norms)
+            rows.append(
+                RoundRow(
+                    step, epoch, ALL, "aggregate", f"gradient norms differ: {shown}", "no common gradient", "aggregate"
+                )
+            )
+        after = table.global_checksum(step)
+        weight_norm = _agreed([_total(rec.get("weight_norm")) for rec in recs])
+        for rec in recs:
+            mine = rec.get("checksum")
+            same = "= global" if after is not None else "differs from another rank"
+            values = _values_text(_values(rec.get("metrics") or {}, "w"))
+            rows.append(
+                RoundRow(
+                    step,
+                    epoch,
+                    f"rank {rec['rank']}",
+                    "update: weights -= lr x averaged gradient",
+                    f"weights {checksum_text(mine)} {values} ({same})".replace("  ", " "),
+                    f"weights {checksum_text(after)}"
+                    + (f", norm {weight_norm:.4f}" if weight_norm is not None else ""),
+                    "update",
+                )
+            )
+        previous = step
+    last = steps[-1]
+    final = table.global_checksum(last)
+    epochs = sorted({row.epoch for row in table.rows if row.epoch is not None})
+    done = f" after epoch {epochs[-1]}" if epochs else ""
+    table.rows.append(
+        RoundRow(
+            None,
+            epochs[-1] if epochs else None,
+            ALL,
+            f"exit: the loop ends{done} ({len(steps)} steps); the watch closes",
+            "; ".join(f"rank {r} {checksum_text(table.local_checksum(last, r))}" for r in ranks),
+            f"final weights {checksum_text(final)}",
+            "exit",
+        )
+    )
+    return table
+
+
+def _start_checksum(meta: WatchMeta | None) -> int | None:
+    sums = (meta or {}).get("initial_checksums")
+    return int(sum(sums.values())) if sums else None
+
+
+# --------------------------------------------------------------------------------------- questions
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableQuestion(Question):
+    """A question about one run's table: choose an option, or give numbers read from the table."""
+
+    options: tuple[Option, ...] = ()
+    expected: tuple[float, ...] = ()
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    answer_text: str = ""
+
+    def _draw(self, rng: random.Random, lab: LabLike | None, params: dict[str, Any]) -> Attempt:
+        self._no_params(params)
+        shown = list(self.options)
+        rng.shuffle(shown)
+        return Attempt(question=self, prompt=self.prompt, hint=self.hint, choices=tuple(shown))
+
+    def _grade(self, attempt: Attempt, answer: Any) -> CheckResult:
+        if self.options:
+            ids = {o.id: o for o in self.options}
+            if not isinstance(answer, str) or answer not in ids:
+                return _unreadable(f"Pick the option you think is right (ids: {', '.join(ids)}).")
+            picked = ids[answer]
+            return CheckResult(picked.correct, ("Right. " if picked.correct else "Not quite. ") + picked.feedback)
+        try:
+            given = _numbers(answer)
+        except ValueError as error:
+            return _unreadable(str(error))
+        if len(given) != len(self.expected):
+            return CheckResult(
+                False, f"Not quite: the table holds {len(self.expected)} number(s) here; you gave {len(given)}."
+            )
+        if all(self.tolerance.accepts(g, e) for g, e in zip(given, self.expected)):
+            return CheckResult(True, f"Right: your table says {self.answer_text}.")
+        return CheckResult(False, "Not quite: read that row of your table again.")
+
+    def _answer(self, attempt: Attempt) -> Any:
+        if self.options:
+            return next(o.id for o in self.options if o.correct)
+        return list(self.expected)
+
+    def _answer_text(self, attempt: Attempt) -> str:
+        return self.answer_text
+
+
+def _numbers(answer: Any) -> list[float]:
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return [float(answer)]
+    if isinstance(answer, (list, tuple)):
+        return [read_number(a, "") for a in answer]
+    if not isinstance(answer, str) or not answer.strip():
+        raise ValueError("Give a number, or numbers separated by commas.")
+    parts = [p for p in answer.replace("[", " ").replace("]", " ").replace(",", " ").split() if p != "..."]
+    return [read_number(p, "") for p in parts]
+
+
+def _question(slug: str, prompt: str, hint: str, explanation: str, **kw: Any) -> TableQuestion:
+    return TableQuestion(
+        id=f"training-round/your-table-{slug}",
+        topic="training-round",
+        kind="single" if kw.get("options") else "numeric",
+        difficulty="easy",
+        prompt=prompt,
+        hint=hint,
+        explanation=explanation,
+        **kw,
+    )
+
+
+def table_questions(table: RoundTable, rng: random.Random) -> list[Question]:
+    """Questions about ``table``; each answer is read from it (the steps asked about are drawn)."""
+    steps, ranks = table.steps, table.ranks
+    out: list[Question] = []
+    middle = [s for s in steps[1:-1] if table.global_checksum(s) is not None]
+    if middle:
+        step = 5 if 5 in middle else rng.choice(middle)
+        right = table.global_checksum(step)
+        others = [table.global_checksum(None), table.global_checksum(step - 1), table.global_checksum(step + 1)]
+        right_text = f"That is the checksum every rank holds after the update of step {step}."
+        seen, options = {right}, [Option("right", checksum_text(right), right_text, correct=True)]
+        for i, value in enumerate(others):
+            if value is not None and value not in seen:
+                seen.add(value)
+                when = ["at the start", f"after step {step - 1}", f"after step {step + 1}"][i]
+                options.append(Option(f"wrong{i}", checksum_text(value), f"That is the global state {when}."))
+        out.append(
+            _question(
+                "global-after",
+                f"In your table, what is the global model's checksum after step {step}?",
+                f"Find step {step}'s update rows: every rank's local checksum there is the global one.",
+                "After each update every replica holds the same weights, so the global state is the checksum they share.",
+                options=tuple(options),
+            )
+        )
+    rank = ranks[-1]
+    values = [s for s in steps if table.local_values(s, rank)]
+    if values:
+        step = 10 if 10 in values else rng.choice(values)
+        expected = table.local_values(step, rank) or ()
+        out.append(
+            _question(
+                "local-values",
+                f"What are rank {rank}'s first {len(expected)} local weights after step {step}? "
+                "(4 decimals, separated by commas)",
+                "The update rows (and the status tracker) show them; they are the global ones too.",
+                "Every rank applied the same averaged gradient to the same weights, so its local values are the global ones.",
+                expected=tuple(expected),
+                tolerance=Tolerance(absolute=6e-5),
+                answer_text=_values_text(tuple(expected)),
+            )
+        )
+    picked = rng.choice(steps)
+    differ = [r for r in ranks if table.local_checksum(picked, r) != table.global_checksum(picked)]
+    options = [
+        Option(
+            "none", "none: every rank holds the global weights", "Equal checksums on every rank.", correct=not differ
+        )
+    ]
+    for r in ranks:
+        why = "differs." if r in differ else "is the global one."
+        options.append(Option(f"rank{r}", f"rank {r}", f"rank {r}'s checksum {why}", correct=differ == [r]))
+    options.append(
+        Option(
+            "all",
+            "the ranks disagree: there is no single global model",
+            "Replicas that differ leave no one model to call global.",
+            correct=len(differ) > 1,
+        )
+    )
+    out.append(
+        _question(
+            "who-differs",
+            f"After the update of step {picked}, whose local weights differ from the global weights?",
+            "Compare the local checksums of that step's update rows with the global state column.",
+            "With averaged gradients and equal starting weights, no replica can differ.",
+            options=tuple(options),
+        )
+    )
+    with_samples = [s for s in steps if "samples_from" in (table.by_step[s][rank].get("metrics") or {})]
+    if with_samples:
+        step = rng.choice(with_samples)
+        m = table.by_step[step][rank]["metrics"]
+        expected = (float(m["samples_from"]), float(m["samples_to"]))
+        out.append(
+            _question(
+                "samples",
+                f"Which samples did rank {rank} train on at step {step}? (first and last sample id)",
+                "The forward/backward row of that rank at that step names them.",
+                "Each rank trains on its own slice of the data: the ranks never share a sample in a step.",
+                expected=expected,
+                tolerance=Tolerance(absolute=0),
+                answer_text=f"{int(expected[0])}..{int(expected[1])}",
+            )
+        )
+    losses = [s for s in steps if table.by_step[s][ranks[0]].get("loss") is not None]
+    if losses:
+        step = rng.choice(losses)
+        loss = float(table.by_step[step][ranks[0]]["loss"])  # type: ignore[arg-type]
+        out.append(
+            _question(
+                "local-loss",
+                f"What was rank {ranks[0]}'s loss at step {step}? (4 decimals)",
+                "It is local state: the forward/backward row of that rank.",
+                "Each rank's loss is computed on its own batch, so the ranks' losses differ even though their weights do not.",
+                expected=(loss,),
+                tolerance=Tolerance(absolute=6e-5),
+                answer_text=f"{loss:.4f}",
+            )
+        )
+    return out
