@@ -126,6 +126,31 @@ def test_synchronous_step_waits_for_the_slowest_and_async_staleness_is_n_minus_1
     assert theory.expected_staleness_updates(1) == 0
 
 
+def test_with_a_straggler_async_runs_at_the_workers_summed_rate_and_sync_at_the_slowest():
+    assert theory.synchronous_run_time_s(30, [0.02, 0.06]) == pytest.approx(1.8)
+    # 60 gradients from workers at 20 and 60 ms: 45 + 15 of them by 0.9 s.
+    assert theory.asynchronous_run_time_s(60, [0.02, 0.06]) == pytest.approx(0.9)
+    assert theory.asynchronous_run_time_s(1, [0.05, 0.03]) == pytest.approx(0.03)
+    assert theory.asynchronous_run_time_s(0, [0.05]) == 0
+    # A straggler's gradients are staler; the mean over all updates stays N-1.
+    fast, slow = theory.worker_staleness_updates([0.02, 0.06])
+    assert (fast, slow) == (pytest.approx(1 / 3), pytest.approx(3))
+    rates = [1 / 0.02, 1 / 0.06]
+    assert (rates[0] * fast + rates[1] * slow) / sum(rates) == pytest.approx(theory.expected_staleness_updates(2))
+    assert theory.worker_staleness_updates([0.1] * 4) == [pytest.approx(3)] * 4
+
+
+def test_overlap_hides_all_but_the_last_bucket_or_all_but_the_first_wait():
+    one = theory.overlapped_backward_time_s(0.1, [100e6], 2, 1e9)
+    assert one == pytest.approx(0.1 + theory.ring_allreduce_time_s(100e6, 2, 1e9))
+    # A slow backward: the link keeps up, only the last bucket's all-reduce is left after it.
+    compute_bound = theory.overlapped_backward_time_s(1.0, [10e6] * 10, 2, 1e9)
+    assert compute_bound == pytest.approx(1.0 + 0.01)
+    # A fast backward: the link is busy from the first bucket on.
+    link_bound = theory.overlapped_backward_time_s(0.01, [10e6] * 10, 2, 1e9, latency_s=1e-3)
+    assert link_bound == pytest.approx(0.001 + 10 * (0.01 + 1e-3))
+
+
 def test_fit_recovers_latency_and_bandwidth_from_exact_timings():
     sizes = [1e6, 4e6, 16e6, 64e6, 256e6]
     timings = [(s, theory.ring_allreduce_time_s(s, 4, 25e9, 5e-6)) for s in sizes]
@@ -190,6 +215,17 @@ def test_bytes_per_parameter_by_precision_and_optimizer(precision, optimizer, ex
     assert theory.bytes_per_parameter(precision, optimizer) == expected
 
 
+def test_both_mixed_precision_layouts_cost_16_bytes_with_adam_but_split_them_differently():
+    autocast = theory.state_bytes_per_parameter("autocast", "adam")  # fp32 weights and grads, no master
+    zero = theory.state_bytes_per_parameter("mixed", "adam")  # 16-bit weights and grads, fp32 master
+    assert (autocast.weights, autocast.gradients, autocast.optimizer_states) == (4, 4, 8)
+    assert (zero.weights, zero.gradients, zero.optimizer_states) == (2, 2, 12)
+    assert autocast.total == zero.total == 16
+    # ZeRO-1 shards only optimizer states: what stays whole differs.
+    assert theory.memory_per_device_bytes(1, devices=8, zero_stage=1, precision="autocast") == 9
+    assert theory.memory_per_device_bytes(1, devices=8, zero_stage=1, precision="mixed") == 5.5
+
+
 def test_activation_bytes_multiply_the_shape_out():
     assert theory.activation_bytes(4, 2048, 4096, bytes_per_element=2) == 4 * 2048 * 4096 * 2
 
@@ -231,6 +267,59 @@ def test_speedup_efficiency_amdahl_and_linear_time():
     assert theory.amdahl_speedup(0.9, 10**9) == pytest.approx(10, rel=1e-6)
     assert theory.training_time_s(2000, 0.5) == 2 * theory.training_time_s(1000, 0.5)
     assert theory.epoch_time_s(1e6, 1000, devices=4, scaling_efficiency=0.5) == pytest.approx(500)
+
+
+def test_strong_scaling_divides_compute_and_adds_communication_and_weak_scaling_is_no_speedup():
+    assert theory.strong_scaling_speedup(0.2, 0.0, 4) == pytest.approx(4)
+    assert theory.strong_scaling_speedup(0.2, 0.01, 2) == pytest.approx(0.2 / 0.11)
+    assert theory.strong_scaling_speedup(0.2, 0.01, 2, overlap_fraction=1.0) == pytest.approx(2)
+    # Its efficiency is the expected efficiency of one worker's share of the job.
+    assert theory.strong_scaling_speedup(0.2, 0.01, 2) / 2 == pytest.approx(theory.expected_scaling_efficiency(0.1, 0.01))
+    assert theory.weak_scaling_efficiency(100, 125) == pytest.approx(0.8)
+
+
+def test_weak_scaling_efficiency_falls_with_n_as_the_ring_grows():
+    comm = [theory.ring_allreduce_time_s(100e6, n, 10e9, 5e-6) for n in (2, 4, 8, 64)]
+    efficiency = [theory.expected_scaling_efficiency(0.05, c) for c in comm]
+    assert efficiency == sorted(efficiency, reverse=True)
+
+
+def test_the_planning_exercise_ddp_does_not_fit_and_the_worked_zero1_plan_holds():
+    job = theory.TrainingJob()
+    metrics = ["loss", "throughput", "peak_memory"]
+    ddp = theory.check_plan("ddp", 16, 3, 3.375e-4, metrics, job)
+    assert ddp.verdicts()["memory per device"] is False  # 16 GB of states alone
+    worked = theory.check_plan("zero1", 16, 3, 3.375e-4, metrics)
+    assert worked.holds and worked.global_batch == 288
+    assert worked.memory_per_device_bytes == pytest.approx(6e9 + 16 * 0.25e9)
+    fsdp = theory.check_plan("fsdp", 16, 1, 3e-4 * 96 / 256, metrics)
+    assert fsdp.memory_per_device_bytes == pytest.approx(16e9 / 6 + 4e9)
+    # A learning rate left at the recipe's for a 48-sample batch, and no speed metric.
+    wrong = theory.check_plan("zero3", 8, 1, 3e-4, ["loss", "grad_norm", "validation_loss"])
+    assert wrong.verdicts() == {
+        "memory per device": True,
+        "finishes in time": False,
+        "learning rate for the global batch": False,
+        "three metrics to watch": False,
+    }
+    assert "FAILS" in str(wrong) and "does not hold" in str(wrong)
+
+
+def test_zero3_communicates_one_and_a_half_allreduces_per_micro_batch():
+    one = theory.ring_allreduce_time_s(2e9, 6, 10e9)
+    assert theory.communication_per_step_s("ddp", 4, 2e9, 6, 10e9) == pytest.approx(one)
+    assert theory.communication_per_step_s("zero1", 4, 2e9, 6, 10e9) == pytest.approx(one)
+    assert theory.communication_per_step_s("zero2", 3, 2e9, 6, 10e9) == pytest.approx(2 * one)
+    assert theory.communication_per_step_s("fsdp", 4, 2e9, 6, 10e9) == pytest.approx(6 * one)
+
+
+def test_a_plan_with_an_unknown_parallelism_or_metric_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="unknown parallelism 'tp': choose one of ddp, zero1"):
+        theory.check_plan("tp", 8, 1, 1e-4, ["loss", "throughput", "peak_memory"])
+    with pytest.raises(ValueError, match="unknown metric 'accuracy'"):
+        theory.check_plan("zero1", 8, 1, 1e-4, ["loss", "accuracy", "peak_memory"])
+    with pytest.raises(ValueError, match="metrics must be a list"):
+        theory.check_plan("zero1", 8, 1, 1e-4, "loss")
 
 
 # --- ranks, metrics, faults ---------------------------------------------------------------------

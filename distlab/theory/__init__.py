@@ -16,6 +16,7 @@ The models live in modules by subject; every public name is here, so ``theory.X`
     communication   ring all-reduce, bus bandwidth, parameter server, the fit of latency and bandwidth
     memory          bytes per parameter, per-device memory under DDP and ZeRO, activation sizes
     scaling         pipeline bubble, speed-up and efficiency, training time, fault tolerance
+    plan            a training plan checked against the models: memory, time, learning rate, metrics
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ from .batch import (
 from .communication import (
     LatencyBandwidthFit,
     algbw_bytes_per_s,
+    asynchronous_run_time_s,
     bucketed_allreduce_time_s,
     busbw_bytes_per_s,
     expected_staleness_updates,
     fit_latency_bandwidth,
+    overlapped_backward_time_s,
     parameter_server_received_bytes,
     parameter_server_time_s,
     ring_allreduce_sent_bytes,
     ring_allreduce_time_s,
+    synchronous_run_time_s,
     synchronous_step_time_s,
+    worker_staleness_updates,
 )
 from .memory import (
     MemoryBreakdown,
@@ -53,6 +58,7 @@ from .memory import (
     memory_per_device_bytes,
     state_bytes_per_parameter,
 )
+from .plan import PlanCheck, PlanReport, TrainingJob, check_plan, communication_per_step_s
 from .scaling import (
     amdahl_speedup,
     cluster_mtbf_s,
@@ -65,7 +71,9 @@ from .scaling import (
     parallel_efficiency,
     pipeline_bubble_fraction,
     speedup,
+    strong_scaling_speedup,
     training_time_s,
+    weak_scaling_efficiency,
 )
 from .units import DIMENSIONS, UNITS, dimension_of, from_base_units, parse_quantity, to_base_units, unit_dimension
 
@@ -74,15 +82,21 @@ __all__ = [
     "UNITS",
     "LatencyBandwidthFit",
     "MemoryBreakdown",
+    "PlanCheck",
+    "PlanReport",
     "StateBytes",
+    "TrainingJob",
     "accumulation_steps_for",
     "activation_bytes",
     "algbw_bytes_per_s",
     "amdahl_speedup",
+    "asynchronous_run_time_s",
     "bucketed_allreduce_time_s",
     "busbw_bytes_per_s",
     "bytes_per_parameter",
+    "check_plan",
     "cluster_mtbf_s",
+    "communication_per_step_s",
     "compute_comm_ratio",
     "dimension_of",
     "epoch_time_s",
@@ -98,6 +112,7 @@ __all__ = [
     "memory_per_device_bytes",
     "micro_batches_for_bubble",
     "optimal_checkpoint_interval_s",
+    "overlapped_backward_time_s",
     "parallel_efficiency",
     "parameter_server_received_bytes",
     "parameter_server_time_s",
@@ -111,9 +126,13 @@ __all__ = [
     "speedup",
     "state_bytes_per_parameter",
     "steps_per_epoch",
+    "strong_scaling_speedup",
+    "synchronous_run_time_s",
     "synchronous_step_time_s",
     "to_base_units",
     "training_time_s",
     "unit_dimension",
+    "weak_scaling_efficiency",
+    "worker_staleness_updates",
     "world_size",
 ]

@@ -1,9 +1,10 @@
-"""Communication cost: ring all-reduce (whole and bucketed), algorithm and bus bandwidth, the parameter
-server, synchronous and asynchronous steps, and the fit of the ring model's latency and bandwidth
+"""Communication cost: ring all-reduce (whole, bucketed, and overlapped with backward), algorithm and bus
+bandwidth, the parameter server, synchronous and asynchronous runs and their staleness, and the fit of the ring model's latency and bandwidth
 to measured timings."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,34 @@ def bucketed_allreduce_time_s(
     return bandwidth_term_s + buckets * (workers - 1) * _non_negative("latency_s", latency_s)
 
 
+def overlapped_backward_time_s(
+    backward_s: float,
+    bucket_bytes: Sequence[float],
+    workers: int,
+    bandwidth_bytes_per_s: float,
+    latency_s: float = 0.0,
+) -> float:
+    """From the start of backward to the end of the last bucket's all-reduce, when each bucket's ring
+    all-reduce is launched as soon as backward has produced it (DDP's overlap).
+
+    ``bucket_bytes`` lists the buckets in the order backward fills them (DDP's: last layers first).
+    Backward produces gradient bytes at a steady rate, so a bucket is ready once backward has produced
+    it and every bucket before it; the link carries one all-reduce at a time. One bucket: backward,
+    then the whole all-reduce (nothing overlaps); many small ones: about backward plus the last
+    bucket's all-reduce, or, if the link is the slower, the first bucket's wait plus all of them.
+    The exposed communication is this time minus ``backward_s``.
+    """
+    backward = _non_negative("backward_s", backward_s)
+    sizes = [_non_negative("bucket_bytes", b) for b in _sequence("bucket_bytes", bucket_bytes)]
+    total = sum(sizes)
+    produced, link_free = 0.0, 0.0
+    for size in sizes:
+        produced += size
+        ready = backward * produced / total if total else backward
+        link_free = max(ready, link_free) + ring_allreduce_time_s(size, workers, bandwidth_bytes_per_s, latency_s)
+    return max(backward, link_free)
+
+
 def algbw_bytes_per_s(size_bytes: float, time_s: float) -> float:
     """Algorithm bandwidth of a collective: the buffer size over the time it took (nccl-tests' algbw)."""
     return _non_negative("size_bytes", size_bytes) / _positive("time_s", time_s)
@@ -86,6 +115,41 @@ def synchronous_step_time_s(worker_times_s: Sequence[float]) -> float:
     """A synchronous step ends when the slowest worker is done: the maximum of the workers' times."""
     times = [_non_negative("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
     return max(times)
+
+
+def synchronous_run_time_s(updates: int, worker_times_s: Sequence[float]) -> float:
+    """Time of ``updates`` synchronous updates, each needing one gradient from every worker, when
+    worker i takes ``worker_times_s[i]`` per gradient: every update waits for the slowest."""
+    return _count("updates", updates, minimum=0) * synchronous_step_time_s(worker_times_s)
+
+
+def asynchronous_run_time_s(updates: int, worker_times_s: Sequence[float]) -> float:
+    """Time until an asynchronous server has applied ``updates`` gradients, when worker i delivers one
+    every ``worker_times_s[i]`` and never waits for the others (about updates / sum(1/t_i)).
+
+    Worker i's k-th gradient arrives at k * t_i; the answer is the arrival time of the updates-th
+    gradient of all the workers together.
+    """
+    times = [_positive("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
+    wanted = _count("updates", updates, minimum=0)
+    arrival, next_k = 0.0, [(t, i, 1) for i, t in enumerate(times)]  # (time, worker, its k-th gradient)
+    heapq.heapify(next_k)
+    for _ in range(wanted):
+        arrival, i, k = heapq.heappop(next_k)
+        heapq.heappush(next_k, ((k + 1) * times[i], i, k + 1))
+    return arrival
+
+
+def worker_staleness_updates(worker_times_s: Sequence[float]) -> list[float]:
+    """For asynchronous workers taking ``worker_times_s[i]`` per gradient, how many updates the others
+    apply while worker i computes one: sum over j != i of t_i / t_j.
+
+    Equally fast workers: N-1 each (:func:`expected_staleness_updates`); a straggler's gradients are
+    staler (t_slow / t_fast for two workers), a fast worker's fresher. The mean over all updates stays
+    N-1: every update lands inside one computation of each other worker.
+    """
+    times = [_positive("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
+    return [sum(t_i / t_j for j, t_j in enumerate(times) if j != i) for i, t_i in enumerate(times)]
 
 
 def expected_staleness_updates(workers: int) -> int:

@@ -1,5 +1,6 @@
-"""Memory of training: bytes per parameter (weights, gradients, optimizer states), what one device
-holds under plain DDP or ZeRO stage 1-3, and the size of an activation."""
+"""Memory of training: bytes per parameter (weights, gradients, optimizer states) in fp32 and in the
+two mixed-precision layouts, what one device holds under plain DDP or ZeRO stage 1-3, and the size of
+an activation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ._checks import _count, _non_negative
 # Memory
 # --------------------------------------------------------------------------------------------------
 
-_PRECISIONS = ("fp32", "mixed")
+_PRECISIONS = ("fp32", "mixed", "autocast")
 _OPTIMIZERS = ("adam", "momentum", "sgd")
 
 
@@ -32,20 +33,29 @@ class StateBytes:
 def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam") -> StateBytes:
     """Weights, gradients and optimizer states per parameter.
 
-    ``precision="mixed"``: fp16/bf16 weights (2) and gradients (2), and an fp32 master copy (4) that the
-    optimizer owns, so it counts with the optimizer states. ``"fp32"``: 4 and 4, no master copy.
-    ``optimizer``: "adam" keeps m and v (4 + 4), "momentum" (SGD with momentum) one buffer (4), "sgd" none.
+    ``precision`` names the layout of the model states:
+
+    * ``"mixed"``, the ZeRO / Megatron-LM layout: fp16/bf16 weights (2) and gradients (2), and an fp32
+      master copy (4) that the optimizer owns, so it counts with the optimizer states;
+    * ``"autocast"``, what ``torch.autocast`` keeps: fp32 weights (4) and gradients (4), no master copy.
+      The matrix multiplies run in 16 bits on casts made during the forward; the stored states are
+      those of fp32 training;
+    * ``"fp32"``: 4 and 4, no master copy.
+
+    ``optimizer``: "adam" keeps m and v (4 + 4, fp32), "momentum" (SGD with momentum) one buffer (4),
+    "sgd" none. Mixed-precision Adam is 16 bytes either way: 2 + 2 + (4 + 4 + 4) or 4 + 4 + (4 + 4).
     """
     checks.choice("precision", precision, _PRECISIONS)
     checks.choice("optimizer", optimizer, _OPTIMIZERS)
     moments = {"adam": 8, "momentum": 4, "sgd": 0}[optimizer]
     if precision == "mixed":
         return StateBytes(weights=2, gradients=2, optimizer_states=4 + moments)
-    return StateBytes(weights=4, gradients=4, optimizer_states=moments)
+    return StateBytes(weights=4, gradients=4, optimizer_states=moments)  # fp32, and autocast's layout
 
 
 def bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam") -> int:
-    """Total training bytes per parameter: 16 for mixed-precision Adam (2 + 2 + 4 + 4 + 4)."""
+    """Total training bytes per parameter: 16 for mixed-precision Adam, 2 + 2 + 4 + 4 + 4 in the ZeRO
+    layout (``"mixed"``) and 4 + 4 + 4 + 4 under ``torch.autocast`` (``"autocast"``)."""
     return state_bytes_per_parameter(precision, optimizer).total
 
 

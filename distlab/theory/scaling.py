@@ -1,6 +1,6 @@
-"""Time and how it scales: the pipeline bubble, speed-up and efficiency (Amdahl), training and epoch
-time, and what failures cost a job as it grows (lost work, the cluster's MTBF, the checkpoint
-interval)."""
+"""Time and how it scales: the pipeline bubble, speed-up and efficiency (strong and weak scaling,
+Amdahl), training and epoch time, and what failures cost a job as it grows (lost work, the cluster's
+MTBF, the checkpoint interval)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,13 @@ def compute_comm_ratio(compute_time_s: float, comm_time_s: float) -> float:
 
 
 def expected_scaling_efficiency(compute_time_s: float, comm_time_s: float, overlap_fraction: float = 0.0) -> float:
-    """Expected weak-scaling efficiency of data parallelism: compute / (compute + exposed communication).
+    """Expected efficiency of data parallelism: compute / (compute + exposed communication), per step.
 
+    ``compute_time_s`` is one worker's compute per step and ``comm_time_s`` the communication per step
+    *at the world size in question*: it grows with N (a ring all-reduce's ``2(N-1)/N`` and ``(N-1)a``,
+    :func:`ring_allreduce_time_s`), so weak-scaling efficiency falls as workers are added even though
+    each worker's compute stays the same. In strong scaling, pass the compute of ``1/N`` of the job:
+    the result is then the speed-up over N (:func:`strong_scaling_speedup` divided by N).
     ``overlap_fraction`` of the communication hides behind the backward pass (DDP's bucketing).
     """
     compute = _positive("compute_time_s", compute_time_s)
@@ -53,8 +58,32 @@ def expected_scaling_efficiency(compute_time_s: float, comm_time_s: float, overl
     return compute / (compute + exposed)
 
 
+def strong_scaling_speedup(
+    compute_time_one_worker_s: float, comm_time_s: float, workers: int, overlap_fraction: float = 0.0
+) -> float:
+    """The speed-up the cost model predicts for a fixed job (strong scaling) on ``workers`` workers.
+
+    One worker computes a step in ``compute_time_one_worker_s``; N workers each compute 1/N of it and
+    then pay ``comm_time_s`` of communication per step (the all-reduce at N workers), of which
+    ``overlap_fraction`` hides behind the backward pass: ``T1 / (T1/N + exposed communication)``.
+    """
+    compute = _positive("compute_time_one_worker_s", compute_time_one_worker_s)
+    n = _count("workers", workers)
+    exposed = _non_negative("comm_time_s", comm_time_s) * (1 - _fraction("overlap_fraction", overlap_fraction))
+    return compute / (compute / n + exposed)
+
+
+def weak_scaling_efficiency(time_one_worker_s: float, time_n_workers_s: float) -> float:
+    """T(1) / T(N) when each of the N workers does the work the one did (weak scaling): 1.0 is perfect.
+
+    This is not a speed-up: N workers did N times the work in ``time_n_workers_s``. The speed-up is
+    T(1) / T(N) for the *same* total work (:func:`speedup`).
+    """
+    return _positive("time_one_worker_s", time_one_worker_s) / _positive("time_n_workers_s", time_n_workers_s)
+
+
 def speedup(time_one_worker_s: float, time_n_workers_s: float) -> float:
-    """How many times faster N workers finish the same job than one."""
+    """How many times faster N workers finish the same job than one (strong scaling: same total work)."""
     return _positive("time_one_worker_s", time_one_worker_s) / _positive("time_n_workers_s", time_n_workers_s)
 
 

@@ -69,74 +69,96 @@ workers_group = dist.new_group(WORKERS)       # every rank takes part in making 
 # both. In the asynchronous version it receives from *whichever worker is first* (`dist.recv` with no
 # source), updates with that gradient alone, and sends the new weights back to that worker only. For
 # each gradient it notes the **staleness**: how many updates were applied between the moment the worker
-# got its weights and the moment its gradient arrived.
+# got its weights and the moment its gradient arrived. Every message to a worker carries the weights
+# and one more number, a flag: 1 to go on, 0 to stop. The asynchronous server stops when it has
+# applied its number of updates, whoever sent them; a gradient that arrives after that is dropped.
 #
-# **Worker.** Receive weights, compute a gradient on the next batch, send it, wait for new weights.
-# `delay` makes a worker slower, as a straggler would be.
+# **Worker.** Receive weights, compute a gradient on the next batch, send it, wait for new weights,
+# until told to stop. `delay` is a sleep per gradient: it stands for the time a real worker spends
+# computing (ours take about a millisecond), and makes each worker's pace known in advance. A larger
+# `delay` on one worker makes it a straggler.
 
 # %%
 # %%ddp
 def server(updates, synchronous):
     net = make_net()
     w = parameters_to_vector(net.parameters()).detach().clone()
+
+    def go(flag):                               # the weights, and 1 (go on) or 0 (stop)
+        return torch.cat([w, torch.tensor([float(flag)])])
+
     for dst in WORKERS:
-        dist.send(w, dst)
+        dist.send(go(1), dst)
     fetched = {r: 0 for r in WORKERS}          # version of the weights each worker holds
     version, staleness, losses, g = 0, [], [full_loss(net, w)], torch.empty_like(w)
     t0 = time.perf_counter()
-    while version < updates:
-        if synchronous:
+    if synchronous:
+        while version < updates:
             total = torch.zeros_like(w)
             for src in WORKERS:
                 dist.recv(g, src)
-                staleness.append(version - fetched[src])
+                staleness.append((src, version - fetched[src]))
                 total += g
             w -= LR * total / len(WORKERS)
             version += 1
+            losses.append(full_loss(net, w))
             for dst in WORKERS:
-                dist.send(w, dst)
+                dist.send(go(version < updates), dst)
                 fetched[dst] = version
-        else:
+        seconds = time.perf_counter() - t0
+    else:
+        running = set(WORKERS)
+        while running:
             src = dist.recv(g)                  # any worker: the first to arrive
-            staleness.append(version - fetched[src])
-            w -= LR * g
-            version += 1
-            dist.send(w, src)
-            fetched[src] = version
-        losses.append(full_loss(net, w))
-    return {"seconds": time.perf_counter() - t0, "staleness": staleness, "losses": losses, "w": w}
+            if version < updates:
+                staleness.append((src, version - fetched[src]))
+                w -= LR * g
+                version += 1
+                losses.append(full_loss(net, w))
+                if version == updates:
+                    seconds = time.perf_counter() - t0
+            if version < updates:
+                dist.send(go(1), src)
+                fetched[src] = version
+            else:
+                dist.send(go(0), src)           # done: this worker stops
+                running.discard(src)
+    return {"seconds": seconds, "staleness": staleness, "losses": losses, "w": w}
 
-def worker(gradients, delay=0.0):
+def worker(delay):
     net = make_net()
-    w = parameters_to_vector(net.parameters()).detach().clone()
-    dist.recv(w, SERVER)
-    for i in range(gradients):
-        g = gradient(net, w, *batch(rank, i))
+    msg = torch.empty(sum(p.numel() for p in net.parameters()) + 1)
+    dist.recv(msg, SERVER)
+    t0, sent = time.perf_counter(), 0
+    while msg[-1] == 1:
+        g = gradient(net, msg[:-1], *batch(rank, sent))
         time.sleep(delay)
         dist.send(g, SERVER)
-        dist.recv(w, SERVER)
-    return w
+        sent += 1
+        dist.recv(msg, SERVER)
+    return {"gradients": sent, "pace_s": (time.perf_counter() - t0) / sent}
 
-def run_ps(updates, synchronous, delays=(0.0, 0.0)):
+def run_ps(updates, synchronous, delays):
     if rank == SERVER:
         return server(updates, synchronous)
-    grads = updates if synchronous else updates // len(WORKERS)
-    worker(grads, delays[WORKERS.index(rank)])
+    return worker(delays[WORKERS.index(rank)])
 
 
 # %% [markdown]
 # Both versions get the same budget: **60 gradients** of 32 samples. The synchronous server turns
-# them into 30 updates of 64 samples each, the asynchronous one into 60 updates of 32.
+# them into 30 updates of 64 samples each, the asynchronous one into 60 updates of 32. Both workers
+# take 20 ms per gradient.
 
 # %%
 # %%ddp
-sync_ps = run_ps(30, synchronous=True)
-async_ps = run_ps(60, synchronous=False)
+even = (0.02, 0.02)
+sync_ps = run_ps(30, synchronous=True, delays=even)
+async_ps = run_ps(60, synchronous=False, delays=even)
 if rank == SERVER:
     for name, r in (("synchronous", sync_ps), ("asynchronous", async_ps)):
         print(f"{name:>12}: {len(r['losses']) - 1} updates in {r['seconds'] * 1e3:.0f} ms, "
               f"full-data loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}, "
-              f"staleness seen: {sorted(set(r['staleness']))}")
+              f"staleness seen: {sorted(set(s for _, s in r['staleness']))}")
 
 # %%
 from collections import Counter
@@ -146,13 +168,28 @@ from distlab import theory
 
 lab = distlab.current_lab()
 sync_ps, async_ps = lab.pull("sync_ps", ranks=0)[0], lab.pull("async_ps", ranks=0)[0]
-print("asynchronous staleness, gradients per value:", dict(sorted(Counter(async_ps["staleness"]).items())))
-print(f"mean staleness {sum(async_ps['staleness']) / len(async_ps['staleness']):.2f}; "
-      f"for 2 equally fast workers the model expects {theory.expected_staleness_updates(2)}")
+even = lab.pull("even", ranks=0)[0]
+async_staleness = [s for _, s in async_ps["staleness"]]
+mean_staleness = sum(async_staleness) / len(async_staleness)
+print("asynchronous staleness, gradients per value:", dict(sorted(Counter(async_staleness).items())))
+print(f"mean staleness {mean_staleness:.2f}; for 2 equally fast workers the model expects "
+      f"{theory.expected_staleness_updates(2)}")
+even_pace = [v["pace_s"] for v in lab.pull("async_ps", ranks=[1, 2]).values()]
+print(f"time for 60 gradients: synchronous {sync_ps['seconds']:.2f} s, asynchronous {async_ps['seconds']:.2f} s; "
+      f"the model says {theory.synchronous_run_time_s(30, even):.2f} s for both "
+      f"(the workers' measured pace: {even_pace[0] * 1e3:.1f} and {even_pace[1] * 1e3:.1f} ms per gradient)")
 
 # %% [markdown]
 # With two equally fast workers, while one computes its gradient the other's lands on the server, so a
-# typical asynchronous gradient is one update old.
+# typical asynchronous gradient is one update old: the mean is close to the model's N - 1 = 1.
+#
+# With nobody slow, the model gives both runs the same time: each worker delivers one gradient every
+# 20 ms either way, and the measured times are close to each other. Both take longer than the model's
+# 0.6 s, since each gradient also costs a few milliseconds of computing and messaging between three
+# processes on two cores (the measured pace above). When the machine is busy the synchronous run can
+# fall behind: every one of its 30 rounds waits for the *later* of two workers, so any hiccup of
+# either one delays the round, where the asynchronous server takes whoever is ready. A straggler,
+# below, is the extreme case of the same thing.
 #
 # Per gradient computed, the asynchronous run got further here. That is not staleness being good: it
 # made 60 small updates where the synchronous run made 30 averaged ones, at the same learning rate,
@@ -164,8 +201,10 @@ print(f"mean staleness {sum(async_ps['staleness']) / len(async_ps['staleness']):
 # What can be relied on whatever the timing:
 
 # %% tags=["nbval-check-output"]
-print("synchronous gradients are never stale:", set(sync_ps["staleness"]) == {0})
-print("asynchronous updates used stale gradients:", max(async_ps["staleness"]) >= 1)
+print("synchronous gradients are never stale:", {s for _, s in sync_ps["staleness"]} == {0})
+print("asynchronous updates used stale gradients:", max(async_staleness) >= 1)
+print("mean asynchronous staleness within 0.2 of the model's N - 1 = 1:",
+      abs(mean_staleness - theory.expected_staleness_updates(2)) < 0.2)
 print("both learned:", sync_ps["losses"][-1] < sync_ps["losses"][0] and async_ps["losses"][-1] < async_ps["losses"][0])
 
 # %% [markdown]
@@ -212,33 +251,103 @@ print("with the server sharded over 4 machines, each receives, GB:",
 # %% [markdown]
 # ## A straggler
 #
-# Now worker 2 is slow: it sleeps 20 ms per gradient. The synchronous server waits for it on every
-# update (a synchronous step takes as long as its slowest worker). The asynchronous server keeps
-# applying worker 1's gradients, and worker 2's gradients arrive later and staler.
+# Now worker 2 is slow: it takes 65 ms per gradient, worker 1 still 20 ms. The synchronous server
+# waits for worker 2 on every update: a synchronous step takes as long as its slowest worker. The
+# asynchronous server applies whatever arrives, so worker 1 is never held up. Both runs apply 60
+# gradients, as before. Before running it, predict:
+
+# %%
+from distlab.quiz import predict
+
+slow = (0.020, 0.065)                               # seconds per gradient: worker 1, worker 2
+lab.push(slow=slow)                                 # the ranks get it too
+sync_model = theory.synchronous_run_time_s(30, slow)
+async_model = theory.asynchronous_run_time_s(60, slow)
+faster = "async" if async_model < 0.8 * sync_model else "sync" if sync_model < 0.8 * async_model else "same"
+race = predict("Worker 2 takes 65 ms per gradient, worker 1 20 ms. Which run applies its 60 gradients first?",
+               choices={"sync": "synchronous", "async": "asynchronous", "same": "about the same"}, answer=faster)
+race
 
 # %%
 # %%ddp
-slow = (0.0, 0.02)
 sync_slow = run_ps(30, synchronous=True, delays=slow)
 async_slow = run_ps(60, synchronous=False, delays=slow)
 
 # %%
 sync_slow, async_slow = lab.pull("sync_slow", ranks=0)[0], lab.pull("async_slow", ranks=0)[0]
-for name, r in (("synchronous", sync_slow), ("asynchronous", async_slow)):
-    print(f"{name:>12}: {r['seconds'] * 1e3:5.0f} ms for {len(r['losses']) - 1} updates, "
-          f"final loss {r['losses'][-1]:.3f}, largest staleness {max(r['staleness'])}")
-print("a synchronous step waits for the slowest worker:",
-      f"{theory.synchronous_step_time_s([0.001, 0.021]) * 1e3:.0f} ms if they take 1 and 21 ms")
+pace = {r: v["pace_s"] for r, v in lab.pull("async_slow", ranks=[1, 2]).items()}
+sent = {r: v["gradients"] for r, v in lab.pull("async_slow", ranks=[1, 2]).items()}
+paced = [pace[1], pace[2]]
+print(f"{'60 gradients':>14} {'measured':>9} {'model':>7} {'measured/model':>15} {'model at the measured pace':>27} "
+      f"{'final loss':>11}")
+for name, r, model, at_pace in (
+    ("synchronous", sync_slow, sync_model, theory.synchronous_run_time_s(30, paced)),
+    ("asynchronous", async_slow, async_model, theory.asynchronous_run_time_s(60, paced)),
+):
+    print(f"{name:>14} {r['seconds']:>8.2f}s {model:>6.2f}s {r['seconds'] / model:>15.2f} {at_pace:>26.2f}s "
+          f"{r['losses'][-1]:>11.3f}")
+print(f"\nasynchronous / synchronous time: measured {async_slow['seconds'] / sync_slow['seconds']:.2f}, "
+      f"model {async_model / sync_model:.2f}")
+print(f"gradients each worker sent in the asynchronous run: worker 1 {sent[1]}, worker 2 {sent[2]} "
+      f"(worker 2's last one arrived after the 60th update and was dropped); their pace: "
+      f"{pace[1] * 1e3:.1f} and {pace[2] * 1e3:.1f} ms per gradient")
+race.reveal("async" if async_slow["seconds"] < 0.8 * sync_slow["seconds"]
+            else "sync" if sync_slow["seconds"] < 0.8 * async_slow["seconds"] else "same")
+
+# %% [markdown]
+# The model for the synchronous run is 30 updates x 65 ms (`theory.synchronous_run_time_s`): worker 1
+# spends two thirds of the run waiting. For the asynchronous one (`theory.asynchronous_run_time_s`),
+# worker 1 delivers a gradient every 20 ms and worker 2 one every 65 ms, about 50 + 15 gradients a
+# second together, so 60 gradients take about 0.92 s. Both measured times are above their model by
+# the few milliseconds each gradient also costs in computing and messaging, which the model leaves
+# out; given the workers' measured pace instead (the second model column), the same two functions
+# land within a few percent of the measurements.
+#
+# Staleness now depends on the worker. While worker 2 computes one gradient, worker 1 lands about
+# 65/20 = 3.25 updates, so worker 2's gradients are about 3 updates old; worker 1's are rarely stale
+# (only when one of worker 2's lands in between: 20/65 = 0.31 on average). The model for each worker
+# is `theory.worker_staleness_updates`; over all updates the mean is still N - 1 = 1:
+
+# %%
+WORKERS = lab.pull("WORKERS", ranks=0)[0]
+by_worker = {r: [s for src, s in async_slow["staleness"] if src == r] for r in WORKERS}
+model_staleness = dict(zip(WORKERS, theory.worker_staleness_updates(list(slow))))
+model_measured_pace = dict(zip(WORKERS, theory.worker_staleness_updates([pace[1], pace[2]])))
+print(f"{'worker':>7} {'gradients applied':>18} {'mean staleness':>15} {'model':>6} {'model at the measured pace':>27}")
+for r in WORKERS:
+    print(f"{r:>7} {len(by_worker[r]):>18} {sum(by_worker[r]) / len(by_worker[r]):>15.2f} "
+          f"{model_staleness[r]:>6.2f} {model_measured_pace[r]:>27.2f}")
+all_slow = [s for _, s in async_slow["staleness"]]
+print(f"{'all':>7} {len(all_slow):>18} {sum(all_slow) / len(all_slow):>15.2f} {theory.expected_staleness_updates(2):>6}")
+
+# %% [markdown]
+# The straggler costs the asynchronous run something else: worker 1 supplied about three quarters of
+# the gradients, and worker 1 only ever sees the even rows of the data set. With a real split of data
+# between workers, a slow worker's data is under-represented in an asynchronous run; a synchronous
+# one weighs every worker's batch equally.
+
+# %% tags=["nbval-check-output"]
+print("with a straggler, asynchronous finishes first:", async_slow["seconds"] < sync_slow["seconds"])
+ratio = async_slow["seconds"] / sync_slow["seconds"]
+print(f"asynchronous takes 0.35 to 0.65 of the synchronous time (model {async_model / sync_model:.2f}):",
+      0.35 < ratio < 0.65)
+stale = {r: sum(v) / len(v) for r, v in by_worker.items()}
+print("the straggler's gradients are the stalest (more than 5x worker 1's, on average):", stale[2] > 5 * stale[1])
+print("the straggler's mean staleness is 2 to 4.5 updates (model 3.25):", 2 < stale[2] < 4.5)
+print("worker 1 supplied most of the updates:", len(by_worker[1]) > 2 * len(by_worker[2]))
 
 # %% [markdown]
 # What to take away:
 #
 # * synchronous training is **equivalent to one bigger batch**: predictable, reproducible, and the
 #   reason all-reduce data parallelism (DDP, Horovod) is the default today; its cost is waiting for
-#   stragglers;
+#   stragglers (here: twice the time with one worker 3x slower);
 # * asynchronous training keeps every worker busy, but each update uses a gradient computed on old
-#   weights. With a few workers the harm is small; with many workers, or a learning rate tuned for
-#   synchronous training, staleness slows convergence or makes it diverge;
+#   weights, staler the slower the worker and the more workers there are, and a slow worker's data
+#   counts less. Chen et al. (2016), "Revisiting Distributed Synchronous SGD", weighed the two at
+#   scale: synchronous training with a few *backup workers* (each step uses the first N of N + b
+#   gradients to arrive and drops the stragglers') avoids the staleness, mitigates the worst
+#   stragglers, and converged faster and to better test accuracy than asynchronous training;
 # * a parameter server concentrates traffic on the server's links (shard it over several machines to
 #   spread it); all-reduce spreads it evenly over all workers.
 #

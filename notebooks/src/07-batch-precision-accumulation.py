@@ -179,13 +179,89 @@ fp32_loss, bf16_loss = lab.pull("fp32_loss", ranks=0)[0], lab.pull("bf16_loss", 
 print("bf16 loss within 5% of fp32:", abs(bf16_loss - fp32_loss) < 0.05 * fp32_loss)
 
 # %% [markdown]
-# Mixed-precision training with Adam costs about **16 bytes per parameter**: 2 for the 16-bit
-# weights, 2 for the 16-bit gradients, 4 for the fp32 master weights, 4 + 4 for Adam's two moments
-# (notebook 06 shards them):
+# ## What mixed precision keeps in memory: two layouts
+#
+# "Mixed precision" names two different ways of storing the model states, and both come to about
+# **16 bytes per parameter with Adam**:
+#
+# | layout | weights | gradients | fp32 master weights | Adam m + v | total |
+# |---|---|---|---|---|---|
+# | `torch.autocast` (what you just ran) | 4 (fp32) | 4 (fp32) | none | 4 + 4 | 16 |
+# | ZeRO / Megatron-LM | 2 (fp16/bf16) | 2 (fp16/bf16) | 4 | 4 + 4 | 16 |
+#
+# Under autocast the weights and their gradients stay fp32 (the check above printed fp32 weight
+# gradients): the 16-bit copies of the weights that the matrix multiplies use are made during the
+# forward and freed once the backward has used them, so the stored states are those of fp32
+# training. The ZeRO / Megatron layout stores the weights and gradients in 16 bits and keeps an fp32
+# **master** copy of the weights for the optimizer to update. Before counting what the ranks hold,
+# predict:
+
+# %%
+from distlab.quiz import predict
+
+guess = predict("Each rank trains with Adam under bf16 autocast. How many bytes per parameter do its weights, "
+                "gradients and Adam states take?",
+                theory="bytes_per_parameter", unit="B", tolerance=0.05, precision="autocast", optimizer="adam")
+guess
+
+# %% [markdown]
+# One step with Adam under bf16 autocast on each rank, then the bytes of every tensor the rank holds
+# for training: the parameters, their `.grad`, and Adam's state (`exp_avg`, `exp_avg_sq`; its step
+# counter, one number per tensor, is left out):
+
+# %%
+# %%ddp
+def held_bytes(model, opt):
+    states = [t for state in opt.state.values() for key, t in state.items() if key != "step"]
+    count = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
+    return ({"weights": count(model.parameters()),
+             "gradients": count(p.grad for p in model.parameters()),
+             "optimizer states": count(states)},
+            sorted({str(t.dtype) for t in [*model.parameters(), *states]}))
+
+model, _ = fresh()
+adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+xs, ys = zip(*(micro_batch(0, k) for k in range(ACCUM)))
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    loss = F.cross_entropy(model(torch.cat(xs)), torch.cat(ys))
+loss.backward()
+adam.step()                                       # Adam creates m and v on its first step
+amp_memory, amp_dtypes_held = held_bytes(model.module, adam)
+amp_parameters = sum(p.numel() for p in model.parameters())
 
 # %% tags=["nbval-check-output"]
-b = theory.state_bytes_per_parameter("mixed", "adam")
-print(f"weights {b.weights} + gradients {b.gradients} + master and moments {b.optimizer_states} = {b.total} bytes")
+amp_memory = lab.pull("amp_memory")
+P = lab.pull("amp_parameters", ranks=0)[0]
+b = theory.memory_breakdown(P, precision="autocast", optimizer="adam")
+expected = {"weights": b.weights_bytes, "gradients": b.gradients_bytes, "optimizer states": b.optimizer_states_bytes}
+print(f"parameters: {P:,}; dtypes of the stored tensors: {lab.pull('amp_dtypes_held', ranks=0)[0]}")
+print(f"{'':>17} {'rank 0':>8} {'rank 1':>8} {'theory':>8}   (bytes)")
+for part, value in expected.items():
+    print(f"{part:>17} {amp_memory[0][part]:>8,} {amp_memory[1][part]:>8,} {value:>8,.0f}")
+measured_per_parameter = sum(amp_memory[0].values()) / P
+print("bytes per parameter, measured:", measured_per_parameter,
+      "| theory, autocast layout:", theory.bytes_per_parameter("autocast", "adam"))
+print("measured equals theory on both ranks:", all(amp_memory[r][k] == v for r in (0, 1) for k, v in expected.items()))
+
+# %%
+guess.reveal(measured_per_parameter)
+
+# %% [markdown]
+# The count matches to the byte: 4 + 4 + 8 = 16 bytes per parameter, all of it fp32. (Activations come
+# on top in both layouts, mostly bf16 under autocast; and DDP keeps its gradient buckets, notebook 06.)
+#
+# PyTorch's own optimizers do not keep the ZeRO / Megatron layout (DeepSpeed and Megatron-LM do), so
+# take its numbers from `distlab.theory`. Same total, but split differently, and the split matters
+# once the states are sharded (notebook 06): ZeRO-1 shards only the optimizer states, so what stays
+# whole on every device is 4 bytes per parameter in the ZeRO layout against 8 under autocast. The
+# 16-bit gradients also halve the bytes DDP all-reduces.
+
+# %% tags=["nbval-check-output"]
+for layout, name in (("autocast", "autocast"), ("mixed", "ZeRO / Megatron")):
+    b = theory.state_bytes_per_parameter(layout, "adam")
+    one = theory.memory_breakdown(1, devices=8, zero_stage=1, precision=layout, optimizer="adam")
+    print(f"{name:>16}: weights {b.weights} + gradients {b.gradients} + optimizer states {b.optimizer_states} "
+          f"= {b.total} bytes; with ZeRO-1 over 8 devices {one.total_bytes:g} bytes per parameter per device")
 
 # %% [markdown]
 # The dashboard of the last watched run (C, one big batch per rank):
