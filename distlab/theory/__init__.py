@@ -14,8 +14,12 @@ The models live in modules by subject; every public name is here, so ``theory.X`
     units           units and quantities ("400 MB" -> bytes), the dimension a name's suffix carries
     batch           global batch and learning rate, each rank's share of the data, ranks and global means
     communication   ring all-reduce, bus bandwidth, parameter server, the fit of latency and bandwidth
+    collectives     bytes each rank sends and receives per collective, their time, busbw factors
     memory          bytes per parameter, per-device memory under DDP and ZeRO, activation sizes
-    scaling         pipeline bubble, speed-up and efficiency, training time, fault tolerance
+    sharding        memory per device under DDP, ZeRO-1/2/3, FSDP2 with TP and PP; bytes moved per step
+    transformer     a GPT-2-style model's parameters, training FLOPs per token, MFU, activations per layer
+    pipeline        bubbles of GPipe, 1F1B and interleaved schedules, activations in flight, torch's order
+    scaling         speed-up and efficiency, training time, fault tolerance (and the GPipe bubble)
     plan            a training plan checked against the models: memory, time, learning rate, metrics
 """
 
@@ -32,6 +36,7 @@ from .batch import (
     steps_per_epoch,
     world_size,
 )
+from .collectives import CollectiveBytes, bus_bandwidth_factor, collective_bytes, collective_time_s
 from .communication import (
     LatencyBandwidthFit,
     algbw_bytes_per_s,
@@ -58,6 +63,14 @@ from .memory import (
     memory_per_device_bytes,
     state_bytes_per_parameter,
 )
+from .pipeline import (
+    bubble_fraction,
+    bubble_ratio,
+    in_flight_micro_batches,
+    pipeline_schedule,
+    pipeline_step_time_s,
+    pipeline_timeline,
+)
 from .plan import PlanCheck, PlanReport, TrainingJob, check_plan, communication_per_step_s
 from .scaling import (
     amdahl_speedup,
@@ -75,42 +88,69 @@ from .scaling import (
     training_time_s,
     weak_scaling_efficiency,
 )
+from .sharding import (
+    ShardedMemory,
+    ddp_bytes_per_step,
+    fsdp_bytes_per_step,
+    pipeline_bytes_per_step,
+    sharded_memory,
+    tensor_parallel_bytes_per_step,
+)
+from .transformer import (
+    TransformerShape,
+    activation_bytes_per_layer,
+    model_flops_utilization,
+    training_flops_per_token,
+)
 from .units import DIMENSIONS, UNITS, dimension_of, from_base_units, parse_quantity, to_base_units, unit_dimension
 
 __all__ = [
     "DIMENSIONS",
     "UNITS",
+    "CollectiveBytes",
     "LatencyBandwidthFit",
     "MemoryBreakdown",
     "PlanCheck",
     "PlanReport",
+    "ShardedMemory",
     "StateBytes",
     "TrainingJob",
+    "TransformerShape",
     "accumulation_steps_for",
     "activation_bytes",
+    "activation_bytes_per_layer",
     "algbw_bytes_per_s",
     "amdahl_speedup",
     "asynchronous_run_time_s",
+    "bubble_fraction",
+    "bubble_ratio",
     "bucketed_allreduce_time_s",
+    "bus_bandwidth_factor",
     "busbw_bytes_per_s",
     "bytes_per_parameter",
     "check_plan",
     "cluster_mtbf_s",
+    "collective_bytes",
+    "collective_time_s",
     "communication_per_step_s",
     "compute_comm_ratio",
+    "ddp_bytes_per_step",
     "dimension_of",
     "epoch_time_s",
     "expected_scaling_efficiency",
     "expected_staleness_updates",
     "fit_latency_bandwidth",
     "from_base_units",
+    "fsdp_bytes_per_step",
     "global_batch_size",
     "global_mean",
     "global_rank",
+    "in_flight_micro_batches",
     "lost_work_s",
     "memory_breakdown",
     "memory_per_device_bytes",
     "micro_batches_for_bubble",
+    "model_flops_utilization",
     "optimal_checkpoint_interval_s",
     "overlapped_backward_time_s",
     "parallel_efficiency",
@@ -118,18 +158,25 @@ __all__ = [
     "parameter_server_time_s",
     "parse_quantity",
     "pipeline_bubble_fraction",
+    "pipeline_bytes_per_step",
+    "pipeline_schedule",
+    "pipeline_step_time_s",
+    "pipeline_timeline",
     "ring_allreduce_sent_bytes",
     "ring_allreduce_time_s",
     "sampler_padding_samples",
     "samples_per_rank",
     "scaled_learning_rate",
+    "sharded_memory",
     "speedup",
     "state_bytes_per_parameter",
     "steps_per_epoch",
     "strong_scaling_speedup",
     "synchronous_run_time_s",
     "synchronous_step_time_s",
+    "tensor_parallel_bytes_per_step",
     "to_base_units",
+    "training_flops_per_token",
     "training_time_s",
     "unit_dimension",
     "weak_scaling_efficiency",

@@ -9,7 +9,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .. import checks
 from ._checks import _count, _non_negative, _positive, _sequence
+from .collectives import COLLECTIVES, _bus_factor
 
 # --------------------------------------------------------------------------------------------------
 # Communication
@@ -17,8 +19,7 @@ from ._checks import _count, _non_negative, _positive, _sequence
 
 
 def _ring_factor(workers: int) -> float:
-    n = _count("workers", workers)
-    return 2 * (n - 1) / n
+    return _bus_factor("all_reduce", _count("workers", workers))
 
 
 def ring_allreduce_time_s(
@@ -91,9 +92,11 @@ def algbw_bytes_per_s(size_bytes: float, time_s: float) -> float:
     return _non_negative("size_bytes", size_bytes) / _positive("time_s", time_s)
 
 
-def busbw_bytes_per_s(size_bytes: float, time_s: float, workers: int) -> float:
-    """Bus bandwidth of an all-reduce: algbw * 2(N-1)/N, comparable with the link's speed whatever N is."""
-    return algbw_bytes_per_s(size_bytes, time_s) * _ring_factor(workers)
+def busbw_bytes_per_s(size_bytes: float, time_s: float, workers: int, op: str = "all_reduce") -> float:
+    """Bus bandwidth of a collective: algbw times :func:`bus_bandwidth_factor` (2(N-1)/N for an all-reduce),
+    comparable with the link's speed whatever N is. ``size_bytes`` as nccl-tests counts it for ``op``."""
+    checks.choice("op", op, COLLECTIVES)
+    return algbw_bytes_per_s(size_bytes, time_s) * _bus_factor(op, _count("workers", workers))
 
 
 def parameter_server_received_bytes(size_bytes: float, workers: int, servers: int = 1) -> float:

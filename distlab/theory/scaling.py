@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ._checks import _count, _fraction, _non_negative, _positive
+from .pipeline import bubble_fraction
 
 # --------------------------------------------------------------------------------------------------
 # Pipelines
@@ -14,9 +15,11 @@ from ._checks import _count, _fraction, _non_negative, _positive
 
 
 def pipeline_bubble_fraction(stages: int, micro_batches: int) -> float:
-    """Share of a pipeline step the stages sit idle (GPipe schedule): ``(p-1) / (m+p-1)``."""
-    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
-    return (p - 1) / (m + p - 1)
+    """Share of a pipeline step the stages sit idle (GPipe schedule): ``(p-1) / (m+p-1)``.
+
+    The GPipe case of :func:`~distlab.theory.pipeline.bubble_fraction`, which also has 1F1B and interleaved.
+    """
+    return bubble_fraction(stages, micro_batches, "gpipe")
 
 
 def micro_batches_for_bubble(stages: int, max_bubble_fraction: float) -> int:

@@ -80,11 +80,17 @@ def from_base_units(value: float, unit: str) -> float:
 
 
 def dimension_of(name: str) -> str:
-    """The dimension a name carries by its suffix (``_bytes_per_s``, ``_bytes``, ``_s``), else "number"."""
+    """The dimension a name carries by its suffix (``_bytes_per_s``, ``_bytes``, ``_s``), else "number".
+
+    Bytes counted per step or per layer (``fsdp_bytes_per_step``) are bytes; other rates per second
+    (``tokens_per_s``, ``peak_flops_per_s``) are plain numbers, not times.
+    """
     if name.endswith("_bytes_per_s"):
         return "bandwidth"
-    if name.endswith("_bytes"):
+    if name.endswith(("_bytes", "_bytes_per_step", "_bytes_per_layer")):
         return "bytes"
+    if name.endswith("_per_s"):
+        return "number"
     if name.endswith("_s"):
         return "time"
     return "number"

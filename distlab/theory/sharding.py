@@ -1,0 +1,172 @@
+"""Sharding: what one device holds under DDP, ZeRO-1/2/3 and FSDP2, with tensor and pipeline parallelism
+dividing the model first, and the bytes each kind of parallelism moves per step.
+
+Sources: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models" (memory and traffic of the stages); Shoeybi et al. 2019, "Megatron-LM" (tensor parallelism);
+Korthikanti et al. 2022 (sequence parallelism). Bytes per parameter are :mod:`memory`'s layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import checks
+from ._checks import _count, _non_negative
+from .collectives import collective_bytes
+from .memory import activation_bytes, memory_breakdown, state_bytes_per_parameter
+
+# --------------------------------------------------------------------------------------------------
+# Memory per device
+# --------------------------------------------------------------------------------------------------
+
+#: strategy -> ZeRO stage: which states it shards over the data-parallel ranks.
+STRATEGIES: dict[str, int] = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
+
+
+@dataclass(frozen=True)
+class ShardedMemory:
+    """Bytes of model states one device holds between steps, and what a step adds on top.
+
+    ``offloaded_bytes``: the states kept in host memory instead (``cpu_offload``).
+    """
+
+    parameters_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    peak_extra_bytes: float
+    offloaded_bytes: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        """Resident between steps: parameters + gradients + optimizer states."""
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def peak_bytes(self) -> float:
+        """Resident plus what the step adds (activations not included)."""
+        return self.total_bytes + self.peak_extra_bytes
+
+
+def sharded_memory(
+    parameters: float,
+    strategy: str,
+    data_parallel: int,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    precision: str = "mixed",
+    optimizer: str = "adam",
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+    largest_unit_parameters: float | None = None,
+) -> ShardedMemory:
+    """Model-state memory per device. Tensor and pipeline parallelism divide the model first
+    (parameters / (t * p)); then ``strategy`` shards over the ``data_parallel`` ranks (N):
+
+    * ``"ddp"``: nothing sharded; ``"zero1"``: optimizer states / N; ``"zero2"``: gradients too;
+    * ``"zero3"`` and ``"fsdp2"``: parameters too. Mixed-precision Adam (K = 12): DDP (2 + 2 + K) Psi,
+      ZeRO-1 (2 + 2 + K/N) Psi, ZeRO-2 (2 + (2 + K)/N) Psi, ZeRO-3 (2 + 2 + K) Psi / N.
+
+    ``precision`` and ``optimizer`` pick the bytes per parameter (:func:`state_bytes_per_parameter`).
+
+    ``peak_extra_bytes`` is what the step adds for whole parameters (ZeRO-3 / FSDP2 only; the others
+    hold them whole already): the all-gathered units, at the bytes of the layout's weights. With
+    ``reshard_after_forward`` (FSDP2's default) each unit is freed after use: the one computing and
+    the one prefetched, 2 * ``largest_unit_parameters`` (None: the model is one unit, all of it).
+    Without it, parameters gathered in forward stay whole until backward: at the end of forward the
+    whole model is (ZeRO-2-like at the peak). Gradients of a unit before their reduce-scatter and
+    communication buckets are not counted.
+
+    ``cpu_offload`` (ZeRO-3 / FSDP2, FSDP2's ``CPUOffloadPolicy``): the sharded parameters, gradients
+    and optimizer states live in host memory; the device keeps only the gathered units.
+    """
+    stage = STRATEGIES[checks.choice("strategy", strategy, tuple(STRATEGIES))]
+    n = _count("data_parallel", data_parallel)
+    model_split = _count("tensor_parallel", tensor_parallel) * _count("pipeline_parallel", pipeline_parallel)
+    local = _non_negative("parameters", parameters) / model_split
+    checks.flag("reshard_after_forward", reshard_after_forward)
+    checks.flag("cpu_offload", cpu_offload)
+    if cpu_offload and stage < 3:
+        raise ValueError(f"cpu_offload applies to zero3 and fsdp2 (FSDP2's CPUOffloadPolicy), not {strategy}")
+    states = memory_breakdown(local, n, stage, precision, optimizer)
+    resident = ShardedMemory(states.weights_bytes, states.gradients_bytes, states.optimizer_states_bytes, 0.0)
+
+    peak_extra = 0.0
+    if stage == 3:
+        whole = local  # parameters of this device's part of the model
+        if reshard_after_forward and largest_unit_parameters is not None:
+            unit = _non_negative("largest_unit_parameters", largest_unit_parameters) / model_split
+            whole = min(2 * unit, local)  # the unit computing and the one prefetched
+        peak_extra = whole * state_bytes_per_parameter(precision, optimizer).weights
+    if cpu_offload:
+        return ShardedMemory(0.0, 0.0, 0.0, peak_extra, offloaded_bytes=resident.total_bytes)
+    return ShardedMemory(resident.parameters_bytes, resident.gradients_bytes, resident.optimizer_bytes, peak_extra)
+
+
+# --------------------------------------------------------------------------------------------------
+# Communication per step
+# --------------------------------------------------------------------------------------------------
+
+
+def _activation(micro_batch: int, seq_len: int, hidden: int, bytes_per_element: int) -> int:
+    # memory.activation_bytes, with the arguments checked under this module's names.
+    return activation_bytes(
+        _count("micro_batch", micro_batch),
+        _count("seq_len", seq_len),
+        _count("hidden", hidden),
+        _count("bytes_per_element", bytes_per_element),
+    )
+
+
+def ddp_bytes_per_step(gradients_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends per step in DDP: one ring all-reduce of the gradients, 2(N-1)/N * Psi
+    (ZeRO-1 and ZeRO-2 move the same: reduce-scatter of gradients, all-gather of parameters)."""
+    return collective_bytes("all_reduce", gradients_bytes, world_size).sent_bytes
+
+
+def fsdp_bytes_per_step(parameters_bytes: float, world_size: int, reshard_after_forward: bool = True) -> float:
+    """Bytes each rank sends per step in ZeRO-3 / FSDP: all-gather the parameters for forward, again for
+    backward (they were resharded), reduce-scatter the gradients: 3(N-1)/N * Psi, 1.5x DDP. Without
+    ``reshard_after_forward`` the backward all-gather is skipped: 2(N-1)/N * Psi, as DDP.
+    Psi = ``parameters_bytes``, gradients reduced at the parameters' size."""
+    checks.flag("reshard_after_forward", reshard_after_forward)
+    gather = collective_bytes("all_gather", parameters_bytes, world_size).sent_bytes
+    scatter = collective_bytes("reduce_scatter", parameters_bytes, world_size).sent_bytes
+    return gather * (2 if reshard_after_forward else 1) + scatter
+
+
+def tensor_parallel_bytes_per_step(
+    micro_batch: int,
+    seq_len: int,
+    hidden: int,
+    layers: int,
+    tensor_parallel: int,
+    bytes_per_element: int = 2,
+    sequence_parallel: bool = False,
+) -> float:
+    """Bytes each tensor-parallel rank sends for one micro-batch's forward and backward (Megatron-LM):
+    per layer, 2 all-reduces in forward (after attention, after the MLP) and 2 in backward, each of
+    the b * s * h activation: ``layers * 4 * 2(t-1)/t * bsh`` elements. With ``sequence_parallel`` each
+    all-reduce becomes an all-gather and a reduce-scatter, the same bytes (Korthikanti et al. 2022).
+    Full recomputation repeats the forward's two all-reduces."""
+    checks.flag("sequence_parallel", sequence_parallel)
+    activation = _activation(micro_batch, seq_len, hidden, bytes_per_element)
+    n_layers = _count("layers", layers)
+    tensor_parallel = _count("tensor_parallel", tensor_parallel)
+    if sequence_parallel:
+        one = (
+            collective_bytes("all_gather", activation, tensor_parallel).sent_bytes
+            + collective_bytes("reduce_scatter", activation, tensor_parallel).sent_bytes
+        )
+    else:
+        one = collective_bytes("all_reduce", activation, tensor_parallel).sent_bytes
+    return n_layers * 4 * one
+
+
+def pipeline_bytes_per_step(
+    micro_batch: int, seq_len: int, hidden: int, micro_batches: int, bytes_per_element: int = 2
+) -> float:
+    """Bytes crossing one stage boundary per step, both ways: each micro-batch's b * s * h activation
+    forward and its gradient backward, ``2 * m * bsh * bytes_per_element``. A middle stage sends (and
+    receives) this much; the first and last stages half of it."""
+    activation = _activation(micro_batch, seq_len, hidden, bytes_per_element)
+    return 2 * _count("micro_batches", micro_batches) * activation
