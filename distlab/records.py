@@ -15,8 +15,10 @@ from typing import NamedTuple, TypedDict
 __all__ = [
     "PUBLISH_KEY",
     "AllReduceBucket",
+    "Collective",
     "LayerChecksums",
     "LayerValues",
+    "MemoryUse",
     "Publish",
     "RecordKey",
     "SampledEvery",
@@ -48,6 +50,33 @@ class AllReduceBucket(_BucketTiming, total=False):
     busbw: float  # algbw scaled by the ring's traffic: comparable across world sizes
 
 
+class _CollectiveTiming(TypedDict):
+    op: str  # "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "send", ...
+    bytes: int  # as distlab.theory.collective_bytes counts them: the whole tensor (a reduce-scatter's input,
+    # an all-gather's output)
+    ranks: int  # the size of the group it ran over
+    seconds: float  # launch to completion
+    start_s: float  # launch, from the step's forward
+
+
+class Collective(_CollectiveTiming, total=False):
+    """One collective of a step seen op by op (FSDP2, DTensor, by hand). Bandwidths when ``seconds`` > 0."""
+
+    algbw: float
+    busbw: float  # algbw scaled by the op's ring traffic (distlab.theory.bus_bandwidth_factor)
+
+
+class MemoryUse(TypedDict):
+    """What one rank holds at the end of a step, and the most it held during it (bytes, local shards)."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    #: parameters + gradients + optimizer state at the step's start, plus the most bytes of tensors
+    #: made during the step alive at once (CUDA: torch's allocator peak; CPU: live tensors counted).
+    peak_bytes: int
+
+
 class StepRecord(TypedDict):
     """One rank's record of one training step (see ``distlab.telemetry.watch``)."""
 
@@ -59,9 +88,12 @@ class StepRecord(TypedDict):
     metrics: dict[str, float]  # what distlab.log got besides loss and epoch
     step_time_s: float  # forward -> update
     compute_s: float  # step_time_s - comm_s
-    comm_s: float  # exposed all-reduce: what the step waited for after backward
+    comm_s: float  # DDP: exposed all-reduce, what the step waited for after backward; others: time with a
+    # collective in flight
     idle_s: float | None  # before the forward, since the previous update (None on the first step)
-    allreduce: list[AllReduceBucket]
+    allreduce: list[AllReduceBucket]  # DDP's buckets
+    collectives: list[Collective]  # every other collective of the step (FSDP2, tensor parallel, by hand)
+    memory: MemoryUse | None  # None when the watch does not track memory
     grad_norm: LayerValues  # sampled steps only (stats_every), else {}
     weight_norm: LayerValues
     update_ratio: LayerValues
@@ -85,9 +117,11 @@ class WatchMeta(TypedDict):
     run: str  # one watch on one rank: a new run starts its steps afresh
     ddp: bool
     layers: list[str]
+    sharded_layers: list[str]  # layers whose parameters are sharded across ranks: norms and checksums of shards
     grad_bytes: int  # one step's gradients: what a data-parallel step all-reduces
     initial_checksums: LayerChecksums
     timed: bool  # all-reduce buckets timed
+    memory: str | None  # how memory is measured ("cuda", "cpu: live tensors"), None: not tracked
     config: SampledEvery
     notes: list[str]  # why something is not measured, in words
     closed: bool

@@ -6,7 +6,7 @@ only draw what these return, and tests check these directly.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -122,6 +122,9 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
     if len(ranks) < 2:
         return Divergence(False, "one rank: nothing to compare")
     ref = ranks[0]
+    ref_meta = meta.get(ref) or {}
+    if ref_meta.get("layers") and set(ref_meta.get("sharded_layers") or ()) >= set(ref_meta["layers"]):
+        return Divergence(False, "weights sharded across ranks (FSDP2, tensor parallel): no replicas to compare")
     by_step: dict[int, dict[int, StepRecord]] = defaultdict(dict)
     for rec in records:
         by_step[rec["step"]][rec["rank"]] = rec
@@ -303,6 +306,15 @@ def trace_rows(records: Sequence[StepRecord], ranks: Sequence[int], last_steps: 
                     step, epoch, rank, f"all-reduce gradients ({len(buckets)} bucket{'s' if len(buckets) != 1 else ''}, {size / 1e6:.2f} MB)",
                     f"waited {rec.get('comm_s', 0.0) * 1e3:.1f} ms after backward",
                     f"gradients averaged over {world} ranks",
+                ))
+            elif rec.get("collectives"):
+                ops = Counter(c["op"] for c in rec["collectives"])
+                size = sum(c["bytes"] for c in rec["collectives"])
+                rows.append(TraceRow(
+                    step, epoch, rank, ", ".join(f"{n} {op.replace('_', '-')}" for op, n in ops.items())
+                    + f" ({size / 1e6:.2f} MB)",
+                    f"collectives in flight {rec.get('comm_s', 0.0) * 1e3:.1f} ms",
+                    "shards gathered and gradients reduced across ranks",
                 ))
             else:
                 rows.append(TraceRow(step, epoch, rank, "no gradient exchange", "its own gradients only",

@@ -28,20 +28,28 @@ __all__ = [
     "ALLOW_ANY_TORCH",
     "KNOWN_GOOD",
     "check_torch",
+    "collective_group_size",
     "comm_hook_names",
     "compiled_original",
+    "dispatch_mode",
     "flight_recorder_dump",
     "foreach_copy_",
     "foreach_norm",
     "foreach_sub_",
     "forget_process_groups",
+    "future_of",
+    "pop_dispatch_mode",
+    "push_dispatch_mode",
     "replace_group_functions",
     "reset_group_count",
     "set_reducer_group",
     "swappable_reducer",
     "torch_version_problem",
     "version_counter",
+    "wait_functional",
+    "wait_work",
     "work_from_future",
+    "work_of",
 ]
 
 #: (major, minor) of the torch releases distlab is run on, from the first to one past the last:
@@ -239,3 +247,99 @@ def flight_recorder_dump() -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
         return None
     return dump if isinstance(dump, dict) else None
+
+
+# ----------------------------------------------------------------------- ops seen by the watch
+
+
+def push_dispatch_mode(mode: Any) -> None:
+    """Put a ``TorchDispatchMode`` on this thread's mode stack until :func:`pop_dispatch_mode`.
+
+    ``torch.utils._python_dispatch._push_mode``: a mode's ``with`` block cannot span the two hooks
+    that open and close a training step (a forward pre-hook, an optimizer post-hook).
+    """
+    from torch.utils._python_dispatch import _push_mode
+
+    _push_mode(mode)
+
+
+def pop_dispatch_mode(mode: Any) -> bool:
+    """Take ``mode`` off this thread's mode stack if it is on top; False (and nothing popped) otherwise.
+
+    ``_get_current_dispatch_mode`` / ``_pop_mode``: a mode entered after ours and still open is not
+    ours to remove.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
+
+    if _get_current_dispatch_mode() is not mode:
+        return False
+    _pop_mode()
+    return True
+
+
+@contextlib.contextmanager
+def dispatch_mode(mode: Any) -> Any:
+    """``with mode:`` for a mode that may be pushed and popped by hand elsewhere."""
+    push_dispatch_mode(mode)
+    try:
+        yield mode
+    finally:
+        pop_dispatch_mode(mode)
+
+
+def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """How many ranks a collective op (seen by a dispatch mode) runs over.
+
+    A ``c10d`` op receives its group as a TorchScript object, turned back into the
+    ``ProcessGroup`` by ``ProcessGroup.unbox``; a functional collective names its group, resolved
+    by ``distributed_c10d._resolve_process_group``. Neither has a public equivalent: the ops are the
+    dispatcher's, not an API.
+    """
+    # An op whose arguments this torch lays out otherwise counts as the whole world.
+    with contextlib.suppress(Exception):
+        if func.namespace == "c10d":
+            for arg in args:
+                if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
+                    return int(dist.ProcessGroup.unbox(arg).size())
+        else:
+            names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
+                     ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
+            if names:
+                return int(dist.distributed_c10d._resolve_process_group(names[-1]).size())
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def work_of(out: Any) -> Any:
+    """The ``Work`` a ``c10d`` op returned (alone or last in a tuple), as the Python class, or None.
+
+    ``Work.unbox`` turns the TorchScript object the dispatcher hands back into ``dist.Work``.
+    """
+    candidate = out[-1] if isinstance(out, tuple) and out else out
+    if type(candidate).__name__ != "ScriptObject":
+        return None
+    try:
+        return dist.distributed_c10d.Work.unbox(candidate)
+    except Exception:  # noqa: BLE001 - not a Work
+        return None
+
+
+def future_of(work: Any) -> Any:
+    """``work.get_future()``, or None where the backend has none (gloo's reduce-scatter)."""
+    try:
+        return work.get_future()
+    except RuntimeError:
+        return None
+
+
+def wait_work(work: Any) -> None:
+    work.wait()
+
+
+def wait_functional(out: Any) -> Any:
+    """Wait for a functional collective's result(s): ``_c10d_functional.wait_tensor``, as funcol does."""
+    wait = torch.ops._c10d_functional.wait_tensor
+    if isinstance(out, torch.Tensor):
+        return wait(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(wait(t) if isinstance(t, torch.Tensor) else t for t in out)
+    return out

@@ -6,6 +6,9 @@
             ...
             distlab.log(loss=loss)
 
+``track_memory()`` measures the peak memory of any block of code on a rank, and
+``model_memory(model, optimizer)`` what a rank holds of a model (local shards of sharded tensors).
+
 Runs on the ranks only: it never imports the notebook side (``lab``, ``magics``, ``dashboard``);
 the two meet in the dicts published through ipyparallel's ``publish_data``.
 """
@@ -13,7 +16,9 @@ the two meet in the dicts published through ipyparallel's ``publish_data``.
 from __future__ import annotations
 
 from .config import WatchConfig
+from .memory import MemoryUse, model_memory, track_memory
 from .publish import KEY
 from .watch import Watch, active, flush, log, watch
 
-__all__ = ["KEY", "Watch", "WatchConfig", "active", "flush", "log", "watch"]
+__all__ = ["KEY", "MemoryUse", "Watch", "WatchConfig", "active", "flush", "log", "model_memory", "track_memory",
+           "watch"]

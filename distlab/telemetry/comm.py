@@ -24,9 +24,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import theory
 from ..rank import torchcompat
-from ..records import AllReduceBucket
+from ..records import AllReduceBucket, Collective
+from ..theory.collectives import COLLECTIVES, bus_bandwidth_factor
+from .ops import CollectiveTiming
 
-__all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize"]
+__all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize", "summarize_collectives"]
 
 
 @dataclass
@@ -175,3 +177,33 @@ def summarize(
         else:
             tail_s = max(0.0, max(t.done or t.launched for t in overlapped) - max(t.launched for t in overlapped))
     return buckets, tail_s + blocking_s
+
+
+def summarize_collectives(timings: list[CollectiveTiming], step_begin: float) -> tuple[list[Collective], float]:
+    """The collectives of a step's record (seen op by op), and the time any of them was in flight.
+
+    In flight, not exposed: a prefetched all-gather runs while the rank computes, and nothing on
+    the CPU says how much of it the rank waited for. The union of the intervals is the most it
+    could have cost the step.
+    """
+    out: list[Collective] = []
+    spans: list[tuple[float, float]] = []
+    for timing in timings:
+        seconds = timing.seconds()
+        if seconds is None:
+            continue
+        entry: Collective = {"op": timing.op, "bytes": timing.bytes, "ranks": timing.ranks, "seconds": seconds,
+                             "start_s": timing.launched - step_begin}
+        if seconds > 0:
+            entry["algbw"] = theory.algbw_bytes_per_s(timing.bytes, seconds)
+            if timing.op in COLLECTIVES and timing.ranks > 1:
+                entry["busbw"] = entry["algbw"] * bus_bandwidth_factor(timing.op, timing.ranks)
+        out.append(entry)
+        spans.append((timing.launched, timing.launched + seconds))
+    in_flight = 0.0
+    end = float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            in_flight += stop - max(start, end)
+            end = stop
+    return out, in_flight

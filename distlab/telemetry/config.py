@@ -29,8 +29,11 @@ class WatchConfig:
     stats_every: int = 50
     #: Replica checksum (exact, per layer) every this many steps (0: never).
     checksum_every: int = 50
-    #: Time every all-reduce bucket of a DDP model (see ``telemetry.comm``).
+    #: Time every collective: a DDP model's all-reduce buckets (see ``telemetry.comm``), and the
+    #: collectives of any other model op by op (FSDP2, tensor parallelism, by hand; ``telemetry.ops``).
     time_allreduce: bool = True
+    #: Record each step's memory: model state and the step's peak (``telemetry.memory``).
+    track_memory: bool = True
     #: At most one publish per this many seconds per rank (ipyparallel ``publish_data``); the
     #: notebook's dashboard redraws as they arrive.
     publish_interval_s: float = 1.0
@@ -57,6 +60,6 @@ def make_config(config: WatchConfig | None, overrides: dict[str, Any]) -> WatchC
     checks.positive(
         "publish_interval_s", values["publish_interval_s"], kind="a number of seconds", example="publish_interval_s=1.0"
     )
-    for name in ("time_allreduce", "publish"):
+    for name in ("time_allreduce", "track_memory", "publish"):
         checks.flag(name, values[name])
     return WatchConfig(**values)

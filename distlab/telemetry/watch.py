@@ -5,7 +5,8 @@ A step begins at the model's forward (with gradients enabled) and closes at the 
 (in place, under ``torch.no_grad()``), the next forward. Forwards that find the weights unchanged
 (gradient accumulation) continue the step; forwards without gradients (evaluation) are ignored.
 When a step closes, its record is made: a :class:`distlab.records.StepRecord` (clock, loss, timed
-all-reduce buckets; per-layer norms every ``stats_every`` steps, replica checksums every
+all-reduce buckets of DDP, every other collective timed (FSDP2, tensor parallelism, by hand), the
+rank's memory; per-layer norms every ``stats_every`` steps, replica checksums every
 ``checksum_every`` steps).
 
 ``distlab.log(loss=...)`` adds to the latest step, before or after its update; the record is
@@ -31,6 +32,8 @@ from ..rank import models, torchcompat
 from ..records import Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
+from .memory import LiveTensors, model_memory
+from .ops import CollectiveTiming, OpObserver
 from .publish import Publisher, Sender, engine_sender
 from .stats import LayerIndex
 
@@ -80,7 +83,8 @@ def flush() -> None:
 
 
 class _Step:
-    __slots__ = ("begin", "gap_s", "metrics", "number", "record", "timings", "version", "wall")
+    __slots__ = ("begin", "collectives", "gap_s", "live_at_begin", "metrics", "number", "record", "resident",
+                 "timings", "version", "wall")
 
     def __init__(self, number: int, gap_s: float | None, version: int) -> None:
         self.number = number
@@ -89,6 +93,9 @@ class _Step:
         self.wall = time.time()
         self.gap_s = gap_s
         self.timings: list[comm.BucketTiming] = []
+        self.collectives: list[CollectiveTiming] = []
+        self.resident = 0  # parameter, gradient and optimizer bytes when the step began
+        self.live_at_begin = 0  # what the live-tensor count said then (CPU)
         self.metrics: dict[str, float] = {}
         self.record: StepRecord | None = None  # set when the step closes
 
@@ -121,7 +128,7 @@ class Watch:
         self._param_ids = {id(p) for p in self.layers.params}
         self._manual_buckets = 0
 
-        self.initial_checksums = self.layers.checksums()
+        self.initial_checksums = self._replica_checksums()
         self._snapshot = self.layers.snapshot() if config.stats_every else None  # for step 0's update
 
         self._timer: comm.CommTimer | None = None
@@ -129,8 +136,16 @@ class Watch:
             self._timer, why = comm.attach(model)
             if why:
                 self.notes.append(why)
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._cuda = next((p.device for p in self.layers.params if p.is_cuda), None)
+        # DDP's buckets are timed by its reducer's stand-in group (comm); every other model's
+        # collectives op by op. Memory on CUDA comes from the allocator, on the CPU from the ops.
+        time_ops = config.time_allreduce and not self.is_ddp
+        self._live = LiveTensors() if config.track_memory and self._cuda is None else None
+        self._observer = OpObserver(self._live, [] if time_ops else None) if (time_ops or self._live) else None
+        self._observing = False
         self._handles = [
-            model.register_forward_pre_hook(self._on_forward),
+            model.register_forward_pre_hook(self._on_forward, prepend=True),
             register_optimizer_step_post_hook(self._on_optimizer_step),
         ]
         self._publisher = Publisher(self._payload, sender, config.publish_interval_s) if sender else None
@@ -159,6 +174,7 @@ class Watch:
                 self._finish(step)
         self._open = None
         self._snapshot = None
+        self._stop_observing()
         if self in _active:
             _active.remove(self)
         if self._publisher is not None:
@@ -167,9 +183,27 @@ class Watch:
                 self.notes.append(f"publishing stopped: {self._publisher.error}")
 
     def flush(self) -> None:
-        """Publish every step recorded so far, now (see :func:`flush`)."""
+        """Publish every step recorded so far, now (see :func:`flush`).
+
+        At a cell's end: ops are no longer observed until the next step begins, so a cell that
+        failed mid-step leaves no observer on the rank.
+        """
+        self._stop_observing()
         if not self.closed and self._publisher is not None:
             self._publisher.flush()
+
+    def _start_observing(self) -> None:
+        if self._observer is not None and not self._observing:
+            torchcompat.push_dispatch_mode(self._observer)
+            self._observing = True
+
+    def _stop_observing(self) -> None:
+        if self._observing:
+            if not torchcompat.pop_dispatch_mode(self._observer):
+                self.notes.append("ops stopped being observed late: another dispatch mode was entered after the "
+                                  "step began and is still open")
+                return
+            self._observing = False
 
     def __enter__(self) -> Watch:
         return self
@@ -205,9 +239,11 @@ class Watch:
             "run": self.run_id,
             "ddp": self.is_ddp,
             "layers": list(self.layers.names),
+            "sharded_layers": list(self.layers.sharded),
             "grad_bytes": self.layers.grad_bytes,
             "initial_checksums": dict(self.initial_checksums),
-            "timed": self._timer is not None,
+            "timed": self._timer is not None or (self._observer is not None and self._observer.timings is not None),
+            "memory": None if not self.config.track_memory else ("cuda" if self._cuda is not None else "cpu: live tensors"),
             "config": {
                 "stats_every": self.config.stats_every,
                 "checksum_every": self.config.checksum_every,
@@ -254,6 +290,7 @@ class Watch:
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns(optimizer):
             return
+        self._optimizers.add(optimizer)
         step = self._open
         if step is not None and step.record is None:
             self._close(step)
@@ -279,14 +316,28 @@ class Watch:
         self._open = step
         if self._timer is not None:
             self._timer.timings = step.timings
+        if self.config.track_memory:
+            step.resident = sum(self._model_memory().values())
+            if self._cuda is not None:
+                torch.cuda.reset_peak_memory_stats(self._cuda)
+                step.live_at_begin = torch.cuda.memory_allocated(self._cuda)
+            elif self._live is not None:
+                self._live.reset_peak()
+                step.live_at_begin = self._live.current
+        if self._observer is not None:
+            if self._observer.timings is not None:
+                self._observer.timings = step.collectives
+            self._start_observing()
 
     def _close(self, step: _Step) -> None:
         """The update is done: measure the step and make its record."""
+        self._stop_observing()
         end = time.perf_counter()
         self._last_end = end
         step_time_s = end - step.begin
         buckets, comm_s = comm.summarize(step.timings, step.begin, self.world_size)
-        comm_s = min(comm_s, step_time_s)
+        collectives, in_flight_s = comm.summarize_collectives(step.collectives, step.begin)
+        comm_s = min(comm_s + in_flight_s, step_time_s)
         n, cfg = step.number, self.config
         record: StepRecord = {
             "rank": self.rank,
@@ -300,6 +351,8 @@ class Watch:
             "comm_s": comm_s,
             "idle_s": step.gap_s,
             "allreduce": buckets,
+            "collectives": collectives,
+            "memory": self._memory(step) if cfg.track_memory else None,
             "grad_norm": {},
             "weight_norm": {},
             "update_ratio": {},
@@ -315,15 +368,33 @@ class Watch:
         if cfg.stats_every and (n + 1) % cfg.stats_every == 0:
             self._snapshot = self.layers.snapshot()  # the next step is sampled: keep its starting weights
         if cfg.checksum_every and n % cfg.checksum_every == 0:
-            sums = self.layers.checksums()
+            sums = self._replica_checksums()
             record["layer_checksums"] = sums
-            record["checksum"] = sum(sums.values())
+            record["checksum"] = sum(sums.values()) if sums else None
         record.update(_metric_fields(step.metrics))  # type: ignore[typeddict-item]
         step.record = record
         with self._lock:
             self._latest = record
         if self._publisher is not None:
             self._publisher.notify()
+
+    def _replica_checksums(self) -> dict[str, int]:
+        """Checksums of the layers every rank holds whole: a sharded layer's shards differ by design."""
+        sums = self.layers.checksums()
+        return {name: value for name, value in sums.items() if name not in self.layers.sharded} if self.layers.sharded else sums
+
+    def _model_memory(self) -> dict[str, int]:
+        held = model_memory(self.layers.params)
+        held["optimizer_bytes"] = sum(model_memory([], opt)["optimizer_bytes"] for opt in list(self._optimizers))
+        return held
+
+    def _memory(self, step: _Step) -> Any:
+        """The step's memory record: model state now, and the step's peak (see ``records.MemoryUse``)."""
+        if self._cuda is not None:
+            made = torch.cuda.max_memory_allocated(self._cuda) - step.live_at_begin
+        else:
+            made = self._live.peak - step.live_at_begin if self._live is not None else 0
+        return {**self._model_memory(), "peak_bytes": step.resident + max(0, made)}
 
     def _finish(self, step: _Step) -> None:
         """The record is final: keep it in the buffer."""
@@ -361,7 +432,15 @@ class Watch:
         timing = comm.BucketTiming(
             len(step.timings), tensor.numel() * tensor.element_size(), time.perf_counter(), blocking=True
         )
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+        observer = self._observer
+        timings = observer.timings if observer is not None else None
+        if observer is not None:
+            observer.timings = None  # timed here, as a bucket: not again op by op
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+        finally:
+            if observer is not None:
+                observer.timings = timings
         timing.done = time.perf_counter()
         step.timings.append(timing)
         return tensor

@@ -1,0 +1,168 @@
+"""Every op of a watched step, seen once: collectives timed, new tensors counted.
+
+FSDP2 and tensor parallelism (DTensor) talk to their process groups from Python and from C++,
+through torch's dispatcher: ``c10d`` ops (``_allgather_base_``, ``_reduce_scatter_base_``, the ops
+``dist.all_reduce`` and friends call) and the functional collectives DTensor uses
+(``_c10d_functional.all_reduce`` then ``wait_tensor``). A ``TorchDispatchMode`` sees each of them,
+whoever called it, so one observer covers FSDP2, DTensor and collectives written by hand, with no
+patch to any library. The same pass counts the storages each op makes (``memory.LiveTensors``), the
+CPU's stand-in for the allocator statistics it lacks.
+
+The observer is on only while a step runs (the watch pushes it at the step's first forward and
+pops it when the update is done), so code between steps runs at full speed.
+
+A collective is stamped when it is launched and when it completes: by a callback on its future
+where the backend gives one (gloo's all-reduce, all-gather, broadcast), else by waiting for it where
+it was launched (gloo's reduce-scatter has no future; FSDP2 waits for it at once anyway), and the
+functional collectives by waiting for their result, which the next op needs anyway. On a GPU the
+stamps say when work was queued, so CUDA events time it instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..rank import torchcompat
+
+if TYPE_CHECKING:
+    from .memory import LiveTensors
+
+__all__ = ["CollectiveTiming", "OpObserver", "collective_name"]
+
+# op name -> (the collective, how its size is read: which argument, and the theory's convention:
+# all-reduce the tensor, reduce-scatter its full input, all-gather its full output).
+_C10D: dict[str, tuple[str, str]] = {
+    "allreduce_": ("all_reduce", "arg0"),
+    "allreduce_coalesced_": ("all_reduce", "arg0"),
+    "_allgather_base_": ("all_gather", "arg0"),
+    "allgather_": ("all_gather", "arg0"),
+    "allgather_into_tensor_coalesced_": ("all_gather", "arg0"),
+    "allgather_coalesced_": ("all_gather", "arg0"),
+    "_reduce_scatter_base_": ("reduce_scatter", "arg1"),
+    "reduce_scatter_": ("reduce_scatter", "arg1"),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", "arg1"),
+    "alltoall_base_": ("all_to_all", "arg1"),
+    "alltoall_": ("all_to_all", "arg1"),
+    "broadcast_": ("broadcast", "arg0"),
+    "reduce_": ("reduce", "arg0"),
+    "gather_": ("gather", "arg1"),
+    "scatter_": ("scatter", "arg0"),
+    "send": ("send", "arg0"),
+    "recv_": ("recv", "arg0"),
+    "recv_any_source_": ("recv", "arg0"),
+}
+_FUNCTIONAL: dict[str, tuple[str, str]] = {
+    "all_reduce": ("all_reduce", "arg0"),
+    "all_reduce_": ("all_reduce", "arg0"),
+    "all_reduce_coalesced": ("all_reduce", "arg0"),
+    "all_reduce_coalesced_": ("all_reduce", "arg0"),
+    "all_gather_into_tensor": ("all_gather", "out"),
+    "all_gather_into_tensor_out": ("all_gather", "out"),
+    "all_gather_into_tensor_coalesced": ("all_gather", "out"),
+    "reduce_scatter_tensor": ("reduce_scatter", "arg0"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "arg0"),
+    "all_to_all_single": ("all_to_all", "arg0"),
+    "broadcast": ("broadcast", "arg0"),
+    "broadcast_": ("broadcast", "arg0"),
+}
+_NAMESPACES = {"c10d": _C10D, "_c10d_functional": _FUNCTIONAL, "_c10d_functional_autograd": _FUNCTIONAL}
+
+
+def collective_name(func: Any) -> str | None:
+    """The collective an op is ('all_gather', ...), or None for any other op."""
+    table = _NAMESPACES.get(getattr(func, "namespace", ""))
+    if table is None:
+        return None
+    entry = table.get(func._schema.name.split("::")[-1])
+    return entry[0] if entry else None
+
+
+@dataclass
+class CollectiveTiming:
+    """One collective of a step: what, how many bytes (the theory's convention), when, over how many ranks."""
+
+    op: str
+    bytes: int
+    ranks: int
+    launched: float
+    done: float | None = None
+    #: Stamped by waiting where it was launched (no future to call back): the caller was blocked.
+    waited: bool = False
+    events: tuple[Any, Any] | None = None
+
+    def seconds(self) -> float | None:
+        if self.events is not None:
+            start, end = self.events
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3
+        return None if self.done is None else self.done - self.launched
+
+
+def _tensor_bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+
+
+class OpObserver(TorchDispatchMode):
+    """A dispatch mode that times collectives into ``timings`` and counts new tensors into ``memory``.
+
+    Either may be None (off). The watch swaps ``timings`` for each step's list.
+    """
+
+    def __init__(self, memory: LiveTensors | None = None, timings: list[CollectiveTiming] | None = None) -> None:
+        super().__init__()
+        self.memory = memory
+        self.timings = timings
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if self.timings is not None:
+            name = collective_name(func)
+            if name is not None:
+                return self._timed(name, func, args, kwargs)
+        out = func(*args, **kwargs)
+        if self.memory is not None:
+            self.memory.add_outputs(out, args, kwargs)
+        return out
+
+    def _timed(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        functional = func.namespace != "c10d"
+        ranks = torchcompat.collective_group_size(func, args, kwargs)
+        timing = CollectiveTiming(name, 0, ranks, time.perf_counter())
+        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tree_flatten(args)[0])
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            timing.events = (start, torch.cuda.Event(enable_timing=True))
+        out = func(*args, **kwargs)
+        if self.memory is not None:
+            self.memory.add_outputs(out, args, kwargs)
+        table = _FUNCTIONAL if functional else _C10D
+        where = table[func._schema.name.split("::")[-1]][1]
+        timing.bytes = _tensor_bytes(out if where == "out" else args[int(where[3:])])
+        self.timings.append(timing)  # type: ignore[union-attr]
+        if functional:
+            out = torchcompat.wait_functional(out)
+            self._stamp(timing)
+        else:
+            work = torchcompat.work_of(out)
+            future = torchcompat.future_of(work) if work is not None else None
+            if future is not None:
+                future.then(lambda _done: self._stamp(timing))
+            else:
+                if work is not None:
+                    torchcompat.wait_work(work)
+                timing.waited = True
+                self._stamp(timing)
+        return out
+
+    @staticmethod
+    def _stamp(timing: CollectiveTiming) -> None:
+        timing.done = time.perf_counter()
+        if timing.events is not None:
+            timing.events[1].record()
