@@ -18,6 +18,7 @@ __all__ = [
     "Collective",
     "LayerChecksums",
     "LayerValues",
+    "Layout",
     "MemoryUse",
     "Publish",
     "RecordKey",
@@ -109,6 +110,17 @@ class SampledEvery(TypedDict):
     publish_interval_s: float
 
 
+class Layout(TypedDict):
+    """A watched model's configuration, as ``distlab.theory.sharded_memory`` takes it (fp32 weights)."""
+
+    parameters: int  # the whole model's
+    strategy: str  # "ddp", "zero1", "fsdp2"
+    data_parallel: int
+    tensor_parallel: int
+    precision: str
+    optimizer: str  # "adam", "momentum", "sgd"
+
+
 class WatchMeta(TypedDict):
     """What a rank's watch says about itself besides its steps."""
 
@@ -122,6 +134,7 @@ class WatchMeta(TypedDict):
     initial_checksums: LayerChecksums
     timed: bool  # all-reduce buckets timed
     memory: str | None  # how memory is measured ("cuda", "cpu: live tensors"), None: not tracked
+    layout: Layout | None  # None until the first update, or for a configuration the theory has no model of
     config: SampledEvery
     notes: list[str]  # why something is not measured, in words
     closed: bool

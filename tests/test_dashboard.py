@@ -45,7 +45,7 @@ def test_a_rank_that_starts_its_backward_late_is_the_straggler_marked_on_the_tim
 
     board = lab.dashboard()
     board.refresh(force=True)
-    bars, marks = board.figures["timeline"].data
+    bars, marks, _others = board.figures["timeline"].data
     shown = {int(h.split(",")[0].removeprefix("step ")) for h in bars.hovertext}
     assert shown == set(range(8 - DashboardConfig().timeline_steps, 8))
     # One mark per late all-reduce of the steps shown, each on rank 1's row.

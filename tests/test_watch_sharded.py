@@ -167,6 +167,14 @@ def test_an_fsdp2_model_is_watched_with_its_gathers_and_reductions_and_its_shard
     assert meta[0]["sharded_layers"] == ["0", "1", "2", "3"] and meta[0]["memory"] == "cpu: live tensors"
     verdict = analysis.divergence(records, meta)
     assert not verdict.diverged and "sharded" in verdict.message
+    # The dashboard's memory view: measured model state against theory.sharded_memory for FSDP2 over 2
+    # ranks, fp32 Adam (16 bytes per parameter / 2). Adam's step counters (4 bytes per tensor) are the error.
+    assert meta[0]["layout"] == {"parameters": 4 * LAYER_BYTES // 4, "strategy": "fsdp2", "data_parallel": 2,
+                                 "tensor_parallel": 1, "precision": "fp32", "optimizer": "adam"}
+    for row in analysis.memory_by_rank(records, meta):
+        assert row.theory is not None and row.theory.total_bytes == 16 * LAYER_BYTES // 4 // 2 * 4
+        assert row.resident_bytes - row.theory.total_bytes == 8 * 4
+    assert "theory (fsdp2" in analysis.memory_message(analysis.memory_by_rank(records, meta), meta)
 
 
 @pytest.mark.cluster
@@ -185,6 +193,7 @@ def test_a_tensor_parallel_model_is_watched_with_its_all_reduces_and_replicated_
         assert rec["layer_checksums"] is not None and list(rec["layer_checksums"]) == ["4"]
         assert rec["memory"]["parameters_bytes"] == (16 * 64 + 64 + 64 * 16) * 4 // 2 + 16 * 4 + (16 * 4 + 4) * 4
     assert store.meta()[0]["sharded_layers"] == ["0", "2"]
+    assert store.meta()[0]["layout"]["tensor_parallel"] == 2
     assert not analysis.divergence(records, store.meta()).diverged
 
 

@@ -31,8 +31,8 @@ Meta = Mapping[int, WatchMeta]
 
 
 def timed_steps(records: Sequence[StepRecord], last: int) -> list[int]:
-    """The last ``last`` steps that have a timed all-reduce, in order (what the timeline shows)."""
-    return sorted({rec["step"] for rec in records if rec.get("allreduce")})[-last:]
+    """The last ``last`` steps that have a timed collective, in order (what the timeline shows)."""
+    return sorted({rec["step"] for rec in records if rec.get("allreduce") or rec.get("collectives")})[-last:]
 
 
 def complete_steps(records: Sequence[StepRecord], ranks: Sequence[int]) -> list[int]:
@@ -337,6 +337,66 @@ def trace_rows(records: Sequence[StepRecord], ranks: Sequence[int], last_steps: 
 # ---------------------------------------------------------------------------------- summary
 
 
+# ---------------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory at its latest recorded step, next to the theory's prediction (None: no model)."""
+
+    rank: int
+    step: int
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    peak_bytes: int
+    theory: theory.ShardedMemory | None
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def error(self) -> float | None:
+        """(measured - theory) / theory of the resident model state."""
+        if self.theory is None or not self.theory.total_bytes:
+            return None
+        return (self.resident_bytes - self.theory.total_bytes) / self.theory.total_bytes
+
+
+def memory_by_rank(records: Sequence[StepRecord], meta: Meta) -> list[RankMemory]:
+    """Each rank's latest memory record with ``theory.sharded_memory`` for the layout its watch read."""
+    latest: dict[int, StepRecord] = {}
+    for rec in records:
+        if rec.get("memory") and (rec["rank"] not in latest or rec["step"] >= latest[rec["rank"]]["step"]):
+            latest[rec["rank"]] = rec
+    out = []
+    for rank in sorted(latest):
+        rec = latest[rank]
+        mem = rec["memory"]
+        assert mem is not None
+        layout = (meta.get(rank) or {}).get("layout")
+        predicted = theory.sharded_memory(**layout) if layout else None
+        out.append(RankMemory(rank, rec["step"], mem["parameters_bytes"], mem["gradients_bytes"],
+                              mem["optimizer_bytes"], mem["peak_bytes"], predicted))
+    return out
+
+
+def memory_message(rows: Sequence[RankMemory], meta: Meta) -> str:
+    if not rows:
+        return "memory: not recorded"
+    peak = max(rows, key=lambda r: r.peak_bytes)
+    text = (f"memory: model state {rows[0].resident_bytes / 1e6:.2f} MB on rank {rows[0].rank}, "
+            f"peak {peak.peak_bytes / 1e6:.2f} MB (rank {peak.rank})")
+    layout = (meta.get(rows[0].rank) or {}).get("layout")
+    if rows[0].theory is not None and layout:
+        error = rows[0].error
+        text += (f"; theory ({layout['strategy']}, data x tensor parallel {layout['data_parallel']} x "
+                 f"{layout['tensor_parallel']}, {layout['optimizer']}) {rows[0].theory.total_bytes / 1e6:.2f} MB"
+                 + (f" ({error:+.1%})" if error is not None else ""))
+    return text
+
+
 def summary(records: Sequence[StepRecord], meta: Meta, world_size: int) -> list[str]:
     """A few lines of plain text that say what the dashboard shows: its static snapshot."""
     if not records:
@@ -354,6 +414,8 @@ def summary(records: Sequence[StepRecord], meta: Meta, world_size: int) -> list[
         lines.append(f"{text}, step {median:.1f} ms (median), exposed all-reduce {comm[len(comm) // 2] * 1e3:.1f} ms")
     lines.append("  " + divergence(records, meta).message)
     lines.append("  " + link_model(records, world_size).message)
+    if any(rec.get("memory") for rec in records):
+        lines.append("  " + memory_message(memory_by_rank(records, meta), meta))
     late = stragglers(records)
     if late:
         counts: dict[int, int] = defaultdict(int)

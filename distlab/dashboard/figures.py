@@ -7,6 +7,7 @@ figure counts the widget messages it sends (``meter``): the dashboard's budget s
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,20 +16,22 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from ..records import StepRecord
-from .analysis import Divergence, LinkModel, Straggler, TraceRow, timed_steps
-from .meter import MeteredFigure
+from .analysis import Divergence, LinkModel, RankMemory, Straggler, TraceRow, timed_steps
+from .meter import MeteredFigure, MeteredHTML
 
 __all__ = [
     "draw_divergence",
     "draw_heatmap",
     "draw_link",
     "draw_loss",
+    "draw_memory",
     "draw_timeline",
     "draw_trace",
     "make_divergence",
     "make_heatmap",
     "make_link",
     "make_loss",
+    "make_memory",
     "make_timeline",
     "make_trace",
 ]
@@ -36,6 +39,8 @@ __all__ = [
 _HEIGHT = 300
 _MARGIN = {"l": 50, "r": 20, "t": 40, "b": 40}
 _STRAGGLER = "crimson"
+_OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce": "#2ca02c",
+              "all_to_all": "#9467bd", "broadcast": "#8c564b", "send": "#e377c2", "recv": "#7f7f7f"}
 TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
 
 
@@ -82,7 +87,10 @@ def make_timeline(world_size: int) -> MeteredFigure:
                   hovertemplate="%{hovertext}<extra></extra>", hovertext=[])
     late = go.Scatter(x=[], y=[], mode="markers", name="straggler (others waited for it)",
                       marker={"symbol": "x", "size": 10, "color": _STRAGGLER})
-    return _figure("all-reduce timeline per rank and bucket", [bars, late], barmode="overlay",
+    # FSDP2's gathers and reductions, tensor parallelism's all-reduces, collectives written by hand.
+    others = go.Bar(x=[], y=[], base=[], orientation="h", name="other collectives", opacity=0.75,
+                    marker={"color": []}, hovertemplate="%{hovertext}<extra></extra>", hovertext=[])
+    return _figure("collectives per rank: all-reduce buckets and others", [bars, late, others], barmode="overlay",
                    xaxis_title="seconds", showlegend=True, legend={"orientation": "h", "y": -0.25},
                    yaxis={"categoryorder": "array", "categoryarray": [f"rank {r}" for r in range(world_size)]})
 
@@ -110,13 +118,52 @@ def draw_timeline(fig: MeteredFigure, records: Sequence[StepRecord], late: Seque
             if is_late:
                 late_x.append(start + b["seconds"])
                 late_y.append(f"rank {rec['rank']}")
+    ox, oy, obase, ocolor, ohover = [], [], [], [], []
+    for rec in recs:
+        for c in rec.get("collectives") or []:
+            ox.append(c["seconds"])
+            oy.append(f"rank {rec['rank']}")
+            obase.append(rec["t"] - origin + c["start_s"])
+            ocolor.append(_OP_COLORS.get(c["op"], "gray"))
+            ohover.append(f"step {rec['step']}, {c['op'].replace('_', '-')} over {c['ranks']} ranks: "
+                          f"{c['bytes'] / 1e6:.2f} MB in {c['seconds'] * 1e3:.2f} ms on rank {rec['rank']}")
     with fig.batch_update():
-        bars, marks = fig.data
+        bars, marks, others = fig.data
         bars.x, bars.y, bars.base, bars.hovertext = xs, ys, bases, hover
         bars.marker.color, bars.marker.line.color, bars.marker.line.width = colors, lines, widths
         marks.x, marks.y = late_x, late_y
-        fig.layout.title.text = (f"all-reduce timeline, steps {shown[0]}-{shown[-1]}: "
-                                 f"{len(late_x)} late arrivals" if shown else "all-reduce timeline: none timed yet")
+        others.x, others.y, others.base, others.hovertext, others.marker.color = ox, oy, obase, ohover, ocolor
+        kinds = ", ".join(sorted({c["op"].replace("_", "-") for rec in recs for c in rec.get("collectives") or []}))
+        fig.layout.title.text = (f"collectives, steps {shown[0]}-{shown[-1]}: " + (f"{kinds}; " if kinds else "")
+                                 + f"{len(late_x)} late arrivals" if shown else "collectives: none timed yet")
+
+
+# ---------------------------------------------------------------------------------- memory
+
+def make_memory() -> MeteredHTML:
+    # A table, not a figure: a plotly figure costs 3 widget messages to make and the dashboard's
+    # budget is 20 a second; a table costs one per change, and its numbers are what a learner compares.
+    return MeteredHTML(value="<b>memory per rank</b>: not recorded yet", layout={"padding": "8px"})
+
+
+def draw_memory(widget: MeteredHTML, rows: Sequence[RankMemory], message: str) -> None:
+    """Per rank: parameters, gradients, optimizer state, model state and the step's peak (MB), against theory."""
+    if not rows:
+        return  # nothing recorded: nothing to send
+    head = ("rank", "step", "parameters", "gradients", "optimizer state", "model state", "peak of the step",
+            "theory: model state", "error")
+    body = []
+    for row in rows:
+        cells = [str(row.rank), str(row.step)] + [f"{v / 1e6:.3f}" for v in (
+            row.parameters_bytes, row.gradients_bytes, row.optimizer_bytes, row.resident_bytes, row.peak_bytes)]
+        cells.append(f"{row.theory.total_bytes / 1e6:.3f}" if row.theory is not None else "no model")
+        cells.append(f"{row.error:+.1%}" if row.error is not None else "")
+        body.append("<tr>" + "".join(f"<td style='padding:2px 8px;text-align:right'>{c}</td>" for c in cells) + "</tr>")
+    widget.value = (
+        f"<div style='font-size:13px'><b>memory per rank (MB)</b><br>{html.escape(message)}"
+        "<table><tr>" + "".join(f"<th style='padding:2px 8px'>{h}</th>" for h in head) + "</tr>"
+        + "".join(body) + "</table></div>"
+    )
 
 
 # ---------------------------------------------------------------------------------- heatmap

@@ -13,7 +13,7 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-__all__ = ["MeteredFigure", "MeteredLabel", "sent"]
+__all__ = ["MeteredFigure", "MeteredHTML", "MeteredLabel", "sent"]
 
 
 class _Metered:
@@ -34,6 +34,10 @@ class MeteredFigure(_Metered, go.FigureWidget):
 
 class MeteredLabel(_Metered, widgets.Label):
     """An ipywidgets Label that counts the widget messages it sends."""
+
+
+class MeteredHTML(_Metered, widgets.HTML):
+    """An ipywidgets HTML that counts the widget messages it sends (one per change)."""
 
 
 def sent(widget: Any) -> int:

@@ -89,8 +89,8 @@ class _Snapshot:
 
 
 class Dashboard(widgets.VBox):
-    """Loss, all-reduce timeline, gradient-norm heatmap, replica divergence, busbw vs the ring model,
-    and the step-by-step trace, live while a cell trains. Made by ``lab.dashboard()``."""
+    """Loss, collectives timeline, gradient-norm heatmap, replica divergence, busbw vs the ring model,
+    memory per rank vs theory, and the step-by-step trace, live while a cell trains. Made by ``lab.dashboard()``."""
 
     def __init__(
         self,
@@ -108,11 +108,12 @@ class Dashboard(widgets.VBox):
             "heatmap": figures.make_heatmap(),
             "divergence": figures.make_divergence(n),
             "link": figures.make_link(),
+            "memory": figures.make_memory(),
             "trace": figures.make_trace(),
         }
         self.status = meter.MeteredLabel(value="waiting for telemetry: call distlab.watch(model) on the ranks")
         grid = widgets.GridBox(
-            children=[self.figures[name] for name in ("loss", "divergence", "timeline", "heatmap", "link", "trace")],
+            children=[self.figures[name] for name in ("loss", "divergence", "timeline", "heatmap", "link", "memory", "trace")],
             layout=widgets.Layout(grid_template_columns="repeat(2, minmax(0, 1fr))", width="100%"),
         )
         super().__init__(children=[self.status, grid])
@@ -189,6 +190,9 @@ class Dashboard(widgets.VBox):
             figures.draw_divergence(fig, snap.divergence, snap.world_size)
         elif name == "link":
             figures.draw_link(fig, snap.link)
+        elif name == "memory":
+            rows = analysis.memory_by_rank(snap.records, snap.meta)
+            figures.draw_memory(fig, rows, analysis.memory_message(rows, snap.meta))
         elif name == "trace":
             figures.draw_trace(fig, snap.trace)
 

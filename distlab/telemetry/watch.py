@@ -29,11 +29,12 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..rank import models, torchcompat
-from ..records import Publish, StepRecord, WatchMeta
+from ..records import Layout, Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
 from .memory import LiveTensors, model_memory
 from .ops import CollectiveTiming, OpObserver
+from .parallelism import describe
 from .publish import Publisher, Sender, engine_sender
 from .stats import LayerIndex
 
@@ -137,6 +138,7 @@ class Watch:
             if why:
                 self.notes.append(why)
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._layout: Layout | None = None
         self._cuda = next((p.device for p in self.layers.params if p.is_cuda), None)
         # DDP's buckets are timed by its reducer's stand-in group (comm); every other model's
         # collectives op by op. Memory on CUDA comes from the allocator, on the CPU from the ops.
@@ -244,6 +246,7 @@ class Watch:
             "initial_checksums": dict(self.initial_checksums),
             "timed": self._timer is not None or (self._observer is not None and self._observer.timings is not None),
             "memory": None if not self.config.track_memory else ("cuda" if self._cuda is not None else "cpu: live tensors"),
+            "layout": self._layout,
             "config": {
                 "stats_every": self.config.stats_every,
                 "checksum_every": self.config.checksum_every,
@@ -290,7 +293,10 @@ class Watch:
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns(optimizer):
             return
-        self._optimizers.add(optimizer)
+        if optimizer not in self._optimizers:
+            self._optimizers.add(optimizer)
+            # Read now: the optimizer may be gone by the time the watch publishes its last steps.
+            self._layout = describe(self.model, self.layers.params, list(self._optimizers), self.world_size)
         step = self._open
         if step is not None and step.record is None:
             self._close(step)
