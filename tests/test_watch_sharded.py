@@ -213,3 +213,48 @@ def test_watching_an_fsdp2_model_changes_none_of_its_weights(lab):
         stream=False,
     )
     assert same == {0: True, 1: True}
+
+
+@pytest.mark.cluster
+def test_the_layout_read_for_the_memory_theory_names_ddp_zero1_and_the_optimizer(lab):
+    lab.run(SETUP, stream=False)
+    store = lab.telemetry
+    layouts = {}
+    for name, make_opt in (("ddp", "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)"),
+                           ("zero1", "ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam)")):
+        lab.run("from torch.distributed.optim import ZeroRedundancyOptimizer\n"
+                "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "model = DDP(layers())\n"
+                f"opt = {make_opt}\n"
+                "with distlab.watch(model):\n"
+                "    for _ in range(2):\n"
+                "        model(torch.randn(8, 256)).sum().backward()\n"
+                "        opt.step()\n"
+                "        opt.zero_grad()", stream=False)
+        layouts[name] = store.meta()[1]["layout"]
+        rows = analysis.memory_by_rank(store.records(), store.meta())
+        assert [row.rank for row in rows] == [0, 1] and all(row.theory is not None for row in rows)
+    assert layouts["ddp"] == {"parameters": 4 * LAYER_BYTES // 4, "strategy": "ddp", "data_parallel": 2,
+                              "tensor_parallel": 1, "precision": "fp32", "optimizer": "momentum"}
+    assert layouts["zero1"]["strategy"] == "zero1" and layouts["zero1"]["optimizer"] == "adam"
+
+
+@pytest.mark.cluster
+def test_the_step_peak_counts_the_weights_fsdp2_gathers(lab):
+    # FSDP2 grows and frees the gathered weights' storages in place (no op for the watch to see):
+    # kept from forward to backward, all four layers are whole at once; resharded, one or two.
+    lab.run(SETUP, stream=False)
+    store = lab.telemetry
+    peaks = {}
+    for reshard in (True, False):
+        lab.run(f"model = fsdp_model(reshard={reshard})\n"
+                "with distlab.watch(model):\n"
+                "    train(model, 2)", stream=False)
+        last = [r for r in store.records() if r["step"] == 1]
+        peaks[reshard] = {r["rank"]: r["memory"]["peak_bytes"] for r in last}
+        for r in last:
+            at_rest = r["memory"]["parameters_bytes"] + r["memory"]["optimizer_bytes"]
+            gathered = 4 * LAYER_BYTES if not reshard else LAYER_BYTES
+            assert r["memory"]["peak_bytes"] >= at_rest + gathered
+    for rank in (0, 1):  # the watch missed the gathered weights before, and read the kept run lower
+        assert peaks[False][rank] - peaks[True][rank] >= LAYER_BYTES // 2

@@ -47,6 +47,7 @@ __all__ = [
     "torch_version_problem",
     "version_counter",
     "wait_functional",
+    "watch_storage_resizes",
     "wait_work",
     "work_from_future",
     "work_of",
@@ -343,3 +344,41 @@ def wait_functional(out: Any) -> Any:
     if isinstance(out, (list, tuple)):
         return type(out)(wait(t) if isinstance(t, torch.Tensor) else t for t in out)
     return out
+
+
+def watch_storage_resizes(callback: Callable[[Any, int], None]) -> Callable[[], None]:
+    """Call ``callback(storage, bytes_before)`` after FSDP2 resizes a storage; returns the undo.
+
+    FSDP2 allocates the whole weights of a layer it gathers, and frees them, by resizing their
+    storages in place (``alloc_storage`` / ``free_storage`` in
+    ``torch.distributed.fsdp._fully_shard._fsdp_param``, also imported by name in
+    ``_fsdp_param_group``). ``UntypedStorage.resize_`` is no dispatcher op, so nothing that watches
+    ops sees it, and torch's CPU allocator keeps no statistics: these two functions are the only place
+    the memory of gathered weights can be seen on a CPU. Replaced while a step is observed, put back
+    by the undo. Without FSDP2 (or in a torch that moved them) nothing is replaced.
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        return lambda: None
+    originals = {(mod, name): getattr(mod, name) for mod in (_fsdp_param, _fsdp_param_group)
+                 for name in ("alloc_storage", "free_storage") if hasattr(mod, name)}
+
+    def counted(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+        @functools.wraps(original)
+        def resize(tensor: torch.Tensor) -> None:
+            storage = tensor.untyped_storage()
+            before = storage.nbytes()
+            original(tensor)
+            if storage.nbytes() != before:
+                callback(storage, before)
+        return resize
+
+    for (mod, name), original in originals.items():
+        setattr(mod, name, counted(original))
+
+    def undo() -> None:
+        for (mod, name), original in originals.items():
+            setattr(mod, name, original)
+
+    return undo

@@ -25,9 +25,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..rank import torchcompat
-from .ops import OpObserver
 
-__all__ = ["LiveTensors", "MemoryUse", "local_tensor", "model_memory", "track_memory"]
+__all__ = ["LiveTensors", "MemoryUse", "local_tensor", "makes_storage", "model_memory", "track_memory"]
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -84,47 +83,65 @@ def model_memory(model: torch.nn.Module | Iterable[torch.Tensor], optimizer: Any
 
 
 class LiveTensors:
-    """Bytes of live tensor storages made by the ops it is shown (see :meth:`add_outputs`), and their peak."""
+    """Bytes of live tensor storages made by the ops it is shown (see :meth:`add_outputs`), and their peak.
+
+    Cheap per op, since every op of a step passes through it: an op whose schema says a result may
+    alias an input (a view, an in-place or ``out=`` op) makes no storage and is skipped unread; the
+    others' results are new storages, each counted once and taken off by a weak reference's callback.
+    Storages are known by their C++ object, which a resize keeps: FSDP2 gathers a layer's weights
+    into storages it grows and shrinks in place (``UntypedStorage.resize_``, no op), and
+    :meth:`resized` counts those changes.
+    """
 
     def __init__(self) -> None:
         self.current = 0
         self.peak = 0
-        self._live: dict[int, weakref.ref[Any]] = {}  # data_ptr -> the storage, while it lives
+        self._live: dict[int, int] = {}  # storage (its C++ object) -> bytes counted for it
+        self._refs: dict[Any, int] = {}  # weak reference -> storage; keeps the references alive
 
     def reset_peak(self) -> None:
         self.peak = self.current
 
-    def add_outputs(self, out: Any, args: Any, kwargs: Any) -> None:
-        """Count the storages an op made: outputs whose memory none of its inputs already had.
-
-        A view, an in-place op or an ``out=`` op returns an input's storage: nothing new.
-        """
-        new: list[tuple[Any, int]] = []
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                key = _storage_key(local_tensor(t))
-                if key is not None and key[0].data_ptr() not in self._live:
-                    new.append(key)
-        if not new:
+    def add_outputs(self, out: Any) -> None:
+        """Count the storages an op that makes new ones (see :func:`makes_storage`) returned."""
+        if isinstance(out, torch.Tensor):
+            self._add(out)
             return
-        inputs = {
-            key[0].data_ptr()
-            for t in tree_flatten((args, kwargs))[0]
-            if isinstance(t, torch.Tensor) and (key := _storage_key(local_tensor(t))) is not None
-        }
-        for storage, nbytes in new:
-            ptr = storage.data_ptr()
-            if ptr in inputs or ptr in self._live:
-                continue
-            self._live[ptr] = weakref.ref(storage, self._freer(ptr, nbytes))
-            self.current += nbytes
-            self.peak = max(self.peak, self.current)
+        for t in (out if isinstance(out, (tuple, list)) else tree_flatten(out)[0]):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
 
-    def _freer(self, ptr: int, nbytes: int) -> Any:
-        def freed(_ref: Any) -> None:
-            if self._live.pop(ptr, None) is not None:
-                self.current -= nbytes
-        return freed
+    def _add(self, tensor: torch.Tensor) -> None:
+        key = _storage_key(local_tensor(tensor))
+        if key is None:
+            return
+        storage, nbytes = key
+        cdata = storage._cdata
+        if cdata in self._live:
+            return
+        self._live[cdata] = nbytes
+        self._refs[weakref.ref(storage, self._freed)] = cdata
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def resized(self, storage: Any, before: int) -> None:
+        """``storage`` was resized in place from ``before`` bytes: count the difference."""
+        change = storage.nbytes() - before
+        cdata = storage._cdata
+        if cdata in self._live:
+            self._live[cdata] += change  # what its weak reference's callback will take off
+        self.current += change
+        self.peak = max(self.peak, self.current)
+
+    def _freed(self, ref: Any) -> None:
+        cdata = self._refs.pop(ref, None)
+        if cdata is not None:
+            self.current -= self._live.pop(cdata, 0)
+
+
+def makes_storage(func: Any) -> bool:
+    """False for an op whose schema lets a result alias an input: it returns memory that already existed."""
+    return not any(ret.alias_info is not None for ret in func._schema.returns)
 
 
 class MemoryUse:
@@ -171,11 +188,17 @@ def track_memory(device: torch.device | str | None = None) -> Iterator[MemoryUse
             use.peak_bytes = torch.cuda.max_memory_allocated(dev) - start
             use.retained_bytes = torch.cuda.memory_allocated(dev) - start
         return
+    from .ops import OpObserver  # ops reads this module's makes_storage: imported when used
+
     live = LiveTensors()
     mode = OpObserver(memory=live)
-    with torchcompat.dispatch_mode(mode):
-        try:
-            yield use
-        finally:
-            use.peak_bytes = live.peak
-            use.retained_bytes = live.current
+    undo = torchcompat.watch_storage_resizes(live.resized)
+    try:
+        with torchcompat.dispatch_mode(mode):
+            try:
+                yield use
+            finally:
+                use.peak_bytes = live.peak
+                use.retained_bytes = live.current
+    finally:
+        undo()

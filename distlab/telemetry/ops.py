@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..rank import torchcompat
+from . import memory
 
 if TYPE_CHECKING:
     from .memory import LiveTensors
@@ -118,16 +119,19 @@ class OpObserver(TorchDispatchMode):
         super().__init__()
         self.memory = memory
         self.timings = timings
+        self._seen: dict[Any, tuple[str | None, bool]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if self.timings is not None:
-            name = collective_name(func)
-            if name is not None:
-                return self._timed(name, func, args, kwargs)
+        seen = self._seen.get(func)
+        if seen is None:  # once per op: every op of a step comes here, so nothing is worked out twice
+            seen = self._seen[func] = (collective_name(func), memory.makes_storage(func))
+        name, fresh = seen
+        if name is not None and self.timings is not None:
+            return self._timed(name, func, args, kwargs)
         out = func(*args, **kwargs)
-        if self.memory is not None:
-            self.memory.add_outputs(out, args, kwargs)
+        if fresh and self.memory is not None:
+            self.memory.add_outputs(out)
         return out
 
     def _timed(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -140,8 +144,8 @@ class OpObserver(TorchDispatchMode):
             start.record()
             timing.events = (start, torch.cuda.Event(enable_timing=True))
         out = func(*args, **kwargs)
-        if self.memory is not None:
-            self.memory.add_outputs(out, args, kwargs)
+        if self.memory is not None and memory.makes_storage(func):
+            self.memory.add_outputs(out)
         table = _FUNCTIONAL if functional else _C10D
         where = table[func._schema.name.split("::")[-1]][1]
         timing.bytes = _tensor_bytes(out if where == "out" else args[int(where[3:])])

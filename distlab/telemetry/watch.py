@@ -146,6 +146,7 @@ class Watch:
         self._live = LiveTensors() if config.track_memory and self._cuda is None else None
         self._observer = OpObserver(self._live, [] if time_ops else None) if (time_ops or self._live) else None
         self._observing = False
+        self._undo_resizes: Any = _nothing
         self._handles = [
             model.register_forward_pre_hook(self._on_forward, prepend=True),
             register_optimizer_step_post_hook(self._on_optimizer_step),
@@ -198,6 +199,8 @@ class Watch:
         if self._observer is not None and not self._observing:
             torchcompat.push_dispatch_mode(self._observer)
             self._observing = True
+            if self._live is not None:
+                self._undo_resizes = torchcompat.watch_storage_resizes(self._live.resized)
 
     def _stop_observing(self) -> None:
         if self._observing:
@@ -206,6 +209,8 @@ class Watch:
                                   "step began and is still open")
                 return
             self._observing = False
+            self._undo_resizes()
+            self._undo_resizes = _nothing
 
     def __enter__(self) -> Watch:
         return self
@@ -450,6 +455,10 @@ class Watch:
         timing.done = time.perf_counter()
         step.timings.append(timing)
         return tensor
+
+
+def _nothing() -> None:
+    pass
 
 
 def _wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
