@@ -28,12 +28,13 @@
 #
 # The watch's `memory` is what the rank holds when the step's update is done (`parameters_bytes`,
 # `gradients_bytes`, `optimizer_bytes`: local shards) and `peak_bytes`. On a CPU the peak comes from
-# counting the tensors that ops make; FSDP2 gathers a unit's weights into storage it keeps and
-# **resizes** (to 0 when it reshards, back when it gathers), and no op reports a resize, so that
-# count misses the gathered weights. We measure those directly instead: FSDP2 swaps a unit's
-# registered parameters from sharded `DTensor`s to plain gathered tensors while it is gathered, so
-# `gathered()` below adds up the plain ones, probed when each block starts its forward, when the loss
-# is ready, and when each block's backward starts.
+# counting the tensors that ops make, plus the storage FSDP2 gathers a unit's weights into: it keeps
+# that storage and **resizes** it (to 0 when it reshards, back when it gathers), which no op reports,
+# so the watch counts FSDP2's two resizing functions while a step runs. To see *which* weights are
+# whole at the peak, we also measure them directly: FSDP2 swaps a unit's registered parameters from
+# sharded `DTensor`s to plain gathered tensors while it is gathered, so `gathered()` below adds up the
+# plain ones, probed when each block starts its forward, when the loss is ready, and when each block's
+# backward starts.
 
 # %%
 # %%ddp
@@ -190,9 +191,8 @@ for kind, (reshard, precision) in UNIT.items():
 # * **bf16** halves it: the gathered copy is bf16.
 #
 # The whole step, as the watch counts it: what the rank held at the step's start plus the most bytes
-# of tensors alive at once during it. For FSDP2 that count misses the gathered weights, as said above,
-# which is why `fsdp2-keep` does not read higher than `fsdp2` here, though it holds 2.4 MB more at its
-# peak (the table before). Whatever the configuration, the activations kept for backward (about 18 MB,
+# of tensors alive at once during it, the gathered weights included: `fsdp2-keep` reads higher than
+# `fsdp2`, which frees each unit after use. Whatever the configuration, the activations kept for backward (about 18 MB,
 # measured below) dominate: sharding model states does nothing for them; bf16 compute halves them.
 # Activation checkpointing is the lever for them.
 
