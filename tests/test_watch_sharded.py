@@ -152,6 +152,9 @@ def test_an_fsdp2_model_is_watched_with_its_gathers_and_reductions_and_its_shard
         gathers = [c for c in rec["collectives"] if c["op"] == "all_gather"]
         # Each layer's gradients are reduce-scattered once per step, whole (the theory's convention: the input).
         assert [c["bytes"] for c in scatters] == [LAYER_BYTES] * 4, ops
+        # Named by the unit they serve: gradients reduced in backward's order, forward gathered in order.
+        assert [c["layer"] for c in scatters] == ["3", "2", "1", "0"]
+        assert [c["layer"] for c in gathers][:4] == ["0", "1", "2", "3"]
         assert all(c["bytes"] == LAYER_BYTES and c["ranks"] == 2 for c in gathers)
         # Resharded after forward, every layer is gathered again for backward: 3 passes of the weights
         # per step against 2 (theory.fsdp_bytes_per_step).

@@ -125,7 +125,8 @@ def draw_timeline(fig: MeteredFigure, records: Sequence[StepRecord], late: Seque
             oy.append(f"rank {rec['rank']}")
             obase.append(rec["t"] - origin + c["start_s"])
             ocolor.append(_OP_COLORS.get(c["op"], "gray"))
-            ohover.append(f"step {rec['step']}, {c['op'].replace('_', '-')} over {c['ranks']} ranks: "
+            of = f" of {c['layer']}" if c.get("layer") else ""
+            ohover.append(f"step {rec['step']}, {c['op'].replace('_', '-')}{of} over {c['ranks']} ranks: "
                           f"{c['bytes'] / 1e6:.2f} MB in {c['seconds'] * 1e3:.2f} ms on rank {rec['rank']}")
     with fig.batch_update():
         bars, marks, others = fig.data

@@ -38,6 +38,7 @@ __all__ = [
     "foreach_sub_",
     "forget_process_groups",
     "future_of",
+    "label_fsdp_collectives",
     "pop_dispatch_mode",
     "push_dispatch_mode",
     "replace_group_functions",
@@ -47,8 +48,8 @@ __all__ = [
     "torch_version_problem",
     "version_counter",
     "wait_functional",
-    "watch_storage_resizes",
     "wait_work",
+    "watch_storage_resizes",
     "work_from_future",
     "work_of",
 ]
@@ -380,5 +381,42 @@ def watch_storage_resizes(callback: Callable[[Any, int], None]) -> Callable[[], 
     def undo() -> None:
         for (mod, name), original in originals.items():
             setattr(mod, name, original)
+
+    return undo
+
+
+def label_fsdp_collectives(set_label: Callable[[str | None], str | None]) -> Callable[[], None]:
+    """While FSDP2 gathers or reduces a unit, ``set_label(unit's module name)``; returns the undo.
+
+    FSDP2's ``FSDPParamGroup.unshard`` issues a unit's all-gather (also when it prefetches the next
+    unit's) and ``post_backward`` its reduce-scatter; the group knows its module's name
+    (``_module_fqn``, "" for the root). These private methods are the one place a collective can be
+    tied to its layer: the ops themselves carry only tensors and a process group. Replaced on the
+    class while a step is observed, put back by the undo. ``set_label`` returns the label before, so
+    nested calls restore it.
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:
+        return lambda: None
+    originals = {name: FSDPParamGroup.__dict__[name] for name in ("unshard", "post_backward")
+                 if name in FSDPParamGroup.__dict__}
+
+    def labelled(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before = set_label(getattr(self, "_module_fqn", None) or "(root)")
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                set_label(before)
+        return method
+
+    for name, original in originals.items():
+        setattr(FSDPParamGroup, name, labelled(original))
+
+    def undo() -> None:
+        for name, original in originals.items():
+            setattr(FSDPParamGroup, name, original)
 
     return undo

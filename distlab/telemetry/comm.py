@@ -194,6 +194,8 @@ def summarize_collectives(timings: list[CollectiveTiming], step_begin: float) ->
             continue
         entry: Collective = {"op": timing.op, "bytes": timing.bytes, "ranks": timing.ranks, "seconds": seconds,
                              "start_s": timing.launched - step_begin}
+        if timing.layer is not None:
+            entry["layer"] = timing.layer
         if seconds > 0:
             entry["algbw"] = theory.algbw_bytes_per_s(timing.bytes, seconds)
             if timing.op in COLLECTIVES and timing.ranks > 1:

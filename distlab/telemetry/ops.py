@@ -95,6 +95,8 @@ class CollectiveTiming:
     done: float | None = None
     #: Stamped by waiting where it was launched (no future to call back): the caller was blocked.
     waited: bool = False
+    #: The layer it gathers or reduces, where that is known (FSDP2's units).
+    layer: str | None = None
     events: tuple[Any, Any] | None = None
 
     def seconds(self) -> float | None:
@@ -120,6 +122,13 @@ class OpObserver(TorchDispatchMode):
         self.memory = memory
         self.timings = timings
         self._seen: dict[Any, tuple[str | None, bool]] = {}
+        #: The layer whose collectives run now (set around FSDP2's gathers and reductions).
+        self.label: str | None = None
+
+    def set_label(self, label: str | None) -> str | None:
+        """Tag the collectives launched from now on with ``label``; returns the previous one."""
+        before, self.label = self.label, label
+        return before
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -137,7 +146,7 @@ class OpObserver(TorchDispatchMode):
     def _timed(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         functional = func.namespace != "c10d"
         ranks = torchcompat.collective_group_size(func, args, kwargs)
-        timing = CollectiveTiming(name, 0, ranks, time.perf_counter())
+        timing = CollectiveTiming(name, 0, ranks, time.perf_counter(), layer=self.label)
         cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tree_flatten(args)[0])
         if cuda:
             start = torch.cuda.Event(enable_timing=True)

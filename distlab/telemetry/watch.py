@@ -146,7 +146,7 @@ class Watch:
         self._live = LiveTensors() if config.track_memory and self._cuda is None else None
         self._observer = OpObserver(self._live, [] if time_ops else None) if (time_ops or self._live) else None
         self._observing = False
-        self._undo_resizes: Any = _nothing
+        self._undo_patches: Any = _nothing
         self._handles = [
             model.register_forward_pre_hook(self._on_forward, prepend=True),
             register_optimizer_step_post_hook(self._on_optimizer_step),
@@ -199,8 +199,10 @@ class Watch:
         if self._observer is not None and not self._observing:
             torchcompat.push_dispatch_mode(self._observer)
             self._observing = True
-            if self._live is not None:
-                self._undo_resizes = torchcompat.watch_storage_resizes(self._live.resized)
+            undo = [torchcompat.watch_storage_resizes(self._live.resized)] if self._live is not None else []
+            if self._observer.timings is not None:
+                undo.append(torchcompat.label_fsdp_collectives(self._observer.set_label))
+            self._undo_patches = lambda: [u() for u in undo]
 
     def _stop_observing(self) -> None:
         if self._observing:
@@ -209,8 +211,8 @@ class Watch:
                                   "step began and is still open")
                 return
             self._observing = False
-            self._undo_resizes()
-            self._undo_resizes = _nothing
+            self._undo_patches()
+            self._undo_patches = _nothing
 
     def __enter__(self) -> Watch:
         return self
