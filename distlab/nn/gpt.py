@@ -199,8 +199,9 @@ def tensor_parallel_plan(model: GPT, sequence_parallel: bool = False) -> dict[st
     Megatron-LM's split (Shoeybi et al., 2019): in each block q, k, v and fc are split by output
     columns (``ColwiseParallel``: each rank computes its heads, its part of the MLP's width), out and proj
     by input rows (``RowwiseParallel``), whose partial outputs are summed: one all-reduce in forward and
-    one in backward for attention, the same for the MLP. Embeddings, norms and head stay whole on every
-    rank.
+    one in backward for attention, the same for the MLP (attention's and the MLP's inputs enter as one
+    replicated DTensor each, so q, k and v share one backward all-reduce, as Megatron's fused qkv
+    does). Embeddings, norms and head stay whole on every rank.
 
     ``sequence_parallel`` (Korthikanti et al., 2022) also splits the sequence between ranks outside
     attention and the MLP: the residual stream and the LayerNorms (``SequenceParallel``) hold
@@ -240,6 +241,11 @@ def tensor_parallel_plan(model: GPT, sequence_parallel: bool = False) -> dict[st
                 f"{prefix}.mlp.proj": RowwiseParallel(output_layouts=sequence),
             }
         )
+        if not sequence_parallel:
+            # q, k and v read the same input: made a DTensor once at attention's door, its gradient is
+            # summed across ranks once (Megatron's f), not once per projection; the MLP alike.
+            whole = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
+            plan.update({f"{prefix}.attn": whole, f"{prefix}.mlp": whole})
         if sequence_parallel:
             plan.update(
                 {

@@ -575,12 +575,12 @@ for what in ("output", "input gradient", "weight gradients"):
 # vocabulary) is split the same way by `distlab.nn.tensor_parallel_plan(model)`, the plan
 # `parallelize_module` takes. In each block, attention's `q`, `k`, `v` are column-wise (each rank
 # computes 2 of the 4 heads: heads need nothing from each other) and `out` row-wise; the MLP's `fc`
-# column-wise and `proj` row-wise. Embeddings, norms and the head stay whole on both ranks.
+# column-wise and `proj` row-wise. Embeddings, norms and the head stay whole on both ranks. The plan
+# also makes attention's and the MLP's input a replicated DTensor once (`PrepareModuleInput`): below,
+# why.
 
 # %%
 # %%ddp
-from torch.distributed.tensor.parallel import PrepareModuleInput
-
 from distlab.nn import GPT, CharTokenizer, GPTConfig, corpus, tensor_parallel_plan, token_batches
 
 text = corpus()
@@ -603,8 +603,8 @@ for name, style in lab.pull("block_plan", 0)[0].items():
 # * **per projection**: the `ColwiseParallel` and `RowwiseParallel` entries alone. Each of `q`, `k` and
 #   `v` then takes the block's input as a plain tensor and turns it into a DTensor of its own, so in
 #   backward each of the three all-reduces its own gradient of that input;
-# * **input prepared once**: the same, plus `PrepareModuleInput` on `attn` and on `mlp`, which make
-#   their input a replicated DTensor once. `q`, `k` and `v` then share it: their three gradients add
+# * **input prepared once**: `tensor_parallel_plan`'s own, with `PrepareModuleInput` on `attn` and on
+#   `mlp`, which make their input a replicated DTensor once. `q`, `k` and `v` then share it: their three gradients add
 #   up locally as one `Partial`, and one all-reduce finishes the sum. That is what Megatron-LM gets by
 #   fusing `q`, `k` and `v` into one matrix.
 
@@ -617,16 +617,10 @@ import warnings
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
-def prepared(plan, layers):
-    """The plan with each block's attention and MLP input made a replicated DTensor once."""
-    once = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
-    return {**plan, **{f"blocks.{i}.{part}": once for i in range(layers) for part in ("attn", "mlp")}}
-
-
 PLANS = {
     "per projection": lambda m: {k: v for k, v in tensor_parallel_plan(m).items()
                                  if isinstance(v, (ColwiseParallel, RowwiseParallel))},
-    "input prepared once": lambda m: prepared(tensor_parallel_plan(m), cfg.layers),
+    "input prepared once": lambda m: tensor_parallel_plan(m),
     "sequence parallel": lambda m: tensor_parallel_plan(m, sequence_parallel=True),
 }
 

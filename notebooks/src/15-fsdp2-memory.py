@@ -438,7 +438,7 @@ print("collectives of one step, rank 0:", mesh_results[0]["collectives"])
 n_ar, ar_bytes = mesh_results[0]["collectives"]["all_reduce over tp"]
 tp_theory = theory.tensor_parallel_bytes_per_step(4, 64, 128, 4, tensor_parallel=2, bytes_per_element=4)
 print(f"tensor-parallel bytes sent per rank: {theory.collective_bytes('all_reduce', ar_bytes, 2).sent_bytes:,.0f} "
-      f"in {n_ar} all-reduces; theory (q, k, v fused) {tp_theory:,.0f}")
+      f"in {n_ar} all-reduces; theory {tp_theory:,.0f}")
 
 # %% [markdown]
 # * `sharded_memory(tensor_parallel=2, data_parallel=2)` divides every parameter by 4. The plan splits
@@ -449,10 +449,10 @@ print(f"tensor-parallel bytes sent per rank: {theory.collective_bytes('all_reduc
 # * The losses agree with one process training the whole model on the whole batch to float rounding:
 #   the two tp ranks add partial sums in another order, nothing else differs.
 # * Traffic is of two kinds. Tensor parallelism all-reduces **activations** over `tp`, each
-#   b x s x h = 4 x 64 x 128 floats: 2 per block in forward (after out and proj) and, in backward, one
-#   per column-split layer for its input's gradient: q, k, v and fc, 4 per block. Megatron-LM fuses q,
-#   k and v into one layer, hence 2 per block in `theory.tensor_parallel_bytes_per_step`; here 6 per
-#   block against 4, 1.5x the theory's bytes. FSDP2 gathers and reduce-scatters **parameters** over
+#   b x s x h = 4 x 64 x 128 floats: 2 per block in forward (after out and proj) and 2 in backward,
+#   for the gradients of attention's and the MLP's inputs (the plan makes each input one replicated
+#   DTensor, so q, k and v share one all-reduce, as Megatron-LM's fused qkv does): 4 per block, as in
+#   `theory.tensor_parallel_bytes_per_step`. FSDP2 gathers and reduce-scatters **parameters** over
 #   `dp`, as on one dimension.
 #
 # ## Practice
