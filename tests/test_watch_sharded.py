@@ -261,3 +261,27 @@ def test_the_step_peak_counts_the_weights_fsdp2_gathers(lab):
             assert r["memory"]["peak_bytes"] >= at_rest + gathered
     for rank in (0, 1):  # the watch missed the gathered weights before, and read the kept run lower
         assert peaks[False][rank] - peaks[True][rank] >= LAYER_BYTES // 2
+
+
+@pytest.mark.cluster
+def test_collectives_a_dtensor_issues_inside_its_own_ops_are_recorded(lab):
+    # With sequence parallelism the LayerNorms' gradients are Partial: the optimizer's step sums them
+    # across ranks inside DTensor's handling of its update ops (4 blocks x 2 norms x weight and bias,
+    # and the final norm's two: 18 all-reduces), where a dispatch mode does not see them by itself.
+    lab.run(SETUP, stream=False)
+    store = lab.telemetry
+    lab.run("from distlab.nn import GPT, GPTConfig, tensor_parallel_plan\n"
+            "torch.manual_seed(0)\n"
+            "gpt = GPT(GPTConfig(vocab_size=32, seq_len=16, layers=4, hidden=32, heads=4))\n"
+            "parallelize_module(gpt, mesh, tensor_parallel_plan(gpt, sequence_parallel=True))\n"
+            "opt = torch.optim.SGD(gpt.parameters(), lr=0.1)\n"
+            "idx = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(1))\n"
+            "with distlab.watch(gpt):\n"
+            "    for _ in range(2):\n"
+            "        gpt(idx, idx)[1].backward()\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()", stream=False)
+    for rec in store.records():
+        ops = [c["op"] for c in rec["collectives"]]
+        assert ops.count("all_reduce") >= 18, ops
+        assert "all_gather" in ops and "reduce_scatter" in ops  # sequence parallelism's own

@@ -107,6 +107,22 @@ class CollectiveTiming:
         return None if self.done is None else self.done - self.launched
 
 
+def _subclass_dispatches(cls: type) -> bool:
+    """True for DTensor and funcol's async tensor (and their subclasses): they run ops of their own.
+
+    Not every tensor subclass: a fake tensor (what FSDP2 and torch.compile trace with) refuses ops
+    outside its own mode, and handing it the op would leave no one to run it.
+    """
+    answer = _DISPATCHING.get(cls)
+    if answer is None:
+        answer = _DISPATCHING[cls] = any(base.__name__ in ("DTensor", "AsyncCollectiveTensor")
+                                         for base in cls.__mro__)
+    return answer
+
+
+_DISPATCHING: dict[type, bool] = {}
+
+
 def _tensor_bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
 
@@ -131,6 +147,12 @@ class OpObserver(TorchDispatchMode):
         return before
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(_subclass_dispatches(t) for t in types):
+            # A DTensor (or another tensor subclass) gets the op first: it runs its own ops on its
+            # local tensors, and the collectives it needs (a redistribution inside the op, the
+            # all-reduce of a Partial gradient in an optimizer's step) come back here one by one.
+            # Handled here instead, they would run with this mode off, unseen.
+            return NotImplemented
         kwargs = kwargs or {}
         seen = self._seen.get(func)
         if seen is None:  # once per op: every op of a step comes here, so nothing is worked out twice

@@ -773,10 +773,13 @@ print(f"all {sp['parameters']} gradients equal to one process's (rtol 1e-4, atol
 # of 128 numbers per tensor (Megatron-LM all-reduces them at the end of backward). Small, but a reminder
 # that a `Partial` is a sum waiting to be done.
 #
-# The bytes of the forward and backward, from the watch:
+# The bytes of the forward and backward, from the watch (it sees the update's all-reduces too, inside
+# DTensor's handling of the optimizer's ops; they are set apart here):
 
 # %%
-sp_step = watched["sequence parallel"]
+sp_step = dict(watched["sequence parallel"])
+update = sp_step.pop("all_reduce", (0, []))   # the norms' Partial gradients, summed in optimizer.step()
+print(f"the update: {update[0]} all-reduces of {sorted(set(update[1]))} bytes")
 sp_theory = theory.tensor_parallel_bytes_per_step(B, SEQ, H, L, T, bytes_per_element=4, sequence_parallel=True)
 print("one step, sequence parallel:", {op: f"{n} x {set(sizes)} bytes" for op, (n, sizes) in sp_step.items()})
 print(f"each rank sends {sent_per_rank(sp_step) / 1e6:.3f} MB; theory {sp_theory / 1e6:.3f} MB "
