@@ -26,13 +26,13 @@ from .. import theory
 from ..rank import torchcompat
 from ..records import AllReduceBucket, Collective
 from ..theory.collectives import COLLECTIVES, bus_bandwidth_factor
-from .ops import CollectiveTiming
+from .ops import CollectiveTiming, Stamped
 
 __all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize", "summarize_collectives"]
 
 
 @dataclass
-class BucketTiming:
+class BucketTiming(Stamped):
     """One all-reduce: what went in, when it was launched and when it completed (``perf_counter``)."""
 
     bucket: int
@@ -41,15 +41,7 @@ class BucketTiming:
     done: float | None = None
     #: A blocking all-reduce (``Watch.all_reduce``): none of it overlaps compute.
     blocking: bool = False
-    #: On a GPU, the CPU clock says when work was queued, not run: CUDA events time it instead.
     events: tuple[Any, Any] | None = None
-
-    def seconds(self) -> float | None:
-        if self.events is not None:
-            start, end = self.events
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1e3
-        return None if self.done is None else self.done - self.launched
 
 
 @dataclass
@@ -82,9 +74,7 @@ class TimedGroup(dist.ProcessGroup):
         buffer = tensors[0]
         timing = BucketTiming(len(timer.timings), buffer.numel() * buffer.element_size(), time.perf_counter())
         if buffer.is_cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            timing.events = (start, torch.cuda.Event(enable_timing=True))
+            timing.start_events()
         timer.timings.append(timing)
         work = self.inner.allreduce(tensors, opts)
 

@@ -34,7 +34,7 @@ from . import memory
 if TYPE_CHECKING:
     from .memory import LiveTensors
 
-__all__ = ["CollectiveTiming", "OpObserver", "collective_name"]
+__all__ = ["CollectiveTiming", "OpObserver", "Stamped", "collective_name"]
 
 # op name -> (the collective, how its size is read: which argument, and the theory's convention:
 # all-reduce the tensor, reduce-scatter its full input, all-gather its full output).
@@ -84,8 +84,32 @@ def collective_name(func: Any) -> str | None:
     return entry[0] if entry else None
 
 
+class Stamped:
+    """What a timed collective has: ``launched`` and ``done`` (``perf_counter``), or CUDA ``events``.
+
+    On a GPU the CPU clock says when work was queued, not run: CUDA events time it instead.
+    """
+
+    launched: float
+    done: float | None
+    events: tuple[Any, Any] | None
+
+    def seconds(self) -> float | None:
+        if self.events is not None:
+            start, end = self.events
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3
+        return None if self.done is None else self.done - self.launched
+
+    def start_events(self) -> None:
+        """Time it on the GPU: record the start event now; the end is recorded on completion."""
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.events = (start, torch.cuda.Event(enable_timing=True))
+
+
 @dataclass
-class CollectiveTiming:
+class CollectiveTiming(Stamped):
     """One collective of a step: what, how many bytes (the theory's convention), when, over how many ranks."""
 
     op: str
@@ -98,13 +122,6 @@ class CollectiveTiming:
     #: The layer it gathers or reduces, where that is known (FSDP2's units).
     layer: str | None = None
     events: tuple[Any, Any] | None = None
-
-    def seconds(self) -> float | None:
-        if self.events is not None:
-            start, end = self.events
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1e3
-        return None if self.done is None else self.done - self.launched
 
 
 def _subclass_dispatches(cls: type) -> bool:
@@ -171,9 +188,7 @@ class OpObserver(TorchDispatchMode):
         timing = CollectiveTiming(name, 0, ranks, time.perf_counter(), layer=self.label)
         cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tree_flatten(args)[0])
         if cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            timing.events = (start, torch.cuda.Event(enable_timing=True))
+            timing.start_events()
         out = func(*args, **kwargs)
         if self.memory is not None and memory.makes_storage(func):
             self.memory.add_outputs(out)
