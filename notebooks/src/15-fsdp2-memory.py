@@ -106,7 +106,7 @@ def train(kind, steps=3):
     for c in record["collectives"]:
         n, b = counts.get(c["op"], (0, 0))
         counts[c["op"]] = (n + 1, b + c["bytes"])
-    if record["allreduce"]:                      # DDP's gradient buckets, timed by its comm hook
+    if record["allreduce"]:                      # DDP's gradient buckets, timed apart from the rest
         counts["all_reduce"] = (len(record["allreduce"]), sum(b["bytes"] for b in record["allreduce"]))
     return {"memory": record["memory"], "collectives": counts,
             "gathered_peak": max(seen) if seen else None, "loss": loss.item()}
