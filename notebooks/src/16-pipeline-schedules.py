@@ -389,18 +389,21 @@ print("GPipe / 1F1B measured between 60% and 110% of theory's ratio on both rank
 # Training costs about `6N` FLOPs per token for `N` parameters, plus `12·layers·h·s` for the attention
 # scores (Kaplan et al., 2020; PaLM, Chowdhery et al., 2022): `theory.training_flops_per_token`. The
 # **MFU** is the model FLOPs achieved per second over the peak of the hardware. A CPU has no
-# datasheet peak to trust, so each rank measures its own: `peak_matmul_flops_per_s()`, the best rate
-# of 1024 x 1024 matmuls on its one thread, measured on both ranks at once (they share the machine's
-# memory and caches, as in the runs).
+# datasheet peak to trust, so each rank measures its own with `peak_matmul_flops_per_s()`: the best
+# rate of square matmuls (256, 512 and 1024 rows, since a CPU's best size depends on its caches) on
+# its one thread, measured on both ranks at once (they share the machine's memory and caches, as in
+# the runs). It is measured between the timed steps, not once before them: a neighbour that steals
+# the core for a moment then lowers one measurement, not the peak.
 #
 # The single-process model: each rank trains the whole model on the whole batch (forward and
 # backward), both at the same time, so each runs as one device would, beside a busy neighbour.
 
 # %%
 # %%ddp
-peak_flops = peak_matmul_flops_per_s()
+peak_flops = 0.0
 alone = []
 for _ in range(4):
+    peak_flops = max(peak_flops, *(peak_matmul_flops_per_s(size=size, repeats=3) for size in (256, 512, 1024)))
     model.zero_grad(set_to_none=True)
     dist.barrier()
     start = time.perf_counter()
