@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-__all__ = ["CellError", "CellReply", "EngineIdentity", "GroupSpec"]
+__all__ = ["LEARNER_FILE", "CellError", "CellReply", "EngineIdentity", "GroupSpec"]
+
+#: The file name a learner's code carries on an exercise's grading ranks (``rank.exercise``): the
+#: notebook finds the learner's frames in a traceback by it.
+LEARNER_FILE = "<your code>"
 
 
 class EngineIdentity(TypedDict):

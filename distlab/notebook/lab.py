@@ -93,6 +93,8 @@ class Lab:
         self._phase_start = 0.0
         # What ran, in order (cells that succeeded, pushes, scripts, restarts): what export writes.
         self._history: list[Event] = []
+        # Labs this one started for its own purposes (an exercise's grader): they stop with it.
+        self._companions: dict[str, Lab] = {}
 
     # The configuration, as attributes (the magics and tests read them).
     timeout = property(lambda self: self.config.timeout)
@@ -219,6 +221,9 @@ class Lab:
 
     def stop(self) -> None:
         """Stop engines and controller and make sure their processes are gone."""
+        for companion in self._companions.values():
+            companion.stop()
+        self._companions.clear()
         cluster, self._cluster = self._cluster, None
         if cluster is None:
             self._remove_network()  # a start that failed before its cluster existed

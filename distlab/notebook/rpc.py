@@ -17,11 +17,13 @@ from ..wire import GroupSpec
 __all__ = [
     "RANK_FUNCTIONS",
     "abort_group",
+    "case_names",
     "check_group",
     "collective_trace",
     "describe",
     "init_rank",
     "open_store",
+    "pack_definitions",
     "rebuild_group",
     "run_cell",
     "run_script",
@@ -40,6 +42,9 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "collective_trace": ("flight", "collective_trace"),
     "run_cell": ("cell", "run_cell"),
     "run_script": ("cell", "run_script"),
+    "pack_definitions": ("exercise", "pack_definitions"),
+    "case_names": ("exercise", "case_names"),
+    "grade_case": ("exercise", "grade_case"),
 }
 
 
@@ -92,3 +97,18 @@ def run_cell(target: Any, code: str, rank: int, want: str) -> Any:
 def run_script(target: Any, text: str, path: str, argv: list[str], rank: int) -> Any:
     """-> ``wire.CellReply``: the script run as ``__main__`` with ``sys.argv = argv`` (``%dist run``)."""
     return _call(target, "run_script", text, path, argv, rank)
+
+
+def pack_definitions(target: Any, names: list[str]) -> Any:
+    """-> ``wire.CellReply`` whose value is ``{"blob": bytes}``, ``{"missing": [...]}`` or ``{"unpicklable": why}``."""
+    return _call(target, "pack_definitions", names)
+
+
+def case_names(target: Any, exercise: str, world_size: int, seed: int) -> Any:
+    """-> ``wire.CellReply`` whose value is the names of the exercise's cases at ``world_size``."""
+    return _call(target, "case_names", exercise, world_size, seed)
+
+
+def grade_case(target: Any, exercise: str, blob: bytes, seed: int, index: int, rank: int) -> Any:
+    """-> ``wire.CellReply`` whose value is the rank's outcome of one case (``rank.exercise.passed``/``failed``)."""
+    return _call(target, "grade_case", exercise, blob, seed, index, rank)

@@ -1,4 +1,4 @@
-"""Quiz progress: what each question got last time, kept in the Jupyter data directory, and mastery per topic.
+"""Quiz and exercise progress: what each question and exercise got last time, in the Jupyter data directory.
 
 The file is small JSON, rewritten whole on every answer: read, update, write to a temporary file in the
 same folder, fsync, ``os.replace``. A crash or a second kernel never leaves half a file behind; two
@@ -21,7 +21,16 @@ from jupyter_core.paths import jupyter_data_dir
 from .model import Question
 from .topics import TOPICS
 
-__all__ = ["ENV_VAR", "Progress", "QuestionRecord", "Summary", "TopicMastery", "progress_path"]
+__all__ = [
+    "ENV_VAR",
+    "ExerciseProgress",
+    "ExerciseRecord",
+    "Progress",
+    "QuestionRecord",
+    "Summary",
+    "TopicMastery",
+    "progress_path",
+]
 
 #: Set to a file, or to a folder that holds ``quiz-progress.json``, to keep progress elsewhere (tests do).
 ENV_VAR = "DISTLAB_QUIZ_PROGRESS"
@@ -48,33 +57,62 @@ class QuestionRecord:
     last_seen: float = 0.0  # Unix time
 
 
+@dataclass
+class ExerciseRecord:
+    """A learner's history with one coding exercise."""
+
+    checks: int = 0
+    passed: bool = False  # ever
+    last_passed: bool = False
+    last_seen: float = 0.0  # Unix time
+
+
 class Progress:
-    """The progress file, read when made; :meth:`record` re-reads it first so other kernels' answers stay."""
+    """The progress file, read when made; each record re-reads it first so other kernels' answers stay."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or progress_path()
-        self.records = _read(self.path)
+        self.records, self.exercises = _read(self.path)
 
     def record(self, question_id: str, correct: bool) -> QuestionRecord:
         """Count one answer to ``question_id`` and save at once."""
-        self.records = _read(self.path)
+        self.records, self.exercises = _read(self.path)
         entry = self.records.setdefault(question_id, QuestionRecord())
         entry.attempts += 1
         entry.right += int(correct)
         entry.last_right = correct
         entry.last_seen = time.time()
-        _write_atomically(
-            self.path, {"version": _VERSION, "questions": {k: asdict(v) for k, v in self.records.items()}}
-        )
+        self._save()
         return entry
+
+    def record_exercise(self, name: str, passed: bool) -> ExerciseRecord:
+        """Count one check of exercise ``name`` and save at once."""
+        self.records, self.exercises = _read(self.path)
+        entry = self.exercises.setdefault(name, ExerciseRecord())
+        entry.checks += 1
+        entry.passed = entry.passed or passed
+        entry.last_passed = passed
+        entry.last_seen = time.time()
+        self._save()
+        return entry
+
+    def _save(self) -> None:
+        _write_atomically(
+            self.path,
+            {
+                "version": _VERSION,
+                "questions": {k: asdict(v) for k, v in self.records.items()},
+                "exercises": {k: asdict(v) for k, v in self.exercises.items()},
+            },
+        )
 
     def mastered(self, question_id: str) -> bool:
         """A question is mastered when its last answer was right."""
         entry = self.records.get(question_id)
         return bool(entry and entry.last_right)
 
-    def summary(self, questions: Iterable[Question]) -> Summary:
-        """Mastery of each topic over ``questions`` (the bank)."""
+    def summary(self, questions: Iterable[Question], exercises: Iterable[tuple[str, str]] = ()) -> Summary:
+        """Mastery of each topic over ``questions`` (the bank), and each exercise of ``(name, title)``."""
         by_topic: dict[str, list[Question]] = {topic: [] for topic in TOPICS}
         for question in questions:
             by_topic.setdefault(question.topic, []).append(question)
@@ -88,23 +126,33 @@ class Progress:
             )
             for topic, qs in by_topic.items()
         )
-        return Summary(path=self.path, topics=rows)
+        done = tuple(
+            ExerciseProgress(name, title, *_exercise_state(self.exercises.get(name))) for name, title in exercises
+        )
+        return Summary(path=self.path, topics=rows, exercises=done)
 
 
-def _read(path: Path) -> dict[str, QuestionRecord]:
+def _exercise_state(entry: ExerciseRecord | None) -> tuple[int, bool, bool]:
+    return (entry.checks, entry.passed, entry.last_passed) if entry else (0, False, False)
+
+
+def _read(path: Path) -> tuple[dict[str, QuestionRecord], dict[str, ExerciseRecord]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except OSError as error:
         # A quiz is still worth taking when its progress cannot be kept; saving will say so too.
         warnings.warn(
             f"cannot read quiz progress from {path} ({error}); set {ENV_VAR} to a writable file", stacklevel=3
         )
-        return {}
+        return {}, {}
     try:
         data = json.loads(text)
-        return {str(k): QuestionRecord(**v) for k, v in data["questions"].items()}
+        questions = {str(k): QuestionRecord(**v) for k, v in data["questions"].items()}
+        # Files written before exercises were kept have no "exercises".
+        exercises = {str(k): ExerciseRecord(**v) for k, v in data.get("exercises", {}).items()}
+        return questions, exercises
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         # Keep the unreadable file for a person to look at, and start afresh rather than block the quiz.
         kept = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
@@ -112,7 +160,7 @@ def _read(path: Path) -> dict[str, QuestionRecord]:
         warnings.warn(
             f"quiz progress in {path} was unreadable ({error}); moved to {kept}, starting afresh", stacklevel=3
         )
-        return {}
+        return {}, {}
 
 
 def _write_atomically(path: Path, data: object) -> None:
@@ -145,12 +193,24 @@ class TopicMastery:
         return self.mastered / self.questions if self.questions else 0.0
 
 
+@dataclass(frozen=True)
+class ExerciseProgress:
+    """One exercise's line of the summary."""
+
+    name: str
+    title: str
+    checks: int
+    passed: bool  # ever
+    last_passed: bool
+
+
 @dataclass(frozen=True, repr=False)
 class Summary:
-    """Mastery per topic; its text form is a table."""
+    """Mastery per topic and the exercises passed; its text form is two tables."""
 
     path: Path
     topics: tuple[TopicMastery, ...]
+    exercises: tuple[ExerciseProgress, ...] = ()
 
     def __getitem__(self, topic: str) -> TopicMastery:
         for row in self.topics:
@@ -164,6 +224,13 @@ class Summary:
         for number, row in enumerate(self.topics, 1):
             answered = f"{row.answered}/{row.questions}"
             lines.append(f"{number:>2}  {row.topic:<{width}}  {answered:>8}  {row.mastery:>8.0%}")
+        if self.exercises:
+            passed = sum(row.passed for row in self.exercises)
+            width = max(len(row.name) for row in self.exercises)
+            lines += ["", f"Exercises: {passed} of {len(self.exercises)} passed", f" #  {'exercise':<{width}}  checks  result"]
+            for number, row in enumerate(self.exercises, 1):
+                state = "passed" if row.passed else ("not yet" if row.checks else "")
+                lines.append(f"{number:>2}  {row.name:<{width}}  {row.checks:>6}  {state}")
         return "\n".join(lines)
 
     # IPython shows the repr: the table reads the same in a notebook, a terminal and a log.

@@ -81,5 +81,7 @@ def show(
 
 
 def summary() -> Summary:
-    """Mastery per topic from the saved progress (its text form is a table)."""
-    return Progress().summary(bank())
+    """Mastery per topic and the exercises passed, from the saved progress (its text form is tables)."""
+    from ..exercises.catalog import EXERCISES
+
+    return Progress().summary(bank(), [(e.name, e.title) for e in EXERCISES.values()])

@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ..wire import CellError, CellReply
+from ..wire import LEARNER_FILE, CellError, CellReply
 from .namespace import LAB_NAMES, user_namespace
 
 __all__ = ["run_cell", "run_script"]
@@ -171,7 +171,7 @@ def _flush_telemetry() -> None:
 def _describe_failure(exc: BaseException, filename: str) -> CellError:
     frames = traceback.extract_tb(exc.__traceback__)
     # Drop distlab's own frames above the user's code; keep everything from the cell down.
-    start = next((i for i, f in enumerate(frames) if f.filename == filename), len(frames))
+    start = next((i for i, f in enumerate(frames) if f.filename in (filename, LEARNER_FILE)), len(frames))
     trimmed = frames[start:] if start < len(frames) else frames[-1:]
     if len(trimmed) > 1 and trimmed[-1].filename == _STAND_INS[0]:
         # distlab's init_process_group refused the call: the error is about the user's line, shown last.

@@ -1,0 +1,281 @@
+"""Grading an exercise: the learner's definitions taken from their lab, each case run on ranks of its own.
+
+The learner's code never runs in this process: it is pickled on one of their ranks and unpacked on
+the grader's ranks (``distlab.rank.exercise``). The grader's ranks are a lab of their own, started
+at the first check, resized to each world the exercise is graded in and stopped with the learner's
+lab: a case that deadlocks or kills a rank costs the learner nothing they made, and their lab keeps
+its size, its names and its state.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from ..errors import CellTimeout, LabUsageError, RankError, RankFailure
+from ..notebook import rpc
+from ..wire import LEARNER_FILE
+from .catalog import EXERCISES, get
+from .model import Exercise
+from .results import CaseResult, ExerciseResult
+
+__all__ = ["check", "grade_all", "grading_lab"]
+
+_COMPANION = "exercises"
+# How long asking a rank for definitions or case names may take: a small pickle, a few names.
+_ASK_TIMEOUT_S = 60.0
+
+
+def check(
+    name: str, lab: Any = None, *, seed: int | None = None, case_timeout_s: float | None = None, record: bool = True
+) -> ExerciseResult:
+    """Grade the learner's solution of exercise ``name``, as defined on ``lab``'s ranks (the running lab by default).
+
+    Each case runs on every rank of the grader's own world, at each world size the exercise asks;
+    a case that passes its deadline is stopped and named, and the cases after it are not run.
+    ``seed`` draws the cases again as they were (every result says its seed). The result is saved
+    with the quiz progress unless ``record=False``. ``case_timeout_s`` replaces the exercise's deadline
+    per case.
+    """
+    exercise = get(name)
+    if case_timeout_s is not None:
+        from .. import checks
+
+        exercise = replace(exercise, case_timeout_s=checks.positive("case_timeout_s", case_timeout_s, example="5"))
+    learner_lab = _learners_lab(lab, exercise)
+    blob = _definitions(learner_lab, exercise)
+    seed = random.randrange(2**31) if seed is None else _checked_seed(seed)
+    quote = _quoter(learner_lab)
+    cases: list[CaseResult] = []
+    stopped = False
+    for size in _in_order(exercise.world_sizes, learner_lab):
+        world = grading_lab(learner_lab, size)
+        names = _ask(world, lambda engine, rank, size=size: rpc.case_names(engine, exercise.name, size, seed))
+        for index, case_name in enumerate(names):
+            if stopped:
+                cases.append(
+                    CaseResult(index, size, case_name, False, "not run: an earlier case was stopped", ran=False)
+                )
+                continue
+            case, stopped = _run_case(world, exercise, blob, seed, index, size, case_name, quote)
+            cases.append(case)
+    result = _verdict(exercise, tuple(cases), seed)
+    if record:
+        from ..quiz.progress import Progress
+
+        Progress().record_exercise(exercise.name, result.passed)
+    return result
+
+
+def _in_order(sizes: tuple[int, ...], learner_lab: Any) -> list[int]:
+    """The grader's current size first: one restart fewer."""
+    world = learner_lab._companions.get(_COMPANION)
+    current = world.world_size if world is not None and world.running else None
+    return sorted(sizes, key=lambda size: (size != current, size))
+
+
+def grade_all(lab: Any = None, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """Every exercise (or ``names``) graded on ``lab``: {name: result as plain values, or why it was not}.
+
+    An exercise whose names the learner has not defined is "not attempted", not failed: what
+    ``python -m distlab.exercises grade`` reports for a notebook.
+    """
+    chosen = [get(name).name for name in names] if names is not None else list(EXERCISES)
+    grades: dict[str, Any] = {}
+    for name in chosen:
+        try:
+            grades[name] = check(name, lab, record=False).to_dict()
+        except LabUsageError as exc:
+            grades[name] = {"passed": False, "attempted": False, "feedback": str(exc)}
+    return grades
+
+
+def grading_lab(learner_lab: Any, size: int) -> Any:
+    """The grader's lab for ``learner_lab`` at ``size`` ranks: started, or resized, when needed."""
+    from ..notebook.lab import Lab
+
+    world = learner_lab._companions.get(_COMPANION)
+    if world is not None and not world.running:
+        world = None
+    if world is None:
+        config = learner_lab.config
+        world = Lab(ranks=size, backend=config.backend, timeout=config.timeout).start()
+        learner_lab._companions[_COMPANION] = world
+    elif world.world_size != size:
+        world.restart(ranks=size)
+    return world
+
+
+# ---------------------------------------------------------------------------- the steps
+
+
+def _learners_lab(lab: Any, exercise: Exercise) -> Any:
+    if lab is None:
+        from ..notebook.magics import current_lab
+
+        lab = current_lab()
+    if lab is None or not lab.running:
+        raise LabUsageError(
+            f"no lab is running: start one (%dist start -n 2), define {_names(exercise)} in a %%ddp cell, "
+            f"then check again (%exercise {exercise.name} shows the task)"
+        )
+    return lab
+
+
+def _definitions(lab: Any, exercise: Exercise) -> bytes:
+    found = _ask(lab, lambda engine, rank: rpc.pack_definitions(engine, list(exercise.defines)))
+    if "missing" in found:
+        raise LabUsageError(
+            f"{_names(found['missing'])} {'is' if len(found['missing']) == 1 else 'are'} not defined on the ranks: "
+            f"define {'it' if len(found['missing']) == 1 else 'them'} in a %%ddp cell, then check again "
+            f"(%exercise {exercise.name} shows the task and its starter code)"
+        )
+    if "unpicklable" in found:
+        raise LabUsageError(
+            f"{_names(exercise)} cannot be sent to the grader's ranks ({found['unpicklable']}): "
+            "keep what the solution needs inside it, or in plain functions, classes and numbers it uses"
+        )
+    blob: bytes = found["blob"]
+    return blob
+
+
+def _ask(lab: Any, send: Any) -> Any:
+    """Rank 0's answer to a quick call, under a deadline."""
+    return lab._run_on([0], _ASK_TIMEOUT_S, False, send)[0]
+
+
+def _run_case(
+    world: Any, exercise: Exercise, blob: bytes, seed: int, index: int, size: int, case_name: str, quote: Quote
+) -> tuple[CaseResult, bool]:
+    """The case's result, and whether it ran past its deadline."""
+
+    def send(engine: Any, rank: int) -> Any:
+        return rpc.grade_case(engine, exercise.name, blob, seed, index, rank)
+
+    base = {"index": index, "world_size": size, "name": case_name}
+    try:
+        outcomes = world._run_on(world.ranks(), exercise.case_timeout_s, False, send)
+    except CellTimeout as exc:
+        message = _stuck(exc.failures, exercise.case_timeout_s, quote)
+        return CaseResult(**base, passed=False, message=message, rank=min(exc.failures)), True
+    except RankError as exc:
+        rank, failure = _first_cause(exc.failures)
+        return CaseResult(**base, passed=False, message=_raised(failure, quote), rank=rank), False
+    wrong = [(rank, outcome) for rank, outcome in sorted(outcomes.items()) if not outcome["passed"]]
+    if wrong:
+        rank, outcome = wrong[0]
+        others = [r for r, _ in wrong[1:]]
+        also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} too)" if others else ""
+        case = CaseResult(
+            **base, passed=False, message=outcome["message"] + also, rank=rank, measured=outcome["measured"]
+        )
+        return case, False
+    first = outcomes[min(outcomes)]
+    return CaseResult(**base, passed=True, message=first["message"], measured=first["measured"]), False
+
+
+def _verdict(exercise: Exercise, cases: tuple[CaseResult, ...], seed: int) -> ExerciseResult:
+    failures = [case for case in cases if case.ran and not case.passed]
+    sizes = sorted({case.world_size for case in cases})
+    worlds = " and ".join(map(str, sizes))
+    if not failures:
+        feedback = f"all {len(cases)} cases passed, in worlds of {worlds} ranks"
+        return ExerciseResult(exercise.name, True, feedback, cases, seed)
+    first = failures[0]
+    named = first.rank is None or first.message.startswith("rank")
+    where = "" if named else f" on rank {first.rank}"
+    others = len(failures) - 1
+    more = f" ({others} more case{'s' if others > 1 else ''} failed)" if others else ""
+    feedback = f"{first.label}{where}: {first.message}{more}"
+    return ExerciseResult(exercise.name, False, feedback, cases, seed)
+
+
+# ---------------------------------------------------------------------------- failures in words
+
+_STUCK = "never returned"
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+
+#: (function, line) -> the learner's line there, as they wrote it ("" if not found).
+Quote = Callable[[str, int], str]
+
+
+def _quoter(lab: Any) -> Quote:
+    """Quote the learner's own lines: their code arrives on the grader's ranks without its text.
+
+    A line number in ``<your code>`` counts within the cell that defined the function; the cell is
+    the latest in the lab's history that defines a function of that name.
+    """
+    cells = [event.code for event in reversed(lab._history) if isinstance(getattr(event, "code", None), str)]
+
+    def quote(function: str, line: int) -> str:
+        for code in cells:
+            text = code.lstrip("\n")  # IPython drops a cell's leading empty lines before compiling it
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                continue
+            defined = any(
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function
+                for node in ast.walk(tree)
+            )
+            if defined:
+                lines = text.splitlines()
+                return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        return ""
+
+    return quote
+
+
+def _learner_frame(traceback_text: str, quote: Quote) -> str:
+    """'line 4 of ring_all_reduce: `dist.recv(t, 1)`', the learner's innermost frame ("" if none)."""
+    mine = [m.groupdict() for m in _FRAME.finditer(traceback_text) if m["file"] == LEARNER_FILE]
+    if not mine:
+        return ""
+    function, line = mine[-1]["function"], int(mine[-1]["line"])
+    text = quote(function, line)
+    return f"line {line} of {function}" + (f": `{text}`" if text else "")
+
+
+def _stuck(failures: dict[int, RankFailure], timeout_s: float, quote: Quote) -> str:
+    """'ranks 0, 1 never returned from line 4 of average_gradients: `dist.recv(...)`, stopped after 5 s: ...'."""
+    places: dict[str, list[int]] = {}
+    for rank, failure in sorted(failures.items()):
+        places.setdefault(_learner_frame(failure.traceback, quote), []).append(rank)
+    parts = []
+    for place, ranks in places.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        parts.append(f"{who} {_STUCK} from {place}" if place else f"{who} {_STUCK}")
+    return (
+        f"{'; '.join(parts)}, stopped after {timeout_s:g} s: a deadlock? Every send needs a matching "
+        "receive that the other rank reaches, and every rank must make the same collectives in the same order"
+    )
+
+
+def _first_cause(failures: dict[int, RankFailure]) -> tuple[int, RankFailure]:
+    """The rank whose own code failed, rather than one distlab stopped because of it."""
+    for rank, failure in sorted(failures.items()):
+        if failure.ename != "Stopped":
+            return rank, failure
+    rank = min(failures)
+    return rank, failures[rank]
+
+
+def _raised(failure: RankFailure, quote: Quote) -> str:
+    where = _learner_frame(failure.traceback, quote)
+    return f"raised {failure.headline}" + (f" at {where}" if where else "")
+
+
+def _names(what: Exercise | Iterable[str]) -> str:
+    names = list(what.defines) if isinstance(what, Exercise) else list(what)
+    quoted = [f"`{n}`" for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def _checked_seed(seed: object) -> int:
+    from .. import checks
+
+    return checks.whole("seed", seed, minimum=0, example="seed=1")

@@ -1,0 +1,99 @@
+"""average-gradients: the reference passes; the mistakes learners make fail, each named."""
+
+from __future__ import annotations
+
+import pytest
+
+import distlab
+from distlab import exercises
+
+pytestmark = pytest.mark.cluster
+
+NAME = "average-gradients"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with distlab.start(ranks=2) as lab:
+        yield lab
+
+
+def _check(lab, code: str, **kwargs):
+    lab.run(code, stream=False)
+    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
+
+
+def test_the_reference_solution_passes_in_every_world(lab):
+    result = _check(lab, exercises.get(NAME).solution())
+    assert result.passed, result.feedback
+    assert {case.world_size for case in result.cases} == {2, 3}
+    assert all(case.passed for case in result.cases)
+
+
+FORGOT_TO_DIVIDE = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+"""
+
+NEVER_COMMUNICATES = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad /= world_size
+"""
+
+FROZEN_PARAMETERS = """
+def average_gradients(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+"""
+
+WEIGHTS_NOT_GRADIENTS = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.data)
+            p.data /= world_size
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "named"),
+    [
+        (FORGOT_TO_DIVIDE, "divide by the world size"),
+        (NEVER_COMMUNICATES, "not reduced across ranks"),
+        (FROZEN_PARAMETERS, "NoneType"),
+        (WEIGHTS_NOT_GRADIENTS, "unchanged"),
+    ],
+    ids=["forgot-to-divide", "never-communicates", "frozen-parameters", "weights-not-gradients"],
+)
+def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
+    result = _check(lab, code)
+    assert not result.passed
+    assert named in result.feedback, result.feedback
+    assert result.failures[0].rank is not None
+
+
+def test_a_deadlock_is_stopped_named_and_both_labs_work_afterwards(lab):
+    deadlock = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.recv(p.grad, src=1 - rank % 2)
+"""
+    result = _check(lab, deadlock, case_timeout_s=5)
+    assert not result.passed
+    assert "never returned from line 4 of average_gradients: `dist.recv(p.grad, src=1 - rank % 2)`" in result.feedback
+    assert [case.ran for case in result.cases].count(True) == 1  # the cases after it were not run
+    assert lab.run("world_size", stream=False) == {0: 2, 1: 2}
+    assert _check(lab, exercises.get(NAME).solution()).passed
+
+
+def test_the_learners_names_are_left_as_they_were(lab):
+    lab.run("x_kept = rank * 10\n" + exercises.get(NAME).solution(), stream=False)
+    exercises.check(NAME, lab, record=False, seed=3)
+    assert lab.pull("x_kept") == {0: 0, 1: 10}
+    assert lab.world_size == 2
