@@ -54,7 +54,7 @@ _LAZY = {
     "watch": "telemetry",
     "log": "telemetry",
 }
-_SUBMODULES = ("theory", "quiz", "errors", "checkpoint", "checks", "notebook", "rank")
+_SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")
 
 
 def __getattr__(name: str) -> Any:
@@ -70,7 +70,7 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext distlab``: register %dist, %%ddp and %quiz."""
+    """``%load_ext distlab``: register %dist, %%ddp, %quiz and %exercise."""
     from .notebook.magics import register
 
     register(ipython)

@@ -33,7 +33,7 @@ def test_the_notebook_side_never_imports_torch_or_the_rank_side():
     import sys
 
     code = (
-        "import sys, distlab; lab = distlab.Lab(ranks=2); import distlab.notebook.magics, distlab.notebook.recovery; "
+        "import sys, distlab; lab = distlab.Lab(ranks=2); import distlab.notebook.magics, distlab.notebook.recovery, distlab.exercises, distlab.exercises.cli; "
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'distlab.rank.')) "
         "and m != 'distlab.rank.dispatch'); print(bad)"
     )

@@ -14,5 +14,20 @@ from .catalog import EXERCISES, get, names
 from .grading import check, grade_all
 from .model import Exercise
 from .results import CaseResult, ExerciseResult
+from .view import Overview, TaskView, hint, overview, show
 
-__all__ = ["EXERCISES", "CaseResult", "Exercise", "ExerciseResult", "check", "get", "grade_all", "names"]
+__all__ = [
+    "EXERCISES",
+    "CaseResult",
+    "Exercise",
+    "ExerciseResult",
+    "Overview",
+    "TaskView",
+    "check",
+    "get",
+    "grade_all",
+    "hint",
+    "names",
+    "overview",
+    "show",
+]

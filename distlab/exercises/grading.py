@@ -179,7 +179,7 @@ def _run_case(
 
 
 def _verdict(exercise: Exercise, cases: tuple[CaseResult, ...], seed: int) -> ExerciseResult:
-    failures = [case for case in cases if case.ran and not case.passed]
+    failures = [case for case in cases if not case.passed]  # a case not run is not passed
     sizes = sorted({case.world_size for case in cases})
     worlds = " and ".join(map(str, sizes))
     if not failures:
@@ -188,8 +188,10 @@ def _verdict(exercise: Exercise, cases: tuple[CaseResult, ...], seed: int) -> Ex
     first = failures[0]
     named = first.rank is None or first.message.startswith("rank")
     where = "" if named else f" on rank {first.rank}"
-    others = len(failures) - 1
+    others = sum(case.ran for case in failures[1:])
+    skipped = sum(not case.ran for case in cases)
     more = f" ({others} more case{'s' if others > 1 else ''} failed)" if others else ""
+    more += f" ({skipped} case{'s' if skipped > 1 else ''} not run)" if skipped else ""
     feedback = f"{first.label}{where}: {first.message}{more}"
     return ExerciseResult(exercise.name, False, feedback, cases, seed)
 

@@ -6,6 +6,7 @@
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
     %%ddp [-r RANKS] [--timeout S]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
+    %exercise [NAME | check NAME [--seed N] | hint NAME]
 """
 
 from __future__ import annotations
@@ -298,6 +299,39 @@ class DistMagics(Magics):
             return quiz.show(args.topic, n=args.n, difficulty=args.difficulty, lab=lab, seed=args.seed)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+
+    # ------------------------------------------------------------------------ %exercise
+
+    @magic_arguments()
+    @argument("words", nargs="*", help="NAME, check NAME or hint NAME; nothing for the list")
+    @argument("--seed", type=_checked(lambda v: checks.whole("--seed", v, minimum=0, example="--seed 1")),
+              default=None, help="the same cases as a result that gave this seed")
+    @line_magic
+    def exercise(self, line: str) -> Any:
+        """Coding exercises graded on the live ranks: %exercise, %exercise NAME, %exercise check NAME"""
+        args = parse_argstring(self.exercise, line)
+        from .. import exercises
+
+        words = list(args.words)
+        try:
+            if not words:
+                return exercises.overview()
+            if words[0] in ("check", "hint") and len(words) == 2:
+                if words[0] == "hint":
+                    print(exercises.hint(words[1]))
+                    return None
+                return exercises.check(words[1], self._running_lab(), seed=args.seed)
+            if len(words) == 1 and words[0] not in ("check", "hint"):
+                view = exercises.show(words[0])
+                # The starter becomes the next cell where the front end takes it (JupyterLab does);
+                # the task shows it too, for front ends that do not.
+                self.shell.set_next_input(view.exercise.starter, replace=False)
+                return view
+        except ValueError as exc:  # LabUsageError too: one line, nothing changed
+            raise UsageError(str(exc)) from None
+        raise UsageError(
+            f"%exercise takes NAME, check NAME or hint NAME (got {line.strip()!r}); %exercise alone lists them"
+        )
 
 
 _registered: dict[int, DistMagics] = {}

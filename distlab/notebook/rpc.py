@@ -21,6 +21,7 @@ __all__ = [
     "check_group",
     "collective_trace",
     "describe",
+    "grade_case",
     "init_rank",
     "open_store",
     "pack_definitions",
