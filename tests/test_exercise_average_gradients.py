@@ -97,3 +97,19 @@ def test_the_learners_names_are_left_as_they_were(lab):
     exercises.check(NAME, lab, record=False, seed=3)
     assert lab.pull("x_kept") == {0: 0, 1: 10}
     assert lab.world_size == 2
+
+
+def test_a_rank_that_dies_is_named_and_the_next_check_gets_a_whole_world(lab):
+    dies = """
+import os, signal
+
+def average_gradients(model):
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+"""
+    result = _check(lab, dies)
+    assert not result.passed
+    assert "rank 1's process died during this case" in result.feedback, result.feedback
+    assert [case.ran for case in result.cases].count(True) == 1
+    assert _check(lab, exercises.get(NAME).solution()).passed

@@ -38,7 +38,7 @@ def test_each_exercise_reads_whole_and_its_solution_defines_what_it_asks(exercis
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert set(exercise.defines) <= defined
     for name in exercise.defines:
-        assert f"`{name}" in exercise.task, f"the task never names {name}"
+        assert name in exercise.task, f"the task never names {name}"
 
 
 @pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])

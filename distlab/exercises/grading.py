@@ -101,13 +101,21 @@ def grading_lab(learner_lab: Any, size: int) -> Any:
     world = learner_lab._companions.get(_COMPANION)
     if world is not None and not world.running:
         world = None
-    if world is None:
+    if world is not None and not _whole(world):
+        world.restart(ranks=size)  # a rank died since (a learner's code, an out-of-memory kill)
+    elif world is None:
         config = learner_lab.config
         world = Lab(ranks=size, backend=config.backend, timeout=config.timeout).start()
         learner_lab._companions[_COMPANION] = world
-    elif world.world_size != size:
+    if world.world_size != size:
         world.restart(ranks=size)
     return world
+
+
+def _whole(world: Any) -> bool:
+    """Every rank's engine is still registered with the controller."""
+    registered = set(world._client.ids)
+    return all(info.engine_id in registered for info in world.table)
 
 
 # ---------------------------------------------------------------------------- the steps
@@ -163,6 +171,11 @@ def _run_case(
         message = _stuck(exc.failures, exercise.case_timeout_s, quote)
         return CaseResult(**base, passed=False, message=message, rank=min(exc.failures)), True
     except RankError as exc:
+        dead = sorted(rank for rank, failure in exc.failures.items() if failure.ename == "EngineError")
+        if dead:
+            # The world cannot run the next cases: they are not run, and the next check gets it whole.
+            _mend(world, size)
+            return CaseResult(**base, passed=False, message=_died(dead), rank=dead[0]), True
         rank, failure = _first_cause(exc.failures)
         return CaseResult(**base, passed=False, message=_raised(failure, quote), rank=rank), False
     wrong = [(rank, outcome) for rank, outcome in sorted(outcomes.items()) if not outcome["passed"]]
@@ -176,6 +189,22 @@ def _run_case(
         return case, False
     first = outcomes[min(outcomes)]
     return CaseResult(**base, passed=True, message=first["message"], measured=first["measured"]), False
+
+
+def _mend(world: Any, size: int) -> None:
+    """A fresh world of ``size`` ranks in place of one with a dead rank, or none (the next check starts one)."""
+    try:
+        world.restart(ranks=size)
+    except Exception:  # noqa: BLE001 - restart stops the lab when it fails; the next check starts anew
+        world.stop()
+
+
+def _died(ranks: list[int]) -> str:
+    who = f"rank {ranks[0]}'s process" if len(ranks) == 1 else f"the processes of ranks {', '.join(map(str, ranks))}"
+    return (
+        f"{who} died during this case: gloo ends a process when a send and its receive differ in size, so "
+        "check that each pair of ranks moves chunks of the same number of elements, in the same direction"
+    )
 
 
 def _verdict(exercise: Exercise, cases: tuple[CaseResult, ...], seed: int) -> ExerciseResult:

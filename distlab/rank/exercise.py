@@ -61,15 +61,17 @@ class Learner(Mapping[str, Any]):
     """The learner's definitions by name, living in this rank; ``blob`` is what they came as.
 
     A grader that must run the learner's code in a process of its own (to kill it mid-write) sends
-    ``blob`` there and unpacks it with ``Learner(blob)``.
+    ``blob`` there and unpacks it with ``Learner(blob, lab_names)``: such a process has no rank
+    namespace, so it passes the rank's names (``rank``, ``world_size``, ``torch``, ...) itself.
     """
 
-    def __init__(self, blob: bytes) -> None:
+    def __init__(self, blob: bytes, lab_names: Mapping[str, Any] | None = None) -> None:
         import pickle
 
         self.blob = blob
-        self._names: dict[str, Any] = pickle.loads(blob)
-        lab_names = {name: value for name, value in user_namespace().items() if name in LAB_NAMES}
+        self._names: dict[str, Any] = pickle.loads(blob)  # the learner's own code, from their own lab
+        if lab_names is None:
+            lab_names = {name: value for name, value in user_namespace().items() if name in LAB_NAMES}
         _rebind(self._names.values(), lab_names)
 
     def __getitem__(self, name: str) -> Any:

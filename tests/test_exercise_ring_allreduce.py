@@ -1,0 +1,154 @@
+"""ring-allreduce: the reference passes in worlds of 2, 3 and 4; the mistakes learners make fail, each named."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import distlab
+from distlab import exercises
+from distlab.exercises import catalog
+
+pytestmark = pytest.mark.cluster
+
+NAME = "ring-allreduce"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with distlab.start(ranks=2) as lab:
+        yield lab
+
+
+@pytest.fixture
+def three_ranks_only(monkeypatch):
+    # The wrong solutions are graded at 3 ranks alone: every mistake below shows there (sending the whole
+    # tensor to every peer costs no more than a ring at 2 ranks), and it spares two restarts per check.
+    monkeypatch.setitem(catalog.EXERCISES, NAME, replace(catalog.EXERCISES[NAME], world_sizes=(3,)))
+
+
+def _check(lab, code: str, **kwargs):
+    lab.run(code, stream=False)
+    return exercises.check(NAME, lab, record=False, seed=11, **kwargs)
+
+
+def test_the_reference_solution_passes_in_every_world_and_is_measured(lab):
+    result = _check(lab, exercises.get(NAME).solution())
+    assert result.passed, result.feedback
+    assert {case.world_size for case in result.cases} == {2, 3, 4}
+    assert all(case.passed for case in result.cases)
+    timed = [case for case in result.cases if "timed" in case.name]
+    assert len(timed) == 3
+    for case in timed:
+        n = case.world_size
+        assert case.measured["ring_s"] > 0 and case.measured["all_reduce_s"] > 0
+        # tensor_split's chunks differ by one element at most: the count is the theory's within N-1 chunks' rounding
+        assert abs(case.measured["sent_bytes"] - case.measured["theory_bytes"]) <= 2 * (n - 1) * 4
+        assert "dist.all_reduce" in case.message
+
+
+USES_ALL_REDUCE = """
+def ring_all_reduce(tensor):
+    dist.all_reduce(tensor)
+"""
+
+# Only the all-gather phase: each rank's chunk goes around the ring, nothing is ever added.
+FORGETS_TO_REDUCE = """
+def ring_all_reduce(tensor):
+    n, right, left = world_size, (rank + 1) % world_size, (rank - 1) % world_size
+    chunks = list(tensor.view(-1).tensor_split(n))
+    for step in range(n - 1):
+        request = dist.isend(chunks[(rank + 1 - step) % n], right)
+        dist.recv(chunks[(rank - step) % n], left)
+        request.wait()
+"""
+
+# The all-gather starts from chunk `rank`, not from the chunk this rank finished reducing, `rank + 1`.
+OFF_BY_ONE_IN_THE_ALL_GATHER = """
+def ring_all_reduce(tensor):
+    n, right, left = world_size, (rank + 1) % world_size, (rank - 1) % world_size
+    chunks = list(tensor.view(-1).tensor_split(n))
+    incoming = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        out, into = (rank - step) % n, (rank - step - 1) % n
+        received = incoming[: chunks[into].numel()]
+        request = dist.isend(chunks[out], right)
+        dist.recv(received, left)
+        request.wait()
+        chunks[into] += received
+    for step in range(n - 1):
+        request = dist.isend(chunks[(rank - step) % n], right)
+        dist.recv(chunks[(rank - step - 1) % n], left)
+        request.wait()
+"""
+
+# The reduce-scatter stops a step short (range(n - 2)): no chunk holds the full sum when the all-gather starts.
+REDUCE_SCATTER_A_STEP_SHORT = (
+    exercises.get(NAME).solution().replace("for step in range(n - 1):", "for step in range(n - 2):", 1)
+)
+
+WHOLE_TENSOR_TO_EVERYONE = """
+def ring_all_reduce(tensor):
+    mine = tensor.clone()
+    requests = [dist.isend(mine, peer) for peer in range(world_size) if peer != rank]
+    incoming = torch.empty_like(tensor)
+    for peer in range(world_size):
+        if peer != rank:
+            dist.recv(incoming, peer)
+            tensor += incoming
+    for request in requests:
+        request.wait()
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "named"),
+    [
+        (USES_ALL_REDUCE, "used dist.all_reduce: build it from send/recv"),
+        (FORGETS_TO_REDUCE, "sent only one phase's bytes: the reduce-scatter phase is missing"),
+        (
+            OFF_BY_ONE_IN_THE_ALL_GATHER,
+            "passes on chunks that were not fully reduced: an off-by-one in its chunk index",
+        ),
+        (REDUCE_SCATTER_A_STEP_SHORT, "passes on chunks that were not fully reduced"),
+        (WHOLE_TENSOR_TO_EVERYONE, "sends the whole tensor to every rank: that is not a ring"),
+    ],
+    ids=[
+        "uses-all-reduce",
+        "forgets-to-reduce",
+        "off-by-one-in-the-all-gather",
+        "reduce-scatter-a-step-short",
+        "whole-tensor-to-everyone",
+    ],
+)
+def test_each_mistake_fails_with_feedback_that_names_it(lab, three_ranks_only, code, named):
+    assert code != exercises.get(NAME).solution()
+    result = _check(lab, code)
+    assert not result.passed
+    assert named in result.feedback, result.feedback
+    assert result.failures[0].rank is not None
+
+
+def test_the_grader_puts_torch_distributed_back_after_a_failing_check(lab, three_ranks_only):
+    assert not _check(lab, USES_ALL_REDUCE).passed
+    grader = lab._companions["exercises"]
+    restored = "all(getattr(dist, f) is getattr(dist.distributed_c10d, f) for f in ('all_reduce', 'send', 'isend'))"
+    assert grader.run(restored, stream=False) == {0: True, 1: True, 2: True}
+
+
+def test_a_deadlock_is_stopped_named_and_both_labs_work_afterwards(lab, three_ranks_only):
+    deadlock = """
+def ring_all_reduce(tensor):
+    for step in range(world_size - 1):
+        dist.recv(tensor, (rank - 1) % world_size)
+        dist.send(tensor, (rank + 1) % world_size)
+"""
+    result = _check(lab, deadlock, case_timeout_s=5)
+    assert not result.passed
+    assert "never returned from line 3 of ring_all_reduce: `dist.recv(tensor, (rank - 1) % world_size)`" in (
+        result.feedback
+    )
+    assert [case.ran for case in result.cases].count(True) == 1  # the cases after it were not run
+    assert lab.run("world_size", stream=False) == {0: 2, 1: 2}
+    assert _check(lab, exercises.get(NAME).solution()).passed
