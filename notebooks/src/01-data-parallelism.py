@@ -288,5 +288,13 @@ table.quiz()
 # %% [markdown]
 # Stop the ranks: every process distlab started is gone afterwards.
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise average-gradients`: `average_gradients(model)`, what step 1 did by hand, graded against DDP's gradients at 2 and 3 ranks.
+
 # %%
 # %dist stop

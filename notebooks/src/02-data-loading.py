@@ -239,5 +239,13 @@ if rank == 0:
 # %%
 # %quiz metrics-logging -n 3
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise distributed-sampler`: a sampler of your own that gives each rank a disjoint, covering, padded slice and reshuffles with `set_epoch`.
+
 # %%
 # %dist stop

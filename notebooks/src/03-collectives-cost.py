@@ -466,5 +466,14 @@ lab.dashboard()
 # %%
 # %quiz communication-cost -n 4
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercises for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise ring-allreduce`: `ring_all_reduce(tensor)` from `send` and `recv` only, its bytes counted against the ring model and its time against `dist.all_reduce`.
+# * `%exercise ddp-from-hooks`: DDP from autograd hooks: buckets whose all-reduces start during backward, the overlap measured.
+
 # %%
 # %dist stop

@@ -356,5 +356,13 @@ print("worker 1 supplied most of the updates:", len(by_worker[1]) > 2 * len(by_w
 # %%
 # %quiz sync-async -n 4
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise parameter-server`: a synchronous parameter server from `send` and `recv`, checked against the same update by collectives.
+
 # %%
 # %dist stop

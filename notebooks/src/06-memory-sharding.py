@@ -155,5 +155,13 @@ lab.dashboard()
 # %%
 # %quiz memory-sharding -n 4
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise zero-1`: Adam's state sharded over the ranks from reduce-scatter and all-gather, its memory per rank against 1/N.
+
 # %%
 # %dist stop

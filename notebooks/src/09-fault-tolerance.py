@@ -308,6 +308,14 @@ print(f"checkpoint every {theory.optimal_checkpoint_interval_s(60, mtbf) / 60:.0
 # %%
 # %quiz fault-tolerance -n 4
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise atomic-checkpoint`: a save that survives a SIGKILL: the grader kills it mid-write, then loads.
+
 # %%
 shutil.rmtree(work)
 # %dist stop

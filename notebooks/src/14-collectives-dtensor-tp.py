@@ -896,5 +896,13 @@ print("sequence parallel keeps 0.85x to 0.95x of tensor parallel's (theory:",
 # %%
 # %quiz model-parallelism -n 3
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise tensor-parallel-mlp`: a column- then row-split MLP by hand, one all-reduce in forward and one in backward, against the whole MLP.
+
 # %%
 # %dist stop

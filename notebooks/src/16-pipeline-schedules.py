@@ -477,5 +477,13 @@ for kind in ("gpipe", "1f1b"):
 # %%
 # %quiz model-parallelism -n 4
 
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise pipeline-1f1b`: a 1F1B schedule for 2 stages from `send` and `recv`, its order checked against torch's and its gradients against the whole model.
+
 # %%
 # %dist stop
