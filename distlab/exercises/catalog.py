@@ -22,16 +22,8 @@ _MODULES = (
 
 
 def _load() -> dict[str, Exercise]:
-    found = {}
-    for module in _MODULES:
-        try:
-            exercise = import_module(f".tasks.{module}", __package__).EXERCISE
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.tasks.{module}":
-                raise
-            continue  # not written yet
-        found[exercise.name] = exercise
-    return found
+    exercises = (import_module(f".tasks.{module}", __package__).EXERCISE for module in _MODULES)
+    return {exercise.name: exercise for exercise in exercises}
 
 
 #: name -> Exercise, in course order.

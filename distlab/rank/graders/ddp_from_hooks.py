@@ -1,0 +1,294 @@
+"""Grader of ``ddp-from-hooks``: DDP built from gradient hooks, buckets and asynchronous all-reduce.
+
+Each case builds the same model on every rank (one seed), wraps one copy in the learner's
+``HookDDP(model, bucket_cap_bytes)`` and another in ``DistributedDataParallel``, and runs 2 or 3
+steps, each rank on its own batch: forward, ``loss.backward()``, ``finish()``. After every step the
+learner's gradients must equal DDP's within float rounding. Both copies then take the same SGD step
+from DDP's gradients (so a wrong step does not spoil the next one's comparison) and their gradients
+are zeroed, alternately to None and in place.
+
+While the learner's backward and ``finish()`` run, ``torch.distributed.all_reduce`` is wrapped to
+record each call: whether it came before backward returned, whether it was asynchronous, how many
+elements it reduced, and whether its work was waited on before backward returned. From that: the
+overlap (all-reduces launched during backward vs. in ``finish()``) and the bucket count, against the
+count the cap gives when gradients are grouped in the order they become ready and a bucket is closed
+once it holds at least ``bucket_cap_bytes`` (DDP's rule). The grader's own collectives (DDP's) are
+the same on every rank whatever the learner's result: every step runs on every rank, and the first
+problem is returned at the end.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..exercise import Learner, failed, first_difference, passed
+
+# (kind, bucket cap: "tiny" smaller than any parameter, "mid" about a third of the model, "huge" one bucket)
+_KINDS = (
+    ("mlp", "tiny", "float32"),
+    ("deep", "mid", "float32"),
+    ("deep, frozen first layer", "mid", "float32"),
+    ("deep", "huge", "float64"),
+)
+
+_HUGE_CAP = 25 * 2**20  # DDP's default bucket size: more than any model here
+
+
+def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed * 1000 + world_size)
+    out = []
+    for kind, cap, dtype in _KINDS:
+        width, batch, steps = rng.randrange(4, 17), rng.randrange(1, 9), rng.choice((2, 3))
+        case = {"kind": kind, "dtype": dtype, "width": width, "batch": batch, "steps": steps}
+        case["seed"] = rng.randrange(2**31)
+        sizes = _sizes(case)
+        if cap == "tiny":
+            case["cap"] = rng.randrange(1, min(sizes))
+        elif cap == "mid":  # a cap that groups several gradients and still makes several buckets
+            case["cap"] = rng.randrange(min(sizes) + 1, sum(sizes) // 2)
+            while not 2 <= _expected(sizes, case["cap"]) < len(sizes):
+                case["cap"] = rng.randrange(min(sizes) + 1, sum(sizes) // 2)
+        else:
+            case["cap"] = _HUGE_CAP
+        buckets = _expected(sizes, case["cap"])
+        case["name"] = (
+            f"{kind}, width {width}, bucket cap {case['cap']} B ({buckets} bucket{'s' if buckets > 1 else ''}), "
+            f"{steps} steps, {dtype}"
+        )
+        out.append(case)
+    return out
+
+
+def _model(case: dict[str, Any]) -> nn.Module:
+    torch.manual_seed(case["seed"])
+    w = case["width"]
+    layers: list[nn.Module] = [nn.Linear(5, w), nn.Tanh(), nn.Linear(w, 3)]
+    if case["kind"].startswith("deep"):
+        layers[2:2] = [nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w, bias=False), nn.Tanh()]
+    model = nn.Sequential(*layers).to(getattr(torch, case["dtype"]))
+    if case["kind"].endswith("frozen first layer"):
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def _ready_order(case: dict[str, Any]) -> list[int]:
+    """Indices (in model.parameters()) of the parameters that get a gradient, in the order backward gives them."""
+    model = _model(case)
+    order: list[int] = []
+    for index, p in enumerate(model.parameters()):
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda _p, index=index: order.append(index))
+    dtype = getattr(torch, case["dtype"])
+    model(torch.zeros(1, 5, dtype=dtype)).sum().backward()
+    return order
+
+
+def _sizes(case: dict[str, Any]) -> list[int]:
+    """Bytes of each gradient, in the order backward produces them."""
+    params = list(_model(case).parameters())
+    return [params[i].numel() * params[i].element_size() for i in _ready_order(case)]
+
+
+def _expected(sizes: list[int], cap: int) -> int:
+    """Buckets when each is closed once it holds at least ``cap`` bytes (DDP's rule); the rest is one more."""
+    count, held = 0, 0
+    for size in sizes:
+        held += size
+        if held >= cap:
+            count, held = count + 1, 0
+    return count + (1 if held else 0)
+
+
+def _expected_no_overflow(sizes: list[int], cap: int) -> int:
+    """Buckets when a gradient that would take a bucket past ``cap`` starts a new one instead."""
+    count, held = 0, 0
+    for size in sizes:
+        if held and held + size > cap:
+            count, held = count + 1, 0
+        held += size
+    return count + (1 if held else 0)
+
+
+class _Watched:
+    """The work handle of an all-reduce, telling the grader when it is waited on."""
+
+    def __init__(self, work: Any, record: dict[str, Any], log: dict[str, Any]) -> None:
+        self._work, self._record, self._log = work, record, log
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if self._log["in_backward"]:
+            self._record["waited_in_backward"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+@contextmanager
+def _recording() -> Iterator[dict[str, Any]]:
+    """Wrap ``torch.distributed.all_reduce`` while the learner's backward and finish() run: the log of its calls."""
+    original = dist.all_reduce
+    log: dict[str, Any] = {"in_backward": False, "calls": []}
+
+    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        async_op = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
+        record = {"in_backward": log["in_backward"], "async": async_op, "numel": tensor.numel()}
+        record["waited_in_backward"] = False
+        log["calls"].append(record)
+        work = original(tensor, *args, **kwargs)
+        return _Watched(work, record, log) if work is not None else None
+
+    dist.all_reduce = all_reduce
+    try:
+        yield log
+    finally:
+        dist.all_reduce = original
+
+
+def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+    dtype = getattr(torch, case["dtype"])
+    world = dist.get_world_size()
+    model = _model(case)
+    reference = nn.parallel.DistributedDataParallel(_model(case))
+    sizes = _sizes(case)
+    expected = _expected(sizes, case["cap"])
+    bounds = sorted((expected, _expected_no_overflow(sizes, case["cap"])))
+    grad_elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    wrapped = learner["HookDDP"](model, case["cap"])
+    gen = torch.Generator().manual_seed(case["seed"] + 1 + dist.get_rank())
+    tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-14}
+
+    problem: str | None = None
+    measured: dict[str, Any] = {}
+    for step in range(case["steps"]):
+        x = torch.randn(case["batch"], 5, generator=gen, dtype=dtype)
+        y = torch.randn(case["batch"], 3, generator=gen, dtype=dtype)
+        nn.functional.mse_loss(reference(x), y).backward()
+
+        loss = nn.functional.mse_loss(model(x), y)
+        with _recording() as log:
+            log["in_backward"] = True
+            loss.backward()
+            log["in_backward"] = False
+            local = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+            wrapped.finish()
+        calls = log["calls"]
+        during = [c for c in calls if c["in_backward"]]
+        measured = {
+            "launched_in_backward": len(during),
+            "launched_in_finish": len(calls) - len(during),
+            "buckets": len(calls),
+            "expected_buckets": expected,
+        }
+        if problem is None:
+            problem = _gradients(model, reference, local, world, tol, step)
+        if problem is None:
+            problem = _schedule(calls, during, expected, bounds, len(sizes), grad_elements, case["cap"], step)
+
+        # Both copies take DDP's step, so the next step compares from equal weights whatever happened here.
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), reference.module.parameters()):
+                if q.grad is not None:
+                    q -= 0.1 * q.grad
+                p.copy_(q)
+        in_place = step % 2 == 1
+        model.zero_grad(set_to_none=not in_place)
+        reference.zero_grad(set_to_none=not in_place)
+
+    return failed(problem, **measured) if problem else passed(**measured)
+
+
+def _gradients(
+    model: nn.Module,
+    reference: nn.Module,
+    local: dict[str, Any],
+    world: int,
+    tol: dict[str, float],
+    step: int,
+) -> str | None:
+    at = f"after step {step + 1}"
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.module.named_parameters()):
+        if q.grad is None:
+            if p.grad is not None:
+                return f"`{name}` does not require a gradient, yet has one {at}"
+            continue
+        if p.grad is None:
+            return f"`{name}`'s gradient is gone (None) {at}: finish() must leave every gradient in p.grad"
+        wrong = first_difference(p.grad, q.grad, **tol)
+        if wrong is None:
+            continue
+        if first_difference(p.grad, q.grad * world, **tol) is None:
+            return (
+                f"`{name}`'s gradient {at} is {world} times DDP's, the sum over the ranks, not the mean: "
+                "divide by the world size"
+            )
+        if local[name] is not None and first_difference(p.grad, local[name], **tol) is None:
+            return (
+                f"`{name}`'s gradient {at} is this rank's own, unchanged: it was not reduced across the ranks "
+                "(is its hook registered, and is every bucket's result copied back to p.grad in finish()?)"
+            )
+        return f"`{name}`'s gradient {at} differs from DDP's at {wrong}"
+    return None
+
+
+def _schedule(
+    calls: list[dict[str, Any]],
+    during: list[dict[str, Any]],
+    expected: int,
+    bounds: list[int],
+    parameters: int,
+    grad_elements: int,
+    cap: int,
+    step: int,
+) -> str | None:
+    at = f"in step {step + 1}"
+    reduced = sum(c["numel"] for c in calls)
+    if reduced > grad_elements:
+        return (
+            f"{reduced} elements all-reduced {at} for {grad_elements} gradient elements: gradients are reduced "
+            "more than once a step. Are the hooks registered again each step (register them once, in __init__), "
+            "or is a bucket not emptied after it is sent?"
+        )
+    if not calls:
+        return f"no dist.all_reduce call {at}: launch each bucket's all-reduce with dist.all_reduce(..., async_op=True)"
+    if any(not c["async"] for c in during):
+        return (
+            f"an all-reduce in backward was synchronous (async_op=False) {at}: it blocks backward until it is "
+            "done. Launch it with async_op=True, keep the work handle and wait in finish()"
+        )
+    if any(c["waited_in_backward"] for c in during):
+        return (
+            f"a bucket's all-reduce was waited on before backward returned {at}: that blocks backward. "
+            "Keep the work handles and wait for them in finish()"
+        )
+    if expected > 1 and not during:
+        launched = "the one all-reduce was" if len(calls) == 1 else f"all {len(calls)} all-reduces were"
+        return (
+            f"{launched} launched in finish(), after backward {at}: no overlap: "
+            "launch each bucket's all-reduce from the hook, as soon as the bucket is full"
+        )
+    if expected > 1 and len(during) < expected - 1:
+        return (
+            f"only {len(during)} of {len(calls)} all-reduces were launched during backward {at}: every full "
+            "bucket's all-reduce must be launched from the hook (only the last, partly filled one may wait for "
+            "finish())"
+        )
+    if len(calls) == parameters and expected < parameters and not bounds[0] <= len(calls) <= bounds[1]:
+        return (
+            f"one all-reduce per parameter ({len(calls)}) {at}, though a cap of {cap} bytes groups them into "
+            f"{expected} buckets: gather gradients into a bucket until it holds bucket_cap_bytes"
+        )
+    if len(calls) == 1 and expected > 1:
+        return (
+            f"everything in one all-reduce {at}, though a cap of {cap} bytes makes {expected} buckets: "
+            "close a bucket and launch it once it holds bucket_cap_bytes"
+        )
+    return None

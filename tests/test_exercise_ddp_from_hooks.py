@@ -1,0 +1,107 @@
+"""ddp-from-hooks: the reference passes; the mistakes learners make fail, each named."""
+
+from __future__ import annotations
+
+import pytest
+
+import distlab
+from distlab import exercises
+
+pytestmark = pytest.mark.cluster
+
+NAME = "ddp-from-hooks"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with distlab.start(ranks=2) as lab:
+        yield lab
+
+
+def _check(lab, code: str, **kwargs):
+    lab.run(code, stream=False)
+    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
+
+
+def test_the_reference_solution_passes_in_every_world_with_overlap(lab):
+    result = _check(lab, exercises.get(NAME).solution())
+    assert result.passed, result.feedback
+    assert {case.world_size for case in result.cases} == {2, 3}
+    for case in result.cases:
+        assert case.measured["buckets"] == case.measured["expected_buckets"], case
+        # Every full bucket is launched during backward; only the last, partly filled one waits for finish().
+        assert case.measured["launched_in_finish"] <= 1, case
+    assert any(case.measured["launched_in_backward"] >= 2 for case in result.cases)
+
+
+# The reference's skeleton, with the bucket logic the mistakes change.
+_SKELETON = """
+class HookDDP:
+    def __init__(self, model, bucket_cap_bytes):
+        self.cap, self.model = bucket_cap_bytes, model
+        self.bucket, self.bucket_bytes, self.pending = [], 0, []
+        self.register()
+
+    def register(self):
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, p):
+        self.bucket.append(p)
+        self.bucket_bytes += p.grad.numel() * p.grad.element_size()
+        if {full}:
+            self.launch()
+
+    def launch(self):
+        flat = torch.cat([p.grad.reshape(-1) for p in self.bucket])
+        {launch}
+        self.pending.append((work, flat, self.bucket))
+        self.bucket, self.bucket_bytes = [], 0
+
+    def finish(self):
+        if self.bucket:
+            self.launch()
+        for work, flat, params in self.pending:
+            {wait}
+            {divide}
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset : offset + p.grad.numel()].view_as(p.grad))
+                offset += p.grad.numel()
+        self.pending = []
+        {again}
+"""
+_RIGHT = {
+    "full": "self.bucket_bytes >= self.cap",
+    "launch": "work = dist.all_reduce(flat, async_op=True)",
+    "wait": "work.wait()",
+    "divide": "flat /= world_size",
+    "again": "",
+}
+
+
+def _wrong(**change: str) -> str:
+    return _SKELETON.format(**{**_RIGHT, **change})
+
+
+@pytest.mark.parametrize(
+    ("code", "named"),
+    [
+        (_wrong(divide=""), "divide by the world size"),
+        (_wrong(full="False"), "no overlap: launch each bucket's all-reduce from the hook"),
+        (
+            _wrong(launch="work = dist.all_reduce(flat)", wait=""),
+            "synchronous (async_op=False) in step 1: it blocks backward",
+        ),
+        (_wrong(launch="work = dist.all_reduce(flat, async_op=True); work.wait()"), "blocks backward"),
+        (_wrong(full="True"), "one all-reduce per parameter"),
+        (_wrong(again="self.register()"), "gradients are reduced more than once a step"),
+    ],
+    ids=["forgot-to-divide", "no-overlap", "synchronous-in-hook", "waits-in-hook", "per-parameter", "hooks-twice"],
+)
+def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
+    result = _check(lab, code)
+    assert not result.passed
+    assert named in result.feedback, result.feedback
+    assert result.failures[0].rank is not None
