@@ -5,8 +5,9 @@ EXERCISE = Exercise(
     title="Ring all-reduce from send and recv",
     lesson="03-collectives-cost.ipynb",
     task="""\
-`dist.all_reduce(tensor)` leaves on every rank the sum of every rank's `tensor`. NCCL and gloo do it
-on a **ring**: each rank sends only to its right neighbour, `(rank + 1) % world_size`, and receives
+`dist.all_reduce(tensor)` leaves on every rank the sum of every rank's `tensor`. gloo does it on a
+**ring** (notebooks 03 and 12 measure its bytes against the ring's), as NCCL does for large tensors
+(it switches to trees for some sizes): each rank sends only to its right neighbour, `(rank + 1) % world_size`, and receives
 only from its left, `(rank - 1) % world_size`. The tensor is cut into `world_size` chunks, and the
 all-reduce runs in two phases of `world_size - 1` steps each:
 
