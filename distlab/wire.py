@@ -53,6 +53,8 @@ class GroupSpec:
     nodes: int = 1
     #: Ranks on this rank's host: torchrun's LOCAL_WORLD_SIZE (0: ``local_world_size``).
     ranks_on_node: int = 0
+    #: The device the rank binds ("cuda:1", "cpu"); "" for the backend's own (NCCL: ``cuda:<local_rank>``).
+    device: str = ""
 
 
 class CellError(TypedDict):

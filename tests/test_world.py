@@ -109,3 +109,28 @@ def test_ranks_on_emulated_nodes_of_one_machine_share_its_cores_together():
     world = plan_world(ids, 4, "gloo", host_order=["node0", "node1"])
     assert [world.local_world_size(r.host) for r in world.table] == [2, 2, 2, 2]  # local_rank counts per node
     assert [world.sharing_cores(r) for r in world.table] == [4, 4, 4, 4]  # threads split over the machine
+
+
+def test_auto_with_fewer_gpus_than_ranks_runs_gloo_on_the_gpus_in_turn_and_says_so():
+    world = plan_world({i: identity("a", 10 + i, gpus=1) for i in range(2)}, 2, "auto")
+    assert world.backend == "gloo"
+    assert [r.device for r in world.table] == ["cuda:0", "cuda:0"]
+    assert world.note.startswith("this machine has 1 GPU for 2 ranks: they run gloo and take the GPU in turn")
+    three = plan_world({i: identity("a", 10 + i, gpus=2) for i in range(3)}, 3, "auto")
+    assert (three.backend, [r.device for r in three.table]) == ("gloo", ["cuda:0", "cuda:1", "cuda:0"])
+    assert "2 GPUs for 3 ranks" in three.note
+
+
+def test_auto_with_a_gpu_per_rank_is_nccl_and_says_nothing_more():
+    world = plan_world({i: identity("a", 10 + i, gpus=4) for i in range(2)}, 2, "auto")
+    assert (world.backend, [r.device for r in world.table], world.note) == ("nccl", ["cuda:0", "cuda:1"], "")
+
+
+def test_gloo_asked_for_keeps_cpu_ranks_and_a_host_without_gpus_stays_on_cpu():
+    world = plan_world({i: identity("a", 10 + i, gpus=1) for i in range(2)}, 2, "gloo")
+    assert [r.device for r in world.table] == ["cpu", "cpu"] and world.note == ""
+    mixed = plan_world({0: identity("a", 10, gpus=1), 1: identity("b", 11, gpus=0)}, 2, "auto")
+    assert mixed.backend == "gloo" and [r.device for r in mixed.table] == ["cuda:0", "cpu"]
+    assert mixed.note.startswith("b has no GPU: the ranks run gloo, on the GPUs of the hosts that have them")
+    cpu = plan_world({i: identity("a", 10 + i) for i in range(2)}, 2, "auto")
+    assert [r.device for r in cpu.table] == ["cpu", "cpu"] and cpu.note == ""

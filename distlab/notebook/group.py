@@ -50,6 +50,7 @@ def form_group(client: Any, world: World, timeout_s: float, debug: bool, rebuild
                 local_world_size=world.sharing_cores(r), master_addr=world.master_addr,
                 master_port=port, backend=world.backend, timeout_s=timeout_s, debug=debug,
                 node=hosts.index(r.host), nodes=len(hosts), ranks_on_node=world.local_world_size(r.host),
+                device=r.device,
             )
             pending[r.rank] = rpc.init_rank(target, spec)
     failures = {}

@@ -90,6 +90,7 @@ class Lab:
         self._listeners: list[Listener] = []
         self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
         self.timings: dict[str, float] = {}
+        self.note = ""
         self._phase_start = 0.0
         # What ran, in order (cells that succeeded, pushes, scripts, restarts): what export writes.
         self._history: list[Event] = []
@@ -173,6 +174,8 @@ class Lab:
         nodes = [network.hostname(i) for i in range(network.nodes)] if network else []
         self._world = plan_world(dict(zip(ids, identities)), self.world_size, self.config.backend, host_order=nodes)
         self.backend = self._world.backend
+        #: What the choice of backend and devices needs said (ranks sharing a GPU over gloo), or "".
+        self.note = self._world.note
         form_group(client, self._world, self.timeout, self.debug, rebuild=False)
         self._phase("process_group_s")  # rendezvous, init_process_group, first all-reduce
         self._releaser.listen(client, self._world.table, self.timeout)

@@ -180,6 +180,8 @@ class DistMagics(Magics):
             f"(launcher {lab.launcher}{', collective checking on' if lab.debug else ''}); "
             "%%ddp cells now run on every rank"
         )
+        if lab.note:
+            print(lab.note)
 
     def _running_lab(self) -> Any:
         if self.lab is None or not self.lab.running:

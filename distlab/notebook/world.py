@@ -62,6 +62,8 @@ class World:
     table: tuple[RankInfo, ...]
     backend: str
     master_addr: str
+    #: What start should say in one line about the choice of backend and devices ("" if nothing).
+    note: str = ""
 
     def local_world_size(self, host: str) -> int:
         return sum(1 for r in self.table if r.host == host)
@@ -87,7 +89,9 @@ def plan_world(
     Ranks follow the launcher's numbering when it gave one to every engine (MPI, Slurm); otherwise
     they are grouped by host, then ordered by engine id. Hosts come in ``host_order`` (the lab's
     own nodes: node0 first), then the others in order of their first engine.
-    ``local_rank`` counts within a host; NCCL ranks get ``cuda:<local_rank>``.
+    ``local_rank`` counts within a host; NCCL ranks get ``cuda:<local_rank>``. With ``auto`` on a
+    host that has GPUs but fewer than its ranks, the ranks run gloo and take its GPUs in turn
+    (``cuda:<local_rank % gpus>``: CUDA tensors over gloo), as a laptop or Colab with one GPU needs.
     """
     launcher_ranks = [i["launcher_rank"] for i in identities.values()]
     if sorted(r for r in launcher_ranks if r is not None) == list(range(world_size)):
@@ -97,14 +101,25 @@ def plan_world(
         for eid in sorted(identities):
             position.setdefault(identities[eid]["host"], len(position))
         order = sorted(identities, key=lambda eid: (position[identities[eid]["host"]], eid))
-    backend = resolve_backend(identities, requested_backend)
+    gpus_of = {info["host"]: info["cuda_devices"] for info in identities.values()}
+    ranks_of: dict[str, int] = {}
+    for info in identities.values():
+        ranks_of[info["host"]] = ranks_of.get(info["host"], 0) + 1
+    backend = resolve_backend(identities, requested_backend, ranks_of)
+    shared = requested_backend == "auto" and backend == "gloo" and any(gpus_of.values())
     per_host: dict[str, int] = {}
     table = []
     for rank, eid in enumerate(order):
         info = identities[eid]
         local_rank = per_host.get(info["host"], 0)
         per_host[info["host"]] = local_rank + 1
-        device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
+        gpus = gpus_of[info["host"]]
+        if backend == "nccl":
+            device = f"cuda:{local_rank}"
+        elif shared and gpus:
+            device = f"cuda:{local_rank % gpus}"
+        else:
+            device = "cpu"
         table.append(RankInfo(
             rank, eid, info["host"], info["pid"], local_rank, device, backend, info["addr"],
             machine=info.get("machine", ""),
@@ -119,14 +134,42 @@ def plan_world(
                 )
     # One host: everyone reaches rank 0 on loopback. Several: at rank 0's address toward the controller.
     master_addr = "127.0.0.1" if len(per_host) == 1 else table[0].addr
-    return World(tuple(table), backend, master_addr)
+    note = _sharing_note(gpus_of, ranks_of) if shared else ""
+    return World(tuple(table), backend, master_addr, note)
 
 
-def resolve_backend(identities: Mapping[int, EngineIdentity], requested: str) -> str:
-    """``auto`` is NCCL when every rank has a GPU, else gloo; ``nccl`` needs a GPU on every rank."""
+def _sharing_note(gpus_of: Mapping[str, int], ranks_of: Mapping[str, int]) -> str:
+    bare = [host for host, gpus in gpus_of.items() if gpus == 0]
+    if bare:
+        return (
+            f"{', '.join(bare)} {'has' if len(bare) == 1 else 'have'} no GPU: the ranks run gloo, on the GPUs of "
+            "the hosts that have them and on the CPU elsewhere (NCCL needs a GPU per rank)"
+        )
+    host = next(host for host, ranks in ranks_of.items() if gpus_of[host] < ranks)
+    gpus, ranks = gpus_of[host], ranks_of[host]
+    where = f"{host} has" if len(ranks_of) > 1 else "this machine has"
+    return (
+        f"{where} {gpus} GPU{'s' if gpus != 1 else ''} for {ranks} ranks: they run gloo and take the "
+        f"GPU{'s' if gpus != 1 else ''} in turn (NCCL needs a GPU per rank); start at most {gpus} "
+        f"rank{'s' if gpus != 1 else ''} per host for NCCL"
+    )
+
+
+def resolve_backend(
+    identities: Mapping[int, EngineIdentity], requested: str, ranks_of: Mapping[str, int] | None = None
+) -> str:
+    """``auto`` is NCCL when every rank has a GPU of its own, else gloo; ``nccl`` needs a GPU on every rank.
+
+    ``ranks_of``: ranks per host (by default, one per engine described).
+    """
+    if ranks_of is None:
+        ranks_of = {}
+        for info in identities.values():
+            ranks_of[info["host"]] = ranks_of.get(info["host"], 0) + 1
     every_rank_has_gpu = all(i["cuda_devices"] > 0 for i in identities.values())
     if requested == "auto":
-        return "nccl" if every_rank_has_gpu else "gloo"
+        own = all(i["cuda_devices"] >= ranks_of.get(i["host"], 1) for i in identities.values())
+        return "nccl" if every_rank_has_gpu and own else "gloo"
     if requested == "nccl" and not every_rank_has_gpu:
         hosts = sorted({i["host"] for i in identities.values() if i["cuda_devices"] == 0})
         raise LabUsageError(f"backend nccl needs a GPU on every rank; {', '.join(hosts)} has none: use --backend gloo")

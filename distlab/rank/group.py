@@ -74,7 +74,7 @@ def init_rank(spec: GroupSpec) -> dict[str, Any]:
     collective is first compared across ranks, so an op or shape mismatch fails at once, named.
     """
     global _store, _spec, _device
-    device = _bind_device(spec.backend, spec.local_rank)
+    device = _bind_device(spec.backend, spec.local_rank, spec.device)
     if device.type == "cpu":
         # N ranks sharing a host's cores each default to all of them and thrash; split them
         # (torchrun does the same by setting OMP_NUM_THREADS=1).
@@ -130,16 +130,19 @@ def _choose_gloo_interface(master_addr: str) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
-def _bind_device(backend: str, local_rank: int) -> torch.device:
-    if backend == "nccl":
-        count = torch.cuda.device_count()
-        if local_rank >= count:
-            raise RuntimeError(
-                f"local rank {local_rank} has no GPU: this host has {count}; start fewer ranks per host"
-            )
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+def _bind_device(backend: str, local_rank: int, device: str = "") -> torch.device:
+    """The rank's device, made current: the one the world planned, else NCCL's ``cuda:<local_rank>``."""
+    wanted = torch.device(device) if device else torch.device("cuda", local_rank) if backend == "nccl" else None
+    if wanted is None or wanted.type != "cuda":
+        return torch.device("cpu")
+    index = wanted.index if wanted.index is not None else local_rank
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise RuntimeError(
+            f"local rank {local_rank} has no GPU {index}: this host has {count}; start fewer ranks per host"
+        )
+    torch.cuda.set_device(index)  # ranks sharing one GPU over gloo all make it current
+    return torch.device("cuda", index)
 
 
 def rebuild_group(master_port: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def describe(controller_ip: str) -> EngineIdentity:
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "launcher_rank": launcher_rank,
         "python": sys.version.split()[0],
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: torch's TorchVersion would import torch where it is read
     }
 
 
