@@ -23,7 +23,8 @@ place. Use Adam's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay, with 
 
 On gloo (torch 2.13, measured here), `dist.reduce_scatter_single(output, input)` and
 `dist.all_gather_single(output, input)` both work (their older names, `reduce_scatter_tensor` and
-`all_gather_into_tensor`, work too but warn that they are deprecated), and both need equal shards:
+`all_gather_into_tensor`, work too but warn that they are deprecated; torch before 2.13 has only
+those), and both need equal shards:
 `input` of reduce-scatter and `output` of all-gather hold N times the shard. When N does not divide
 the number of parameters, pad the flattened vector with zeros to `N * ceil(numel / N)`
 (`dist.all_gather` with shards of different sizes fails on gloo).
