@@ -49,12 +49,21 @@ Send = Callable[[Any, int], Any]
 
 
 class RunResult(dict[int, Any]):
-    """{rank: value of the cell's last expression (None for a statement)}, plus each rank's output."""
+    """{rank: value of the cell's last expression (None for a statement)}, plus each rank's output:
+    ``stdout`` and ``stderr`` text, and ``outputs``, what it displayed (Jupyter's display_data
+    contents: ``{"data": {mime: ...}, "metadata": ...}``)."""
 
-    def __init__(self, values: dict[int, Any], stdout: dict[int, str], stderr: dict[int, str]):
+    def __init__(
+        self,
+        values: dict[int, Any],
+        stdout: dict[int, str],
+        stderr: dict[int, str],
+        outputs: dict[int, list[dict[str, Any]]] | None = None,
+    ):
         super().__init__(sorted(values.items()))
         self.stdout = stdout
         self.stderr = stderr
+        self.outputs = outputs or {}
 
 
 @dataclass
@@ -109,7 +118,8 @@ class CellRun:
         return self.outcome
 
     def result(self) -> RunResult:
-        return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"))
+        outputs = {rank: list(ar.outputs or []) for rank, ar in self.pending.items()}
+        return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"), outputs)
 
     # ------------------------------------------------------------------------ waiting
 
@@ -157,9 +167,10 @@ class CellRun:
         self.ctx.on_poll(self.pending, final)
         if self._printer is None:
             return
-        for rank, ar in self.pending.items():
+        for rank, ar in sorted(self.pending.items()):
             self._printer.feed(rank, "stdout", ar.stdout or "", final)
             self._printer.feed(rank, "stderr", ar.stderr or "", final)
+            self._printer.show(rank, ar.outputs or [])
 
     # ------------------------------------------------------------------------ stopping
 

@@ -1,0 +1,120 @@
+"""What a rank displays, the notebook shows: rich outputs, figures, tables and live widgets, in a real
+kernel; and their text form where nothing renders them (a script, a terminal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _jupyter import execute
+from jupyter_client.manager import start_new_kernel
+
+pytestmark = pytest.mark.cluster
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+_CELL = """%%ddp
+import time
+from IPython.display import HTML, Markdown, display
+display(HTML(f"<b>html from rank {rank}</b>"))
+display(Markdown(f"*markdown from rank {rank}*"))
+time.sleep(1.5)
+print("printed after the displays")
+"""
+
+_FIGURE_AND_TABLE = """%%ddp -r 0
+import matplotlib.pyplot as plt
+import pandas as pd
+plt.plot([0, 1, 4, 9])
+plt.show()
+display(pd.DataFrame({"rank": [rank], "loss": [0.5]}))
+"""
+
+_WIDGET = """%%ddp -r 1
+import time
+import ipywidgets as w
+slider = w.IntSlider(value=0, max=10, description=f"rank {rank}")
+display(slider)
+for step in range(1, 6):
+    slider.value = step
+    time.sleep(0.2)
+print("model", slider.model_id)
+"""
+
+
+def _displays(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
+
+
+def _streams(messages: list[dict[str, Any]]) -> str:
+    return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+
+
+def _position(messages: list[dict[str, Any]], found: Any) -> int:
+    return next(i for i, m in enumerate(messages) if found(m))
+
+
+def test_a_ranks_displays_figures_tables_and_widgets_appear_in_the_notebook_labelled_by_rank():
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        execute(kc, "%load_ext distlab")
+        execute(kc, "%dist start -n 2", timeout=120)
+
+        messages: list[dict[str, Any]] = []
+        execute(kc, _CELL, messages=messages)
+        html = [d["text/html"] for d in _displays(messages) if "text/html" in d]
+        assert html == ["<b>html from rank 0</b>", "<b>html from rank 1</b>"]  # in rank order
+        markdown = [d["text/markdown"] for d in _displays(messages) if "text/markdown" in d]
+        assert markdown == ["*markdown from rank 0*", "*markdown from rank 1*"]
+        # Each display sits under its rank's label ...
+        for rank in (0, 1):
+            shown = _position(messages, lambda m, r=rank: f"html from rank {r}" in str(m["content"].get("data")))
+            labels = [m for m in messages[:shown] if m["msg_type"] == "stream"]
+            assert labels and labels[-1]["content"]["text"].rstrip().endswith(f"[rank {rank}]")
+        # ... and was shown while the cell ran, before the ranks printed 1.5 s later.
+        first_display = _position(messages, lambda m: m["msg_type"] == "display_data")
+        after = _position(messages, lambda m: "printed after" in m["content"].get("text", ""))
+        assert first_display < after
+
+        messages = []
+        execute(kc, _FIGURE_AND_TABLE, messages=messages)
+        shown = _displays(messages)
+        assert any("image/png" in d for d in shown), shown  # matplotlib's figure, as an image
+        table = next(d for d in shown if "text/html" in d)
+        assert "<table" in table["text/html"] and "loss" in table["text/html"]
+        assert "[rank 1]" not in _streams(messages)  # -r 0: rank 0's alone
+
+        messages = []
+        execute(kc, _WIDGET, messages=messages)
+        view = next(d[WIDGET] for d in _displays(messages) if WIDGET in d)
+        model_id = view["model_id"]
+        assert f"model {model_id}" in _streams(messages)  # the widget the rank made, not a copy
+        # Its model reached the front end, and its value moved live as the rank set it.
+        opened = [m for m in messages if m["msg_type"] == "comm_open" and m["content"]["comm_id"] == model_id]
+        assert opened and opened[0]["content"]["data"]["state"]["_model_name"] == "IntSliderModel"
+        values = [
+            m["content"]["data"]["state"]["value"]
+            for m in messages
+            if m["msg_type"] == "comm_msg"
+            and m["content"]["comm_id"] == model_id
+            and "value" in m["content"]["data"].get("state", {})
+        ]
+        assert values[-1] == 5 and len(values) >= 3, values
+        assert execute(kc, "%%ddp\nprint(rank)").count("\n") == 2  # the lab goes on as before
+    finally:
+        km.shutdown_kernel(now=False)
+        kc.stop_channels()
+
+
+def test_outside_a_kernel_a_display_prints_its_text_and_the_result_keeps_it(lab, capsys):
+    result = lab.run(
+        "from IPython.display import HTML, display\n"
+        "import ipywidgets as w\n"
+        "display(HTML(f'<i>rank {rank}</i>'))\n"
+        "display(w.IntSlider(value=rank))\n"
+    )
+    out = capsys.readouterr().out
+    assert "[rank 0] <IPython.core.display.HTML object>" in out
+    assert "[rank 1] IntSlider(value=1)  (a widget made on the rank: it shows only in a Jupyter notebook)" in out
+    assert [o["data"]["text/html"] for o in result.outputs[1] if "text/html" in o["data"]] == ["<i>rank 1</i>"]
+    assert WIDGET in result.outputs[0][1]["data"]
