@@ -33,7 +33,9 @@ NOTEBOOK = REPO / "notebooks" / "00-start-here.ipynb"
 MEMORY_BUDGET_BYTES = 1.5e9
 
 # conda-forge name -> pip name; None: not a Python package (checked otherwise, or pip's own).
-PIP_NAMES: dict[str, str | None] = {"pytorch-cpu": "torch", "python": None, "nodejs": None, "pip": None}
+PIP_NAMES: dict[str, str | None] = {
+    "pytorch-cpu": "torch", "matplotlib-base": "matplotlib", "python": None, "nodejs": None, "pip": None,
+}
 
 
 def _conda_specs() -> list[str]:

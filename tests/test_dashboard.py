@@ -3,7 +3,10 @@ real kernel, and the final state kept for saved notebooks."""
 
 from __future__ import annotations
 
+import base64
 import datetime
+import html
+import struct
 
 import pytest
 from _jupyter import execute
@@ -97,16 +100,23 @@ def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_k
     assert "display_data" in kinds, "the dashboard was not shown"
     shown_at = _sent_at(next(m for m in messages if m["msg_type"] == "display_data"))
     updates = [m for m in messages if m["msg_type"] == "comm_msg"]
-    # The final redraw (every figure, whatever the budget) comes with the refreshed display at the end.
+    # The final redraw (every figure at once, whatever the budget) is the last burst of widget
+    # messages before the display turns into the still picture.
     final_at = _sent_at(next(m for m in messages if m["msg_type"] == "update_display_data"))
-    live = sorted(_sent_at(m) for m in updates if _sent_at(m) < final_at - 0.3)
+    last_redraw_at = max(_sent_at(m) for m in updates if _sent_at(m) < final_at)
+    live = sorted(_sent_at(m) for m in updates if _sent_at(m) < last_redraw_at - 0.3)
     redraws_after_shown = {round(t) for t in live if t > shown_at + 0.5}
     assert len(redraws_after_shown) >= 3, "the dashboard did not keep updating while the cell ran"
     busiest = max(sum(1 for u in live if t <= u < t + 1.0) for t in live)
     assert busiest <= DashboardConfig().max_messages_per_s, f"{busiest} widget messages in one second"
 
-    # The saved notebook's view: the refreshed display's text says what the dashboard showed.
-    final = next(m for m in messages if m["msg_type"] == "update_display_data")
-    text = final["content"]["data"]["text/plain"]
+    # The saved notebook's view: the widgets become a picture of the last state, with the text
+    # summary beside it; nothing in it needs a kernel (no widget view left to say "model not found").
+    final = next(m for m in messages if m["msg_type"] == "update_display_data")["content"]["data"]
+    text = final["text/plain"]
     assert text.startswith("distlab dashboard: 2 ranks, steps 0-"), text
     assert "replicas agree" in text, text
+    assert not any("widget" in mime for mime in final), list(final)
+    png = base64.b64decode(final["image/png"])
+    assert png.startswith(b"\x89PNG") and struct.unpack(">II", png[16:24]) == (880, 512)  # 11 x 6.4 in at 80 dpi
+    assert final["image/png"] in final["text/html"] and html.escape(text) in final["text/html"]

@@ -16,7 +16,9 @@ __all__ = ["autoshow"]
 @contextlib.contextmanager
 def autoshow(lab: Any) -> Iterator[None]:
     """While the block runs, display ``lab.dashboard()`` the first time new telemetry arrives; when
-    it ends, redraw it and refresh the output, so the saved notebook holds the final state."""
+    it ends, redraw it, then turn the output into its still picture and text summary
+    (``static.StaticDashboard``), so the saved notebook shows the final state with no kernel.
+    ``lab.dashboard()`` in a later cell shows the live widgets again."""
     store = lab.telemetry
     start = store.version
     shown: list[Any] = []  # [dashboard, display handle] once displayed
@@ -39,4 +41,6 @@ def autoshow(lab: Any) -> Iterator[None]:
             board, handle = shown
             board.refresh(force=True)
             if handle is not None:
-                handle.update(board)
+                from .static import StaticDashboard
+
+                handle.update(StaticDashboard.of(store, board.summary()))

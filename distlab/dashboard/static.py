@@ -1,0 +1,142 @@
+"""The dashboard's last state as a still picture, for the saved notebook.
+
+A live dashboard is a set of widgets: in a notebook reopened with no kernel they are gone
+(JupyterLab shows "model not found", nbconvert nothing). When a watched cell ends, its dashboard
+output becomes this: a PNG (safe in untrusted notebooks, and shown wherever only images render)
+of the loss, step time against exposed communication, all-reduce bus bandwidth against the fitted
+ring model, and memory per rank against theory, with the dashboard's text summary beside it.
+matplotlib draws it, off-screen (Agg), imported only when a cell that watched something ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from ..records import StepRecord
+from . import analysis
+from .store import TelemetryStore
+
+__all__ = ["StaticDashboard", "render_png"]
+
+#: The live dashboard's colours for ranks (plotly's qualitative palette), so the two read alike.
+_RANK_COLORS = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
+                "#FF97FF", "#FECB52")
+_DPI = 80
+
+
+def _color(rank: int) -> str:
+    return _RANK_COLORS[rank % len(_RANK_COLORS)]
+
+
+def render_png(store: TelemetryStore, plot_steps: int = 500) -> bytes:
+    """The store's telemetry drawn as one PNG: four panels, each saying what it shows."""
+    from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
+
+    records = store.records()
+    last = records[-1]["step"] if records else 0
+    records = [rec for rec in records if rec["step"] > last - plot_steps]
+    ranks = sorted({rec["rank"] for rec in records})
+    fig = Figure(figsize=(11, 6.4), dpi=_DPI, layout="constrained")
+    (loss, times), (link, memory) = fig.subplots(2, 2)
+    _draw_loss(loss, records, ranks)
+    _draw_times(times, records, ranks)
+    _draw_link(link, analysis.link_model(records, store.world_size))
+    _draw_memory(memory, analysis.memory_by_rank(records, store.meta()))
+    fig.suptitle(f"distlab dashboard, last state: {len(ranks)} ranks, step {last}", fontsize=12)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def _series(records: Sequence[StepRecord], rank: int, key: str) -> tuple[list[int], list[float]]:
+    mine = [rec for rec in records if rec["rank"] == rank and rec.get(key) is not None]
+    return [rec["step"] for rec in mine], [float(rec[key]) for rec in mine]  # type: ignore[literal-required]
+
+
+def _draw_loss(ax: Any, records: Sequence[StepRecord], ranks: Sequence[int]) -> None:
+    ax.set_title("loss per rank", fontsize=10)
+    drawn = False
+    for r in ranks:
+        steps, values = _series(records, r, "loss")
+        if steps:
+            ax.plot(steps, values, color=_color(r), label=f"rank {r}", linewidth=1.2)
+            drawn = True
+    if drawn:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no loss logged (distlab.log(loss=...))", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("step", fontsize=9)
+
+
+def _draw_times(ax: Any, records: Sequence[StepRecord], ranks: Sequence[int]) -> None:
+    ax.set_title("step time (solid) and exposed communication (dashed), ms", fontsize=10)
+    for r in ranks:
+        steps, total = _series(records, r, "step_time_s")
+        _, comm = _series(records, r, "comm_s")
+        ax.plot(steps, [t * 1e3 for t in total], color=_color(r), linewidth=1.0, label=f"rank {r}")
+        ax.plot(steps, [c * 1e3 for c in comm], color=_color(r), linewidth=1.0, linestyle="--")
+    if ranks:
+        ax.legend(fontsize=8)
+    ax.set_xlabel("step", fontsize=9)
+
+
+def _draw_link(ax: Any, link: analysis.LinkModel) -> None:
+    ax.set_title(textwrap.fill(link.message, 70), fontsize=9)
+    if link.points:
+        ax.scatter([s for s, _ in link.points], [b / 1e9 for _, b in link.points], s=8, label="measured")
+    if link.line:
+        ax.plot([s for s, _ in link.line], [b / 1e9 for _, b in link.line], color="black", label="ring model")
+    if link.points:
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("all-reduce size, bytes", fontsize=9)
+    ax.set_ylabel("bus bandwidth, GB/s", fontsize=9)
+
+
+def _draw_memory(ax: Any, rows: Sequence[analysis.RankMemory]) -> None:
+    ax.set_title("memory per rank at its last step, MB", fontsize=10)
+    if not rows:
+        ax.text(0.5, 0.5, "memory not recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    parts = (("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"), ("optimizer", "optimizer_bytes"))
+    x = list(range(len(rows)))
+    bottom = [0.0] * len(rows)
+    for label, attr in parts:
+        values = [getattr(row, attr) / 1e6 for row in rows]
+        ax.bar(x, values, bottom=bottom, label=label, width=0.6)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.scatter(x, [row.peak_bytes / 1e6 for row in rows], marker="_", s=400, color="black", label="peak of the step")
+    theory = [(i, row.theory.total_bytes / 1e6) for i, row in zip(x, rows, strict=True) if row.theory is not None]
+    if theory:
+        ax.scatter([i for i, _ in theory], [v for _, v in theory], marker="x", color="crimson", label="theory: model state")
+    ax.set_xticks(x, [f"rank {row.rank}" for row in rows])
+    ax.legend(fontsize=8)
+
+
+class StaticDashboard:
+    """The picture and the text summary, as one output: what a watched cell leaves in the notebook."""
+
+    def __init__(self, png: bytes, summary: str) -> None:
+        self.png = png
+        self.summary = summary
+
+    @classmethod
+    def of(cls, store: TelemetryStore, summary: str) -> StaticDashboard:
+        return cls(render_png(store), summary)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        encoded = base64.b64encode(self.png).decode("ascii")
+        page = (
+            f"<div class='distlab-dashboard-static'><img alt='distlab dashboard' src='data:image/png;base64,{encoded}'>"
+            f"<pre>{html.escape(self.summary)}</pre></div>"
+        )
+        return {"text/html": page, "image/png": encoded, "text/plain": self.summary}
+
+    def __repr__(self) -> str:
+        return self.summary
