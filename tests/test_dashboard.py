@@ -9,7 +9,7 @@ import html
 import struct
 
 import pytest
-from _jupyter import execute
+from _jupyter import execute, wait_for
 from jupyter_client.manager import start_new_kernel
 
 from distlab.dashboard import analysis
@@ -88,6 +88,10 @@ def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_k
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         execute(kc, "%load_ext distlab\n%dist start -n 2")
+        # In a kernel, a started lab loads the dashboard's modules in the background, before any
+        # cell watches a model (so the first dashboard need not wait for them).
+        loaded = "import sys; print('distlab.dashboard.figures' in sys.modules and 'plotly.graph_objs' in sys.modules)"
+        wait_for(lambda: execute(kc, loaded).strip() == "True", 120, "the dashboard's modules to load", poll_s=0.5)
         messages: list[dict] = []
         execute(kc, _FAST_PUBLISHER, messages=messages)
     finally:

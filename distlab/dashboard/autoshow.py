@@ -10,7 +10,38 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["autoshow"]
+__all__ = ["autoshow", "prewarm"]
+
+#: Whether a lab started in a kernel imports the dashboard's modules in the background (``prewarm``);
+#: ``benchmarks/bench_first_dashboard.py`` turns it off for its baseline.
+PREWARM = True
+_prewarmed = False
+
+
+def prewarm() -> None:
+    """In a Jupyter kernel, import the dashboard's modules (ipywidgets, plotly, and through plotly
+    nbformat and jsonschema, whose URI grammar alone takes about 1.7 s to build) and warm plotly's
+    validators on a daemon thread, once: the first watched cell then shows its dashboard without
+    waiting for them, and the ranks' output does not pause while they load. Elsewhere (a script)
+    nothing is shown, so nothing is loaded.
+    """
+    global _prewarmed
+    if _prewarmed or not PREWARM:
+        return
+    from IPython import get_ipython
+
+    if getattr(get_ipython(), "kernel", None) is None:
+        return
+    _prewarmed = True
+    import importlib
+    import threading
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # what fails here fails again, visibly, when used
+            importlib.import_module("distlab.dashboard.view")
+            importlib.import_module("distlab.dashboard.figures").warm()
+
+    threading.Thread(target=load, name="distlab-dashboard-import", daemon=True).start()
 
 
 @contextlib.contextmanager

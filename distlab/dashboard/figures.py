@@ -44,6 +44,13 @@ _OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce"
 TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
 
 
+def warm() -> None:
+    """Make, and drop, a plain figure (no widget, nothing sent) of every trace type the dashboard
+    draws: plotly builds its validators on first use (about 0.4 s), and the first dashboard should
+    not wait for that."""
+    go.Figure(data=[go.Scatter(), go.Bar(), go.Heatmap(), go.Table()], layout=go.Layout(template="plotly_white"))
+
+
 def _color(rank: int) -> str:
     palette = qualitative.Plotly
     return palette[rank % len(palette)]
