@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-__all__ = ["LEARNER_FILE", "CellError", "CellReply", "EngineIdentity", "GroupSpec"]
+__all__ = [
+    "LEARNER_FILE",
+    "PROGRESS_KEY",
+    "CellError",
+    "CellReply",
+    "EngineIdentity",
+    "GroupSpec",
+    "ProgressBar",
+    "ProgressPublish",
+]
 
 #: The file name a learner's code carries on an exercise's grading ranks (``rank.exercise``): the
 #: notebook finds the learner's frames in a traceback by it.
@@ -69,3 +78,34 @@ class CellReply(TypedDict, total=False):
     value: Any
     repr: str | None
     error: CellError
+
+
+#: The key of a rank's tqdm bars in its ``publish_data`` (``rank.progress`` sends, ``dashboard.progress`` draws).
+PROGRESS_KEY = "distlab.progress"
+
+
+class ProgressBar(TypedDict):
+    """One tqdm bar's state, as its rank last saw it."""
+
+    #: Unique on its rank (bars are numbered as they are made).
+    id: int
+    n: int | float
+    total: int | float | None
+    desc: str
+    unit: str
+    #: tqdm's ``unit_scale``: False, True (SI prefixes) or a factor.
+    unit_scale: bool | float
+    postfix: str
+    elapsed: float
+    #: Units per second (tqdm's smoothed rate; the average once the bar closed), None before any.
+    rate: float | None
+    closed: bool
+
+
+class ProgressPublish(TypedDict):
+    """All the bars one rank shows in the running cell, in the order they were made: each publish
+    carries them all, since ipyparallel keeps only a key's latest value."""
+
+    rank: int
+    seq: int
+    bars: list[ProgressBar]

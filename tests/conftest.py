@@ -34,7 +34,7 @@ if "DISTLAB_QUIZ_PROGRESS" not in os.environ:
 # Fixtures that start processes: a test using one is in the cluster tier.
 _PROCESS_FIXTURES = {"lab", "_shared_lab", "lab_factory", "ipython", "jupyter"}
 # Test modules that are end-to-end runs as a whole.
-_E2E_MODULES = {"test_browser.py", "test_binder.py", "test_soak.py"}
+_E2E_MODULES = {"test_browser.py", "test_browser_ranks.py", "test_binder.py", "test_soak.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,7 +17,7 @@ from plotly.colors import qualitative
 
 from ..records import StepRecord
 from .analysis import Divergence, LinkModel, RankMemory, Straggler, TraceRow, timed_steps
-from .meter import MeteredFigure, MeteredHTML
+from .meter import Metered, MeteredHTML
 
 __all__ = [
     "draw_divergence",
@@ -42,6 +42,10 @@ _STRAGGLER = "crimson"
 _OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce": "#2ca02c",
               "all_to_all": "#9467bd", "broadcast": "#8c564b", "send": "#e377c2", "recv": "#7f7f7f"}
 TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
+
+
+class MeteredFigure(Metered, go.FigureWidget):
+    """A plotly FigureWidget that counts the widget messages it sends."""
 
 
 def warm() -> None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
-__all__ = ["MeteredFigure", "MeteredHTML", "MeteredLabel", "sent"]
+__all__ = ["Metered", "MeteredHTML", "MeteredLabel", "sent"]
 
 
-class _Metered:
+class Metered:
+    """Mixed into a widget class (before it): counts the messages the widget sends.
+
+    plotly is not imported here: the progress bars (``progress_view``) count theirs too.
+    """
+
     #: Messages this widget has sent to the front end since its comm opened (the opening one not counted).
     _messages_sent = 0
 
@@ -28,15 +32,11 @@ class _Metered:
         super()._send(msg, buffers)  # type: ignore[misc]
 
 
-class MeteredFigure(_Metered, go.FigureWidget):
-    """A plotly FigureWidget that counts the widget messages it sends."""
-
-
-class MeteredLabel(_Metered, widgets.Label):
+class MeteredLabel(Metered, widgets.Label):
     """An ipywidgets Label that counts the widget messages it sends."""
 
 
-class MeteredHTML(_Metered, widgets.HTML):
+class MeteredHTML(Metered, widgets.HTML):
     """An ipywidgets HTML that counts the widget messages it sends (one per change)."""
 
 

@@ -24,8 +24,18 @@ from .store import TelemetryStore
 __all__ = ["StaticDashboard", "render_png"]
 
 #: The live dashboard's colours for ranks (plotly's qualitative palette), so the two read alike.
-_RANK_COLORS = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
-                "#FF97FF", "#FECB52")
+_RANK_COLORS = (
+    "#636EFA",
+    "#EF553B",
+    "#00CC96",
+    "#AB63FA",
+    "#FFA15A",
+    "#19D3F3",
+    "#FF6692",
+    "#B6E880",
+    "#FF97FF",
+    "#FECB52",
+)
 _DPI = 80
 
 
@@ -114,7 +124,9 @@ def _draw_memory(ax: Any, rows: Sequence[analysis.RankMemory]) -> None:
     ax.scatter(x, [row.peak_bytes / 1e6 for row in rows], marker="_", s=400, color="black", label="peak of the step")
     theory = [(i, row.theory.total_bytes / 1e6) for i, row in zip(x, rows, strict=True) if row.theory is not None]
     if theory:
-        ax.scatter([i for i, _ in theory], [v for _, v in theory], marker="x", color="crimson", label="theory: model state")
+        ax.scatter(
+            [i for i, _ in theory], [v for _, v in theory], marker="x", color="crimson", label="theory: model state"
+        )
     ax.set_xticks(x, [f"rank {row.rank}" for row in rows])
     ax.legend(fontsize=8)
 

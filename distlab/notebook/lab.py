@@ -8,7 +8,8 @@ and a thin one: it holds the cluster and the world, and hands each job to the mo
 - ``cell``: a cell's run;  ``recovery``: diagnosis and repair after a failed cell;
 - ``script``: what the lab ran, and the torchrun script made of it (``export``);
 - ``cluster.processes``: which processes are ours, and ending them;  ``release``: freeing stuck ranks;
-- ``cluster.nodes``: emulated nodes (network namespaces) and the links between them.
+- ``cluster.nodes``: emulated nodes (network namespaces) and the links between them;
+- ``postmortem``: a failed rank's frames and their locals, as it kept them.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from ..cluster.launch import (
 )
 from ..cluster.nodes import Link, Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
+from ..dashboard.autoshow import prewarm as prewarm_dashboard
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
 from ..server import registry
 from . import recovery, rpc
 from .cell import CellContext, CellRun, Listener, RunResult, Send
 from .config import LabConfig
 from .group import form_group, get
+from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_failed, gone, nothing_kept
 from .release import Releaser
 from .script import CellRan, Event, Pushed, Restarted, ScriptRan, build_script, export_path, read_script, script_args
 from .streams import RankPrinter
@@ -94,6 +97,8 @@ class Lab:
         self._phase_start = 0.0
         # What ran, in order (cells that succeeded, pushes, scripts, restarts): what export writes.
         self._history: list[Event] = []
+        # Which ranks the last cell ran on, failed on, killed (``postmortem``); None before the world's first.
+        self._last_cell: LastCell | None = None
         # Labs this one started for its own purposes (an exercise's grader): they stop with it.
         self._companions: dict[str, Lab] = {}
 
@@ -118,6 +123,7 @@ class Lab:
         t0 = self._phase_start = time.perf_counter()
         _stop_at_exit(self)
         self._history = []
+        self._last_cell = None
         try:
             if self.config.nodes:
                 self._folder = tempfile.mkdtemp(prefix=f"distlab-lab-{os.getpid()}-")
@@ -140,6 +146,7 @@ class Lab:
             raise
         self.timings["ready_s"] = time.perf_counter() - t0
         registry.track(self)  # the side panel's view of this lab
+        prewarm_dashboard()  # after the ranks are up: the import would compete with their start for the cores
         return self
 
     def _launch_engines(self) -> None:
@@ -210,7 +217,7 @@ class Lab:
         self._cluster.stop_engines_sync()
         wait_for(lambda: not old_ids & set(self._client.ids), 10.0)
         self._guard.end_engines(self._local_pids())
-        self._world = None
+        self._world, self._last_cell = None, None
         try:
             self._launch_engines()
             self._build_world()
@@ -480,6 +487,41 @@ class Lab:
             warnings.warn(f"{name}: " + "; ".join(script.notes), UserWarning, stacklevel=2)
         return name
 
+    def postmortem(self, rank: int | None = None) -> Postmortem:
+        """A failed rank's frames, the failing one last, each with its locals summarised: ``print(lab.postmortem())``.
+
+        Read from the rank's own traceback, which it keeps from a failed cell until its next cell
+        starts: tensors by shape, dtype, device and statistics (min, max, mean, norm, nan/inf),
+        modules by class and parameter count, containers by type and length, the rest by a short
+        repr. With no ``rank``, the first rank that failed in the lab's last cell (one that raised
+        by itself before one distlab stopped). A rank that keeps nothing (its cell succeeded, its
+        process died, the world was restarted) raises DistlabError saying which; ``%dist debug``.
+        """
+        from .. import checks
+
+        self._require_running()
+        if rank is None:
+            rank = first_failed(self._last_cell)
+        else:
+            checks.whole("rank", rank, example="lab.postmortem(1)")
+            (rank,) = parse_ranks(rank, self.world_size)
+        why = gone(rank, self._last_cell)
+        if why:
+            raise DistlabError(why)
+        info = self.table[rank]
+        if info.engine_id not in set(self._client.ids):
+            raise DistlabError(
+                f"rank {rank} kept no failure: its process has died, and what it held went with it; "
+                "%dist restart (lab.restart()) brings a full world back"
+            )
+        data = get(
+            rpc.postmortem(self._client[info.engine_id], MAX_FRAMES, MAX_LOCALS), self.timeout,
+            f"reading rank {rank}'s kept failure",
+        )
+        if data is None:
+            raise DistlabError(nothing_kept(rank, self._last_cell))
+        return Postmortem(rank, data)
+
     def _subset(self, selected: list[int]) -> tuple[int, ...] | None:
         """None for every rank of the world, else the ranks."""
         return None if selected == list(range(self.world_size)) else tuple(selected)
@@ -499,11 +541,24 @@ class Lab:
         ctx = self._cell_context()
         cell = CellRun(ctx, selected, send, filename)
         printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
-        outcome = cell.run(timeout, printer)
+        from ..dashboard.progress import CellProgress
+
+        progress = CellProgress() if stream else None  # the ranks' tqdm bars: one widget in the output
+        if progress is not None:
+            self._listeners.append(progress.on_poll)
+        try:
+            outcome = cell.run(timeout, printer)
+        finally:
+            if progress is not None:
+                self._listeners.remove(progress.on_poll)
+                progress.finish()  # the bars' last state, as text
         if outcome.failures:
+            world = self._world
             recovery.diagnose(outcome, ctx, selected)
             recovery.recover(outcome, ctx, rebuild_group=self._rebuild_group, restart=self.restart)
+            self._last_cell = LastCell.of(selected, outcome, restarted=self._world is not world)
             raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
+        self._last_cell = LastCell.of(selected, outcome, restarted=False)
         return cell.result()
 
     def _cell_context(self) -> CellContext:

@@ -4,6 +4,7 @@
                      [--nodes K [--link RATE [--latency T]] [--subnet NET]]
     %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off]
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
+    %dist debug [RANK]
     %%ddp [-r RANKS] [--timeout S]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
     %exercise [NAME | check NAME [--seed N] | hint NAME]
@@ -27,7 +28,7 @@ from .config import LabConfig
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
-_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export")
+_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export", "debug")
 
 
 def _text(text: str) -> Any:
@@ -102,6 +103,15 @@ def _run_parser() -> MagicArgumentParser:
     return p
 
 
+def _debug_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist debug", add_help=False)
+    p.add_argument(
+        "rank", nargs="?", default=None, help="the rank to look into (default: the first that failed in the last cell)",
+        type=_checked(lambda v: checks.whole("the rank", v, example="%dist debug 1")),
+    )
+    return p
+
+
 def _export_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist export", add_help=False)
     p.add_argument("file", help="the script to write, like train.py")
@@ -124,9 +134,10 @@ class DistMagics(Magics):
 
     @line_magic
     def dist(self, line: str) -> Any:
-        """Start, inspect, restart, kill a rank of, or stop the lab; run or export a torchrun script.
+        """Start, inspect, restart, kill a rank of, or stop the lab; run or export a torchrun script; debug a failure.
 
         %dist start -n 2 [--debug] | status | restart [-n N] | kill R | stop | run FILE.py [ARGS] | export FILE.py
+        %dist debug [RANK]: the failed rank's frames and their locals, summarised
         """
         try:
             words = shlex.split(line)
@@ -151,6 +162,8 @@ class DistMagics(Magics):
             return self._run(_run_parser().parse_args(rest))
         if sub == "export":
             return self._export(_export_parser().parse_args(rest).file)
+        if sub == "debug":
+            return self._debug(_debug_parser().parse_args(rest).rank)
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -250,6 +263,18 @@ class DistMagics(Magics):
         print(f"wrote {path}; torchrun runs it as it is: torchrun --standalone --nproc_per_node={lab.world_size} {path}")
         for warning in caught:
             print(f"note: {warning.message}")  # what the script lacks of what ran
+
+    def _debug(self, rank: int | None) -> None:
+        from IPython.display import display
+
+        from ..errors import DistlabError
+
+        lab = self._running_lab()
+        try:
+            found = lab.postmortem(rank)
+        except (LabUsageError, DistlabError) as exc:
+            raise UsageError(str(exc)) from None
+        display(found)  # the frames as HTML in a notebook, as text in a terminal
 
     def _stop(self) -> None:
         if self.lab is None or not self.lab.running:

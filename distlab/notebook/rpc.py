@@ -25,6 +25,7 @@ __all__ = [
     "init_rank",
     "open_store",
     "pack_definitions",
+    "postmortem",
     "rebuild_group",
     "run_cell",
     "run_script",
@@ -43,6 +44,7 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "collective_trace": ("flight", "collective_trace"),
     "run_cell": ("cell", "run_cell"),
     "run_script": ("cell", "run_script"),
+    "postmortem": ("postmortem", "describe"),
     "pack_definitions": ("exercise", "pack_definitions"),
     "case_names": ("exercise", "case_names"),
     "grade_case": ("exercise", "grade_case"),
@@ -98,6 +100,11 @@ def run_cell(target: Any, code: str, rank: int, want: str) -> Any:
 def run_script(target: Any, text: str, path: str, argv: list[str], rank: int) -> Any:
     """-> ``wire.CellReply``: the script run as ``__main__`` with ``sys.argv = argv`` (``%dist run``)."""
     return _call(target, "run_script", text, path, argv, rank)
+
+
+def postmortem(target: Any, max_frames: int, max_locals: int) -> Any:
+    """-> the rank's kept failure (its frames, their locals summarised) as plain data, or None."""
+    return _call(target, "postmortem", max_frames, max_locals)
 
 
 def pack_definitions(target: Any, names: list[str]) -> Any:

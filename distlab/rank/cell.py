@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire import LEARNER_FILE, CellError, CellReply
+from . import postmortem
 from .namespace import LAB_NAMES, user_namespace
 
 __all__ = ["run_cell", "run_script"]
@@ -129,13 +130,15 @@ def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) 
     """Run what ``prepare`` makes ready, stoppable by SIGINT, and pack its reply.
 
     ``prepare`` (reading, compiling) runs before the code starts; the function it returns is the
-    user's code. A SIGINT that arrives while preparing stops the code as it starts.
+    user's code. A SIGINT that arrives while preparing stops the code as it starts. A failure is
+    kept (``postmortem``: its traceback, for a look at its frames) until the next one starts here.
     """
     from IPython import get_ipython
 
     global _cell_phase, _interrupt_pending
     shell = get_ipython()
     _cell_phase, _interrupt_pending = "starting", False
+    postmortem.drop()
     if getattr(shell, "kernel", None) is not None and threading.current_thread() is threading.main_thread():
         # Only inside the engine's request handler: ipykernel puts its own handler back after it.
         signal.signal(signal.SIGINT, _interrupt_cell_code)
@@ -152,12 +155,22 @@ def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) 
             return {"repr": None if value is None else repr(value)}
         return {"value": value}
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the notebook reports it
+        postmortem.keep(exc, filename)
         return {"error": _describe_failure(exc, filename)}
     finally:
         _cell_phase = "ending"
         sys.stdout.flush()
         sys.stderr.flush()
         _flush_telemetry()
+        _flush_progress()
+
+
+def _flush_progress() -> None:
+    """Send the last state of the cell's tqdm bars before its reply (nothing when it made none)."""
+    progress = sys.modules.get("distlab.rank.progress")  # not imported: not a lab's rank
+    if progress is not None:
+        with contextlib.suppress(Exception):  # a progress bar never turns a cell's result into an error
+            progress.flush()
 
 
 def _flush_telemetry() -> None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..wire import GroupSpec
-from . import namespace, torchcompat, torchrun
+from . import namespace, progress, torchcompat, torchrun
 from .identity import interface_of
 from .release import shutdown_peer_connections
 
@@ -112,6 +112,7 @@ def init_rank(spec: GroupSpec) -> dict[str, Any]:
     _spec, _device = spec, device
     torchrun.follow(spec)  # from now on a cell's init_process_group joins this group
     namespace.fill(spec.rank, spec.world_size, spec.local_rank, device)
+    progress.install(spec.rank)  # tqdm's bars are drawn in the notebook, not on the rank
     return {"device": str(device), "init_s": time.perf_counter() - t0}
 
 
