@@ -1,12 +1,14 @@
 """Show the dashboard in a ``%%ddp`` cell's output as soon as its ranks publish telemetry.
 
 Only the store is imported here: a ``%%ddp`` cell that watches nothing pays for no widget or
-plotting import.
+plotting import (but for the background import a lab started in a kernel makes, ``prewarm``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +17,14 @@ __all__ = ["autoshow", "prewarm"]
 #: Whether a lab started in a kernel imports the dashboard's modules in the background (``prewarm``);
 #: ``benchmarks/bench_first_dashboard.py`` turns it off for its baseline.
 PREWARM = True
-_prewarmed = False
+_started = threading.Event()  # the background import was started
+_loaded = threading.Event()  # ... and has finished (well or not)
+
+
+def _in_kernel() -> bool:
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def prewarm() -> None:
@@ -25,37 +34,49 @@ def prewarm() -> None:
     waiting for them, and the ranks' output does not pause while they load. Elsewhere (a script)
     nothing is shown, so nothing is loaded.
     """
-    global _prewarmed
-    if _prewarmed or not PREWARM:
+    if _started.is_set() or not PREWARM or not _in_kernel():
         return
-    from IPython import get_ipython
-
-    if getattr(get_ipython(), "kernel", None) is None:
-        return
-    _prewarmed = True
-    import importlib
-    import threading
+    _started.set()
 
     def load() -> None:
-        with contextlib.suppress(Exception):  # what fails here fails again, visibly, when used
-            importlib.import_module("distlab.dashboard.view")
-            importlib.import_module("distlab.dashboard.figures").warm()
+        try:
+            with contextlib.suppress(Exception):  # what fails here fails again, visibly, when used
+                importlib.import_module("distlab.dashboard.view")
+                importlib.import_module("distlab.dashboard.figures").warm()
+        finally:
+            _loaded.set()
 
     threading.Thread(target=load, name="distlab-dashboard-import", daemon=True).start()
 
 
+def _ready() -> bool:
+    """Whether the live dashboard can be made now without the cell's output waiting for imports.
+
+    In a kernel, until the background import has finished, the answer is no (and the import is
+    started if it was not): the cell goes on streaming, and a later poll shows the dashboard.
+    """
+    if not PREWARM or not _in_kernel():
+        return True  # the baseline, or nowhere to show it live: import when needed
+    prewarm()
+    return _loaded.is_set()
+
+
 @contextlib.contextmanager
 def autoshow(lab: Any) -> Iterator[None]:
-    """While the block runs, display ``lab.dashboard()`` the first time new telemetry arrives; when
-    it ends, redraw it, then turn the output into its still picture and text summary
-    (``static.StaticDashboard``), so the saved notebook shows the final state with no kernel.
-    ``lab.dashboard()`` in a later cell shows the live widgets again."""
+    """While the block runs, display ``lab.dashboard()`` at the first poll after new telemetry
+    arrived at which its modules are loaded; when it ends, redraw it, then turn the output into its
+    still picture and text summary (``static.StaticDashboard``), so the saved notebook shows the
+    final state with no kernel. A cell that ended before the live dashboard could show leaves the
+    picture alone. ``lab.dashboard()`` in a later cell shows the live widgets again."""
     store = lab.telemetry
     start = store.version
     shown: list[Any] = []  # [dashboard, display handle] once displayed
 
-    def on_change(final: bool) -> None:
-        if shown or store.version == start or not len(store):
+    def has_news() -> bool:
+        return store.version != start and len(store) > 0
+
+    def on_poll(pending: Any, final: bool) -> None:
+        if shown or final or not has_news() or not _ready():
             return
         from IPython.display import display
 
@@ -63,15 +84,21 @@ def autoshow(lab: Any) -> Iterator[None]:
         board.refresh()  # within the message budget, like every live redraw; the rest follows
         shown.extend([board, display(board, display_id=True)])
 
-    store.subscribe(on_change)
+    lab.add_listener(on_poll)
     try:
         yield
     finally:
-        store.unsubscribe(on_change)
+        lab.remove_listener(on_poll)
+        from IPython.display import display
+
+        from . import analysis
+        from .static import StaticDashboard
+
         if shown:
             board, handle = shown
             board.refresh(force=True)
             if handle is not None:
-                from .static import StaticDashboard
-
                 handle.update(StaticDashboard.of(store, board.summary()))
+        elif has_news():
+            summary = "\n".join(analysis.summary(store.records(), store.meta(), store.world_size))
+            display(StaticDashboard.of(store, summary))

@@ -586,6 +586,11 @@ class Lab:
         """
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling a listener :meth:`add_listener` added (one not there is ignored)."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
     @property
     def telemetry(self) -> Any:
         """What ``distlab.watch(model)`` publishes on the ranks: ``lab.telemetry.records()``.
