@@ -52,7 +52,9 @@ t.item()
 #
 # `distlab.watch(model)` records what each rank does: the loss (`distlab.log`), every all-reduce bucket
 # with its bytes and time, per-layer gradient and weight norms, and a checksum of the weights. The
-# dashboard appears under the cell while it trains.
+# dashboard appears under the cell while it trains; when the cell ends it becomes a picture of its
+# last state, which the saved notebook keeps. (What a rank displays shows too, under its label: HTML,
+# figures, tables, widgets, and `tqdm` bars, one row per rank.)
 
 # %%
 # %%ddp
@@ -109,10 +111,24 @@ print("replicas identical:", all(torch.equal(a, b) for r in w for a, b in zip(w[
 
 # %% tags=["raises-exception"]
 # %%ddp
-if rank == 1:
-    raise ValueError("rank 1 read a corrupt shard")
+def load_shard(index):
+    shard = torch.arange(4.0) + index
+    if rank == 1:
+        raise ValueError("rank 1 read a corrupt shard")
+    return shard
+
+
+shard = load_shard(rank)
 t = torch.ones(1)
 dist.all_reduce(t)
+
+# %% [markdown]
+# `%dist debug` looks inside the rank that failed: its frames, from the cell down to the failing line,
+# with their local variables (tensors by shape, dtype and a few statistics), read from the rank's own
+# traceback, which it keeps until its next cell.
+
+# %% tags=["nbval-check-output"]
+# %dist debug
 
 # %% tags=["nbval-check-output"]
 # %%ddp
