@@ -209,13 +209,13 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert re.search(r"^rank\s+engine_id\s+host\s+addr\s+pid\s+device\s+backend\s+health", status, re.MULTILINE), status
     assert len(re.findall(r"\bgloo\s+ok\b", status)) == 2, status
 
-    # Under the training cell, once it ended, the dashboard's last state: its picture, loaded, and
-    # its summary (the live dashboard, plotly in the page, is tests/test_browser_ranks.py's).
+    # Under the training cell, once it ended, the dashboard's last state: its picture (with its
+    # summary), loaded (the live dashboard, plotly in the page, is tests/test_browser_ranks.py's).
     training = outputs[nb.index("distlab.watch(")]
-    picture = training.locator("img[alt='distlab dashboard']")
+    picture = training.locator(".jp-RenderedImage img")
     picture.wait_for()
-    assert picture.evaluate("img => img.complete && img.naturalWidth") == 880
-    assert re.search(r"distlab dashboard: 2 ranks, steps 0-\d+", training.inner_text())
+    assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
+    assert "Error displaying widget" not in training.inner_text()
     training.scroll_into_view_if_needed()
     _shot(page, "1-dashboard")
 

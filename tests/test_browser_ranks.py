@@ -207,9 +207,9 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     )
     _shot(page, "ranks-2-dashboard-live")
     training = cells.finish(4)
-    picture = training.locator("img[alt='distlab dashboard']")
+    picture = training.locator(".jp-RenderedImage img")
     picture.wait_for()
-    assert picture.evaluate("img => img.complete && img.naturalWidth") == 880
+    assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
 
     failed = cells.run(5).inner_text()
     assert "bad batch on rank 1" in failed, failed
@@ -245,9 +245,9 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     # Reopened (the lab long stopped; the page reloaded from the saved file), the picture renders.
     page.reload()
     reopened = Cells(page).cell(4).locator(".jp-OutputArea")
-    picture = reopened.locator("img[alt='distlab dashboard']")
+    picture = reopened.locator(".jp-RenderedImage img")
     picture.wait_for(timeout=60_000)
-    assert picture.evaluate("img => img.complete && img.naturalWidth") == 880
+    assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
     assert "Error displaying widget" not in reopened.inner_text()
     _shot(page, "ranks-4-reopened")
     assert page.js_errors == []  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
 
 from test_dashboard_budget import _publish
 
@@ -41,9 +42,12 @@ def test_the_picture_draws_what_the_store_holds():
 
 
 def test_the_output_holds_the_picture_and_the_summary_and_no_widget():
-    board = StaticDashboard.of(_store(5), "distlab dashboard: 2 ranks, steps 0-4")
+    summary = "distlab dashboard: 2 ranks, steps 0-4\n  rank 0: loss 1"
+    board = StaticDashboard.of(_store(5), summary)
     bundle = board._repr_mimebundle_()
-    assert set(bundle) == {"text/html", "image/png", "text/plain"}
+    assert set(bundle) == {"image/png", "text/plain"}
     assert base64.b64decode(bundle["image/png"]) == board.png
-    assert bundle["image/png"] in bundle["text/html"] and "steps 0-4" in bundle["text/html"]
-    assert bundle["text/plain"] == repr(board) == "distlab dashboard: 2 ranks, steps 0-4"
+    assert bundle["text/plain"] == repr(board) == summary
+    # The summary is drawn under the plots: the picture grows by its lines.
+    heights = [struct.unpack(">II", render_png(_store(5), text)[16:24])[1] for text in ("", summary, summary * 3)]
+    assert heights[0] < heights[1] < heights[2], heights

@@ -28,17 +28,21 @@ import pandas as pd
 plt.plot([0, 1, 4, 9])
 plt.show()
 display(pd.DataFrame({"rank": [rank], "loss": [0.5]}))
+import plotly.graph_objects as go
+go.Figure(go.Scatter(y=[3, 1, 2])).show()
 """
 
 _WIDGET = """%%ddp -r 1
 import time
 import ipywidgets as w
 slider = w.IntSlider(value=0, max=10, description=f"rank {rank}")
-display(slider)
+log = w.Output()
+display(slider, log)
 for step in range(1, 6):
     slider.value = step
+    log.append_stdout(f"step {step}\\n")
     time.sleep(0.2)
-print("model", slider.model_id)
+print("model", slider.model_id, log.model_id)
 """
 
 
@@ -82,6 +86,8 @@ def test_a_ranks_displays_figures_tables_and_widgets_appear_in_the_notebook_labe
         assert any("image/png" in d for d in shown), shown  # matplotlib's figure, as an image
         table = next(d for d in shown if "text/html" in d)
         assert "<table" in table["text/html"] and "loss" in table["text/html"]
+        plotly = next(d["application/vnd.plotly.v1+json"] for d in shown if "application/vnd.plotly.v1+json" in d)
+        assert plotly["data"][0]["type"] == "scatter"  # a plotly figure, for JupyterLab's plotly renderer
         assert "[rank 1]" not in _streams(messages)  # -r 0: rank 0's alone
 
         messages = []
@@ -100,6 +106,16 @@ def test_a_ranks_displays_figures_tables_and_widgets_appear_in_the_notebook_labe
             and "value" in m["content"]["data"].get("state", {})
         ]
         assert values[-1] == 5 and len(values) >= 3, values
+        # An Output widget the rank writes into fills in the front end too.
+        log_id = next(d[WIDGET]["model_id"] for d in _displays(messages)[1:] if WIDGET in d)
+        assert f"{model_id} {log_id}" in _streams(messages)
+        written = [
+            m["content"]["data"]["state"]["outputs"]
+            for m in messages
+            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == log_id
+            and "outputs" in m["content"]["data"].get("state", {})
+        ]
+        assert written and [o["text"] for o in written[-1]] == [f"step {i}\n" for i in range(1, 6)], written[-1:]
         assert execute(kc, "%%ddp\nprint(rank)").count("\n") == 2  # the lab goes on as before
     finally:
         km.shutdown_kernel(now=False)

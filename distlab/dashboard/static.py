@@ -4,14 +4,13 @@ A live dashboard is a set of widgets: in a notebook reopened with no kernel they
 (JupyterLab shows "model not found", nbconvert nothing). When a watched cell ends, its dashboard
 output becomes this: a PNG (safe in untrusted notebooks, and shown wherever only images render)
 of the loss, step time against exposed communication, all-reduce bus bandwidth against the fitted
-ring model, and memory per rank against theory, with the dashboard's text summary beside it.
+ring model, and memory per rank against theory, with the dashboard's text summary under them.
 matplotlib draws it, off-screen (Agg), imported only when a cell that watched something ends.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import textwrap
 from collections.abc import Sequence
@@ -37,29 +36,40 @@ _RANK_COLORS = (
     "#FECB52",
 )
 _DPI = 80
+#: Characters of the summary per line in the picture (8-point monospace across its 880 pixels).
+_TEXT_WIDTH = 150
 
 
 def _color(rank: int) -> str:
     return _RANK_COLORS[rank % len(_RANK_COLORS)]
 
 
-def render_png(store: TelemetryStore, plot_steps: int = 500) -> bytes:
-    """The store's telemetry drawn as one PNG: four panels, each saying what it shows."""
+def render_png(store: TelemetryStore, summary: str = "", plot_steps: int = 500) -> bytes:
+    """The store's telemetry drawn as one PNG: four panels, each saying what it shows, and under
+    them ``summary`` (the dashboard's text), so that the picture alone says everything."""
     from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
 
     records = store.records()
     last = records[-1]["step"] if records else 0
     records = [rec for rec in records if rec["step"] > last - plot_steps]
     ranks = sorted({rec["rank"] for rec in records})
-    fig = Figure(figsize=(11, 6.4), dpi=_DPI, layout="constrained")
-    (loss, times), (link, memory) = fig.subplots(2, 2)
+    lines = [wrapped for line in summary.splitlines() for wrapped in textwrap.wrap(line, _TEXT_WIDTH) or [""]]
+    text_in = 0.17 * len(lines) + 0.2 if lines else 0.0
+    fig = Figure(figsize=(11, 6.4 + text_in), dpi=_DPI, layout="constrained")
+    grid = fig.add_gridspec(3, 2, height_ratios=[3.2, 3.2, max(text_in, 0.01)])
+    loss, times = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    link, memory = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     _draw_loss(loss, records, ranks)
     _draw_times(times, records, ranks)
     _draw_link(link, analysis.link_model(records, store.world_size))
     _draw_memory(memory, analysis.memory_by_rank(records, store.meta()))
+    text = fig.add_subplot(grid[2, :])
+    text.set_axis_off()
+    if lines:
+        text.text(0, 1, "\n".join(lines), family="monospace", fontsize=8, va="top", ha="left", transform=text.transAxes)
     fig.suptitle(f"distlab dashboard, last state: {len(ranks)} ranks, step {last}", fontsize=12)
     out = io.BytesIO()
-    fig.savefig(out, format="png")
+    fig.savefig(out, format="png", pil_kwargs={"optimize": True})
     return out.getvalue()
 
 
@@ -132,7 +142,9 @@ def _draw_memory(ax: Any, rows: Sequence[analysis.RankMemory]) -> None:
 
 
 class StaticDashboard:
-    """The picture and the text summary, as one output: what a watched cell leaves in the notebook."""
+    """The picture (with the text summary drawn under the plots) and the summary as text: what a
+    watched cell leaves in the notebook. One copy of the picture: JupyterLab, nbconvert's HTML and
+    viewers that render only images show the PNG; text-only readers (nbval, a terminal) the text."""
 
     def __init__(self, png: bytes, summary: str) -> None:
         self.png = png
@@ -140,15 +152,10 @@ class StaticDashboard:
 
     @classmethod
     def of(cls, store: TelemetryStore, summary: str) -> StaticDashboard:
-        return cls(render_png(store), summary)
+        return cls(render_png(store, summary), summary)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        encoded = base64.b64encode(self.png).decode("ascii")
-        page = (
-            f"<div class='distlab-dashboard-static'><img alt='distlab dashboard' src='data:image/png;base64,{encoded}'>"
-            f"<pre>{html.escape(self.summary)}</pre></div>"
-        )
-        return {"text/html": page, "image/png": encoded, "text/plain": self.summary}
+        return {"image/png": base64.b64encode(self.png).decode("ascii"), "text/plain": self.summary}
 
     def __repr__(self) -> str:
         return self.summary
