@@ -9,6 +9,8 @@ import pytest
 from _jupyter import execute
 from jupyter_client.manager import start_new_kernel
 
+import distlab
+
 pytestmark = pytest.mark.cluster
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -112,7 +114,8 @@ def test_a_ranks_displays_figures_tables_and_widgets_appear_in_the_notebook_labe
         written = [
             m["content"]["data"]["state"]["outputs"]
             for m in messages
-            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == log_id
+            if m["msg_type"] == "comm_msg"
+            and m["content"]["comm_id"] == log_id
             and "outputs" in m["content"]["data"].get("state", {})
         ]
         assert written and [o["text"] for o in written[-1]] == [f"step {i}\n" for i in range(1, 6)], written[-1:]
@@ -134,3 +137,27 @@ def test_outside_a_kernel_a_display_prints_its_text_and_the_result_keeps_it(lab,
     assert "[rank 1] IntSlider(value=1)  (a widget made on the rank: it shows only in a Jupyter notebook)" in out
     assert [o["data"]["text/html"] for o in result.outputs[1] if "text/html" in o["data"]] == ["<i>rank 1</i>"]
     assert WIDGET in result.outputs[0][1]["data"]
+
+
+def test_a_widget_made_on_a_rank_in_a_terminal_ipython_leaves_the_lab_working(ipython, capsys):
+    # ipyparallel relays a rank's widget messages only to a kernel; a terminal shell must not stop
+    # the lab's output and telemetry from arriving afterwards.
+    ipython.run_line_magic("dist", "start -n 2")
+    ipython.run_cell_magic("ddp", "", "import ipywidgets as w\ndisplay(w.IntSlider(value=rank))")
+    ipython.run_cell_magic(
+        "ddp",
+        "",
+        "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "with distlab.watch(m):\n"
+        "    for _ in range(3):\n"
+        "        m(torch.ones(4, 2)).sum().backward()\n"
+        "        opt.step()\n"
+        "print('still here')",
+    )
+    out = capsys.readouterr().out
+    assert "[rank 1] IntSlider(value=1)" in out and "[rank 1] still here" in out, out
+    lab = distlab.current_lab()
+    assert sorted({(r["rank"], r["step"]) for r in lab.telemetry.records()}) == [
+        (r, s) for r in (0, 1) for s in range(3)
+    ]

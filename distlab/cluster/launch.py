@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -115,6 +116,39 @@ def engine_start_args(local: bool, prefix: list[str] | None = None) -> dict[str,
         }
     # Elsewhere the remote command stays the launcher's own; torch loads after registration.
     return {"engine_args": ["--IPEngine.startup_command=import distlab.rank.group"]}
+
+
+def guard_iopub(client: ipp.Client, timeout_s: float = 5.0) -> None:
+    """Keep the client's IOPub stream delivering when a rank makes a widget outside a kernel.
+
+    ipyparallel 9 relays an engine's widget (comm) messages to the notebook's front end, testing
+    ``get_ipython().kernel`` as it does; a terminal IPython's shell has no such attribute, the
+    dispatch raises, and the stream stops: every later output and telemetry of the lab is lost
+    (seen: one ``display(IntSlider())`` on a rank, under ``%%ddp`` in IPython). Outside a kernel
+    there is no front end to relay to, so such a message is dropped instead. Everything else, and
+    any error inside a kernel, goes through as before.
+    """
+    from IPython import get_ipython
+
+    dispatch = client._dispatch_iopub
+
+    def on_recv(parts: Any) -> None:
+        try:
+            dispatch(parts)
+        except AttributeError:
+            shell = get_ipython()
+            if shell is None or hasattr(shell, "kernel"):
+                raise
+
+    swapped = threading.Event()
+
+    def swap() -> None:  # on the client's IO thread, which owns the stream
+        client._iopub_stream.on_recv(on_recv, copy=False)
+        swapped.set()
+
+    client._io_loop.add_callback(swap)
+    if not swapped.wait(timeout_s):
+        raise DistlabError(f"the ipyparallel client's IO thread did not answer within {timeout_s:g} s")
 
 
 def link_client_sockets(cluster: ipp.Cluster, folder: str, timeout_s: float) -> None:

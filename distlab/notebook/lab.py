@@ -31,6 +31,7 @@ from ..cluster.launch import (
     controller_address,
     controller_start_args,
     engine_start_args,
+    guard_iopub,
     link_client_sockets,
     make_cluster,
 )
@@ -161,6 +162,7 @@ class Lab:
             if self._folder is not None:
                 link_client_sockets(self._cluster, self._folder, self.timeout)
             self._client = self._cluster.connect_client_sync()
+            guard_iopub(self._client)
         try:
             self._client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
         except TimeoutError:
