@@ -8,11 +8,12 @@ one call every message after a widget's opening one goes through.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import ipywidgets as widgets
 
-__all__ = ["Metered", "MeteredHTML", "MeteredLabel", "sent"]
+__all__ = ["MessageWindow", "Metered", "MeteredHTML", "MeteredLabel", "sent"]
 
 
 class Metered:
@@ -43,3 +44,26 @@ class MeteredHTML(Metered, widgets.HTML):
 def sent(widget: Any) -> int:
     """Messages ``widget`` (a metered one) has sent so far."""
     return int(widget._messages_sent)
+
+
+class MessageWindow:
+    """A budget of widget messages per second, spent on what the widgets really sent.
+
+    ``charge(now, total)`` books the messages sent since the last charge (``total``: all sent so
+    far) at ``now``; ``affordable(now, cost)`` says whether ``cost`` more fit in the last second.
+    """
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self._sent: deque[tuple[float, int]] = deque()  # (time, messages) over the last second
+        self._spent = 0  # of the widgets' messages, how many the window has been charged
+
+    def affordable(self, now: float, cost: int) -> bool:
+        while self._sent and self._sent[0][0] <= now - 1.0:
+            self._sent.popleft()
+        return sum(n for _, n in self._sent) + cost <= self.per_second
+
+    def charge(self, now: float, total: int) -> None:
+        if total > self._spent:
+            self._sent.append((now, total - self._spent))
+            self._spent = total

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 
 import ipywidgets as widgets
 
 from ..wire import ProgressBar
-from .meter import Metered, sent
+from .meter import MessageWindow, Metered, sent
 from .progress import ProgressConfig, Row, bar_info, bar_label
 
 __all__ = ["ProgressView"]
@@ -119,8 +118,7 @@ class ProgressView:
         self._rows: dict[tuple[int, int], _Row] = {(rank, index): _Row(rank, bar, now) for rank, index, bar in rows}
         self.box = _Box(children=[row.box for row in self._rows.values()])
         self._closed: list[_Row] = []  # rows gone from the view: what they sent still counts
-        self._sent: deque[tuple[float, int]] = deque()  # (time, messages) over the last second
-        self._spent = 0
+        self._window = MessageWindow(self.config.max_messages_per_s)
         self._last_refresh = now  # the rows were just made with their values
 
     @property
@@ -169,16 +167,11 @@ class ProgressView:
         return complete
 
     def _affordable(self, now: float, cost: int) -> bool:
-        while self._sent and self._sent[0][0] <= now - 1.0:
-            self._sent.popleft()
-        return sum(n for _, n in self._sent) + cost <= self.config.max_messages_per_s
+        return self._window.affordable(now, cost)
 
     def _charge(self, now: float) -> None:
         """Charge the window, at ``now``, every message the widgets sent since it was last charged."""
-        total = self.messages
-        if total > self._spent:
-            self._sent.append((now, total - self._spent))
-            self._spent = total
+        self._window.charge(now, self.messages)
 
     def close(self) -> None:
         for row in self._rows.values():

@@ -12,7 +12,6 @@ last state is complete.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -120,8 +119,7 @@ class Dashboard(widgets.VBox):
         self._drawn = {name: -1 for name in self.figures}  # store version each figure shows
         self._order = list(self.figures)  # least recently drawn first
         self._metered: dict[str, Any] = {**self.figures, "status": self.status}
-        self._sent: deque[tuple[float, int]] = deque()  # (time, messages) over the last second
-        self._spent = 0  # of the widgets' messages, how many the window has been charged
+        self._window = meter.MessageWindow(self.config.max_messages_per_s)
         self._cost: dict[str, int] = {}  # the most one update of each widget has sent
         # Making the figures sent messages too: the first redraws wait for them to leave the window.
         self._charge(self._clock())
@@ -197,16 +195,11 @@ class Dashboard(widgets.VBox):
             figures.draw_trace(fig, snap.trace)
 
     def _affordable(self, now: float, cost: int) -> bool:
-        while self._sent and self._sent[0][0] <= now - 1.0:
-            self._sent.popleft()
-        return sum(n for _, n in self._sent) + cost <= self.config.max_messages_per_s
+        return self._window.affordable(now, cost)
 
     def _charge(self, now: float) -> None:
         """Charge the window, at ``now``, every message the widgets sent since it was last charged."""
-        total = self.messages
-        if total > self._spent:
-            self._sent.append((now, total - self._spent))
-            self._spent = total
+        self._window.charge(now, self.messages)
 
     def summary(self) -> str:
         """The dashboard's state in plain text: what a saved or exported notebook keeps."""
