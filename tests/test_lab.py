@@ -258,13 +258,26 @@ def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, fragment
     assert (set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()) <= namespaces
 
 
-def test_nccl_without_a_gpu_is_refused_with_the_fix():
-    import torch
+@pytest.mark.cluster
+def test_nccl_without_a_gpu_is_refused_with_the_fix_before_any_engine_or_torch():
+    import subprocess
+    import sys
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    with pytest.raises(LabUsageError, match="use --backend gloo"):
-        distlab.start(ranks=2, backend="nccl")
+    from distlab.cluster.gpus import local_gpus
+
+    if local_gpus() != 0:
+        pytest.skip("this machine has a GPU (or may: ROCm)")
+    # In a process of its own: the refusal comes from the driver's count, so torch never loads there.
+    code = (
+        "import sys, distlab\n"
+        "try:\n    distlab.start(ranks=2, backend='nccl')\n"
+        "except distlab.LabUsageError as e:\n    print(e)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refusal, torch_loaded = out.stdout.strip().splitlines()
+    assert "use --backend gloo" in refusal and torch_loaded == "False", out.stdout
 
 
 def test_stop_leaves_no_process_behind(lab_factory):

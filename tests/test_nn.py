@@ -111,6 +111,18 @@ def test_batches_are_fixed_by_the_seed_and_the_same_for_every_reader_at_world_si
     assert all(torch.equal(x, a[s][0]) for s, x in enumerate(iterated))
 
 
+def test_batches_are_made_on_the_device_asked_and_are_the_same_there():
+    # The meta device holds no data but does place and shape-check every op, as a GPU would.
+    on_cpu = token_batches(NUMBERED, batch_size=4, seq_len=10, rank=1, world_size=2, seed=3)
+    on_meta = token_batches(NUMBERED, batch_size=4, seq_len=10, rank=1, world_size=2, seed=3, device="meta")
+    assert on_cpu[2][0].device.type == "cpu" and on_cpu.device == torch.device("cpu")
+    x, y = on_meta[2]
+    assert (x.device.type, y.device.type) == ("meta", "meta") and x.shape == on_cpu[2][0].shape
+    assert "device='meta'" in repr(on_meta)
+    moved = token_batches(NUMBERED, batch_size=4, seq_len=10, device=torch.device("cpu"))
+    assert torch.equal(moved[5][1], token_batches(NUMBERED, batch_size=4, seq_len=10)[5][1])
+
+
 def test_a_new_epoch_visits_the_windows_in_a_new_order(tokens):
     batches = token_batches(NUMBERED, batch_size=4, seq_len=10)
     per_epoch = batches.steps_per_epoch
@@ -124,6 +136,7 @@ def test_a_new_epoch_visits_the_windows_in_a_new_order(tokens):
         ({"batch_size": 2, "seq_len": 8, "rank": 2, "world_size": 2}, "rank must be below world_size=2"),
         ({"batch_size": 2, "seq_len": 8, "world_size": 0}, "world_size must be >= 1"),
         ({"batch_size": 600, "seq_len": 8}, "fewer than one global batch"),
+        ({"batch_size": 2, "seq_len": 8, "device": "gpu0"}, "device must name a torch device"),
     ],
 )
 def test_bad_batch_arguments_are_one_clear_value_error(kwargs, message):

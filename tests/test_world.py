@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from distlab.errors import LabUsageError
@@ -68,6 +70,26 @@ def test_cpu_ranks_need_no_gpu_check_and_gpu_requests_beyond_the_machine_are_ref
         check_gpus(1, "nccl", 0)
     with pytest.raises(LabUsageError, match="start at most -n 2"):
         check_gpus(3, "nccl", 2)
+    check_gpus(3, "nccl", None)  # not known before the ranks start: plan_world decides
+
+
+def test_the_gpu_count_is_read_from_the_driver_as_cuda_narrows_it(tmp_path):
+    from distlab.cluster.gpus import local_gpus, visible
+
+    proc = tmp_path / "gpus"
+    for bus in ("0000:17:00.0", "0000:65:00.0", "0000:ca:00.0", "0000:e3:00.0"):
+        (proc / bus).mkdir(parents=True)
+    absent = tmp_path / "absent"
+    assert local_gpus(proc, {}, absent) == 4
+    assert local_gpus(proc, {"CUDA_VISIBLE_DEVICES": "2,3"}, absent) == 2
+    assert local_gpus(proc, {"CUDA_VISIBLE_DEVICES": ""}, absent) == 0
+    if shutil.which("nvidia-smi") is None:  # nothing from NVIDIA's driver at all
+        assert local_gpus(absent, {}, absent) == 0  # a machine without GPUs
+        assert local_gpus(absent, {}, tmp_path) is None  # ROCm's /dev/kfd: the ranks decide
+    # CUDA_VISIBLE_DEVICES as torch reads it: up to a negative or absent index; a repeat hides all.
+    cases = {"0": 1, "1,0": 2, "0,-1,1": 1, "0,7,1": 1, "1gpu,2": 2, "0,0": 0, "-1": 0, "GPU-a,GPU-b": 2,
+             "GPU-a,GPU-a": 0, "GPU-a,3": 1, "MIG-x": 1, "a": 0}
+    assert {mask: visible(4, mask) for mask in cases} == cases
 
 
 @pytest.mark.parametrize(

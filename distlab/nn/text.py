@@ -80,10 +80,22 @@ class TokenBatches:
 
     With ``world_size=1`` (the default) every caller reads the same batches, whatever its rank: what the
     ranks of one tensor-parallel or pipeline-parallel model need, since they all work on the same batch.
+
+    ``device`` (a rank's ``device``): the batches are made there. The tokens go to it once, and each
+    batch is gathered on it, so a GPU rank copies nothing per step; the order of the windows is drawn on
+    the CPU, so the batches are the same on every device.
     """
 
     def __init__(
-        self, tokens: torch.Tensor, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0
+        self,
+        tokens: torch.Tensor,
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> None:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.dtype != torch.long:
             raise ValueError("tokens must be a 1-d LongTensor of ids, like CharTokenizer(text).encode(text)")
@@ -103,7 +115,12 @@ class TokenBatches:
                 f"of batch_size*world_size={global_batch}: give more tokens or a smaller batch_size or seq_len"
             )
         # Window w is tokens[w*seq_len : (w+1)*seq_len + 1]: inputs its first seq_len, targets its last.
-        self._windows = tokens[: self.windows * self.seq_len + 1]
+        try:
+            self.device = torch.device(device) if device is not None else tokens.device
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must name a torch device, like device=device or 'cuda:0' (got {device!r})") from exc
+        self._windows = tokens[: self.windows * self.seq_len + 1].to(self.device)
+        self._offsets = torch.arange(self.seq_len + 1, device=self.device)
         self._order: tuple[int, torch.Tensor] | None = None
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
@@ -117,9 +134,8 @@ class TokenBatches:
         step = checks.whole("step", step, example="batches[0]")
         epoch, within = divmod(step, self.steps_per_epoch)
         first = (within * self.world_size + self.rank) * self.batch_size
-        starts = self._epoch_order(epoch)[first : first + self.batch_size] * self.seq_len
-        offsets = torch.arange(self.seq_len + 1)
-        windows = self._windows[starts[:, None] + offsets]  # (batch, seq_len + 1)
+        starts = self._epoch_order(epoch)[first : first + self.batch_size].to(self.device) * self.seq_len
+        windows = self._windows[starts[:, None] + self._offsets]  # (batch, seq_len + 1)
         return windows[:, :-1], windows[:, 1:]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -132,16 +148,24 @@ class TokenBatches:
     def __repr__(self) -> str:
         return (
             f"TokenBatches(batch_size={self.batch_size}, seq_len={self.seq_len}, rank={self.rank}, "
-            f"world_size={self.world_size}, seed={self.seed}, steps_per_epoch={self.steps_per_epoch})"
+            f"world_size={self.world_size}, seed={self.seed}, steps_per_epoch={self.steps_per_epoch}, "
+            f"device={str(self.device)!r})"
         )
 
 
 def token_batches(
-    tokens: torch.Tensor, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0
+    tokens: torch.Tensor,
+    batch_size: int,
+    seq_len: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> TokenBatches:
-    """This rank's batches of (inputs, targets), each (batch_size, seq_len): see :class:`TokenBatches`.
+    """This rank's batches of (inputs, targets), each (batch_size, seq_len), on ``device``: see :class:`TokenBatches`.
 
     Data parallelism: pass the rank and world size, and each rank reads its own windows. Tensor or
     pipeline parallelism: leave ``rank=0, world_size=1`` and every rank reads the same batches.
     """
-    return TokenBatches(tokens, batch_size, seq_len, rank=rank, world_size=world_size, seed=seed)
+    return TokenBatches(tokens, batch_size, seq_len, rank=rank, world_size=world_size, seed=seed, device=device)

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from ..cluster.gpus import local_gpus
 from ..cluster.launch import (
     controller_address,
     controller_start_args,
@@ -636,12 +637,9 @@ def start(
     ).start()
 
 
-def _local_gpus(backend: str) -> int:
-    if backend != "nccl":
-        return 0  # only NCCL needs them; spare the notebook importing torch
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+def _local_gpus(backend: str) -> int | None:
+    # Only NCCL needs them; counted from the driver, never by torch (cluster/gpus.py says why).
+    return local_gpus() if backend == "nccl" else 0
 
 
 def _stop_at_exit(lab: Lab) -> None:

@@ -176,9 +176,11 @@ def resolve_backend(
     return requested
 
 
-def check_gpus(ranks: int, backend: str, gpus: int) -> None:
-    """Before starting engines on this host (which has ``gpus`` GPUs): refuse impossible GPU requests."""
-    if backend != "nccl":
+def check_gpus(ranks: int, backend: str, gpus: int | None) -> None:
+    """Before starting engines on this host (which has ``gpus`` GPUs): refuse impossible GPU requests.
+
+    ``gpus`` None: not known before the ranks start (they check, ``plan_world``)."""
+    if backend != "nccl" or gpus is None:
         return
     if gpus == 0:
         raise LabUsageError("backend nccl needs GPUs and this machine has none: use --backend gloo (or auto)")
