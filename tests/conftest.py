@@ -5,6 +5,7 @@ Tiers, as marks (``make test-fast``, ``make test-cluster``, ``make test-e2e``; `
 - ``cluster``: starts processes: ipyparallel clusters and process groups, Jupyter kernels and
   servers, Open MPI. Tests using the fixtures below that start them get the mark by themselves.
 - ``e2e``: the slow end-to-end runs: the notebooks (nbval), the browser, Binder, the soak.
+- ``gpu`` (with ``cluster``): ranks on a real NVIDIA GPU; skipped, saying why, where there is none.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 import distlab
+from distlab.cluster.gpus import local_gpus
 from distlab.notebook.lab import Lab
 
 # Open MPI refuses to run as root unless told it may (CI containers run as root).
@@ -38,7 +40,13 @@ _E2E_MODULES = {"test_browser.py", "test_browser_ranks.py", "test_binder.py", "t
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpus = local_gpus()
     for item in items:
+        if item.get_closest_marker("gpu") and not gpus:
+            item.add_marker(pytest.mark.skip(reason=(
+                "no GPU: NVIDIA's driver shows none on this machine; run on one with scripts/gpu-check.sh"
+                if gpus == 0 else "GPUs unknown without NVIDIA's driver (ROCm?): the gpu tests need CUDA"
+            )))
         if item.path.suffix == ".ipynb" or item.path.name in _E2E_MODULES:
             item.add_marker(pytest.mark.e2e)
         if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
