@@ -38,7 +38,7 @@ print(f"hello from rank {rank} of {world_size} on {device}")
 
 # %% tags=["nbval-check-output"]
 # %%ddp
-t = torch.tensor([rank + 1.0])
+t = torch.tensor([rank + 1.0], device=device)
 dist.all_reduce(t)
 t.item()
 
@@ -62,22 +62,22 @@ from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 digits = load_digits()
-x = torch.tensor(digits.data, dtype=torch.float32)[rank::world_size] / 16   # this rank's shard
-y = torch.tensor(digits.target)[rank::world_size]
+x = torch.tensor(digits.data, dtype=torch.float32, device=device)[rank::world_size] / 16   # this rank's shard
+y = torch.tensor(digits.target, device=device)[rank::world_size]
 
 torch.manual_seed(0)                      # the same initial weights on every rank
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).to(device))
 opt = torch.optim.SGD(model.parameters(), lr=0.5)
 with distlab.watch(model, stats_every=1, checksum_every=1):
     for step in range(40):
-        batch = torch.arange(step * 16, step * 16 + 16) % len(x)
+        batch = torch.arange(step * 16, step * 16 + 16, device=device) % len(x)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
         loss.backward()                   # gradients are all-reduced here, bucket by bucket
         opt.step()
         distlab.log(loss=loss)
 accuracy = (model(x).argmax(1) == y).float().mean().item()
-weights = [p.detach().clone() for p in model.parameters()]
+weights = [p.detach().cpu().clone() for p in model.parameters()]   # the notebook takes CPU tensors
 print(f"accuracy on my shard {accuracy:.2f}")
 
 # %% [markdown]
@@ -112,14 +112,14 @@ print("replicas identical:", all(torch.equal(a, b) for r in w for a, b in zip(w[
 # %% tags=["raises-exception"]
 # %%ddp
 def load_shard(index):
-    shard = torch.arange(4.0) + index
+    shard = torch.arange(4.0, device=device) + index
     if rank == 1:
         raise ValueError("rank 1 read a corrupt shard")
     return shard
 
 
 shard = load_shard(rank)
-t = torch.ones(1)
+t = torch.ones(1, device=device)
 dist.all_reduce(t)
 
 # %% [markdown]
@@ -132,7 +132,7 @@ dist.all_reduce(t)
 
 # %% tags=["nbval-check-output"]
 # %%ddp
-t = torch.ones(1)
+t = torch.ones(1, device=device)
 dist.all_reduce(t)   # the group works again
 t.item()
 

@@ -66,10 +66,11 @@ lab.push(X=X, y=y, BATCH=BATCH, STEPS=STEPS, LR=LR, batch_for=batch_for, make_mo
 # %%
 # %%ddp
 import torch.nn.functional as F
-model = make_model()
+model = make_model().to(device)
 w = distlab.watch(model, stats_every=1, checksum_every=1)
 for step in range(STEPS):
     xb, yb = batch_for(rank, world_size, step)
+    xb, yb = xb.to(device), yb.to(device)
     loss = F.cross_entropy(model(xb), yb)
     model.zero_grad(set_to_none=True)
     loss.backward()
@@ -81,7 +82,7 @@ for step in range(STEPS):
             p -= LR * p.grad          # the same update on every rank
     distlab.log(loss=loss)
 w.close()
-manual = [p.detach().clone() for p in model.parameters()]
+manual = [p.detach().cpu().clone() for p in model.parameters()]   # the notebook takes CPU tensors
 print(f"last loss on my batch: {loss.item():.3f}")
 
 # %% [markdown]
@@ -132,18 +133,19 @@ print("one process on the combined batch of", 2 * BATCH, "gives the same weights
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-ddp_model = DDP(make_model())
+ddp_model = DDP(make_model().to(device))
 opt = torch.optim.SGD(ddp_model.parameters(), lr=LR)
 w = distlab.watch(ddp_model, stats_every=1, checksum_every=1)
 for step in range(STEPS):
     xb, yb = batch_for(rank, world_size, step)
+    xb, yb = xb.to(device), yb.to(device)
     loss = F.cross_entropy(ddp_model(xb), yb)
     opt.zero_grad(set_to_none=True)
     loss.backward()                   # the all-reduce happens in here, bucket by bucket
     opt.step()
     distlab.log(loss=loss, epoch=0)
 w.close()
-with_ddp = [p.detach().clone() for p in ddp_model.module.parameters()]
+with_ddp = [p.detach().cpu().clone() for p in ddp_model.module.parameters()]   # the notebook takes CPU tensors
 
 # %% tags=["nbval-check-output"]
 with_ddp = lab.pull("with_ddp")
@@ -198,12 +200,13 @@ lab.push(SHARD=SHARD, PER_STEP=PER_STEP, EPOCHS=EPOCHS, shard_batch=shard_batch,
 
 # %%
 # %%ddp
-model = make_model()
+model = make_model().to(device)
 w = distlab.watch(model, stats_every=1, checksum_every=1)
 distlab.log(**peek(model, "start_w"))                # what every replica starts from
 for epoch in range(EPOCHS):
     for i in range(SHARD // PER_STEP):
         first, last, xb, yb = shard_batch(rank, i)
+        xb, yb = xb.to(device), yb.to(device)
         loss = F.cross_entropy(model(xb), yb)        # forward ...
         model.zero_grad(set_to_none=True)
         loss.backward()                              # ... and backward, on this rank's samples only

@@ -144,20 +144,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 master_process = rank == 0
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device))
 opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
 w = distlab.watch(model)
 for epoch in range(3):
     sampler.set_epoch(epoch)
-    sums = torch.zeros(3)                                     # loss sum, correct, samples
+    sums = torch.zeros(3, device=device)                      # loss sum, correct, samples
     for x, y, _ in loader:
+        x, y = x.to(device), y.to(device)
         out = model(x)
         loss = F.cross_entropy(out, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         distlab.log(loss=loss, epoch=epoch)
-        sums += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)])
+        sums += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)], device=device)
     dist.all_reduce(sums)                                     # the global sums, on every rank
     if master_process:
         print(f"epoch {epoch}: mean loss {sums[0] / sums[2]:.3f}, accuracy {sums[1] / sums[2]:.3f}")
@@ -172,13 +173,15 @@ w.close()
 # %%
 # %%ddp
 with torch.no_grad():
-    mine = torch.arange(rank, len(data), world_size)
+    mine = torch.arange(rank, len(data), world_size)    # indices into data: CPU, as data is
     x, y, _ = data[mine]
+    x, y = x.to(device), y.to(device)
     correct = (model.module(x).argmax(1) == y).sum()
-counts = torch.stack([correct, torch.tensor(len(mine))]).double()
-local = counts.clone()
+counts = torch.stack([correct, torch.tensor(len(mine), device=device)]).double()
+local = counts.clone().cpu()                              # the notebook takes CPU tensors
 dist.all_reduce(counts)
-weights = model.module.state_dict()
+counts = counts.cpu()
+weights = {k: v.cpu() for k, v in model.module.state_dict().items()}
 
 # %%
 net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))

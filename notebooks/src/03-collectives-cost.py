@@ -87,16 +87,16 @@ def timed(fn, repeats):
         fn()
         runs.append(time.perf_counter() - t0)
     runs = sorted(runs[1:])
-    t = torch.tensor([runs[len(runs) // 2], runs[0], runs[-1]])
+    t = torch.tensor([runs[len(runs) // 2], runs[0], runs[-1]], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
 for _ in range(20):                                    # wake the connections up before timing
-    dist.all_reduce(torch.ones(64))
+    dist.all_reduce(torch.ones(64, device=device))
 sizes = [256 * 4**k for k in range(8)]                 # bytes: 256 B, 1 KiB, 4 KiB, ..., 4 MiB
 timings = []                                           # (size_bytes, median, min, max)
 for size in sizes:
-    buf = torch.ones(size // 4)                        # float32: 4 bytes each
+    buf = torch.ones(size // 4, device=device)         # float32: 4 bytes each
     timings.append((size, *timed(lambda: dist.all_reduce(buf), 9 if size < 1 << 20 else 5)))
 
 # %%
@@ -165,7 +165,7 @@ print("bytes each worker sends, MB:", theory.ring_allreduce_sent_bytes(400e6, 4)
 
 # %%
 # %%ddp
-tensors = [torch.ones(256) for _ in range(256)]        # 256 x 1 KiB
+tensors = [torch.ones(256, device=device) for _ in range(256)]   # 256 x 1 KiB
 flat = torch.cat(tensors)                              # 256 KiB
 
 def one_by_one():
@@ -207,7 +207,7 @@ print("one flat all-reduce beats 256 small ones, by more than 3x:", 3 * at_once_
 # %%ddp
 TOTAL = 1 << 20
 COUNTS = (1, 4, 16, 64, 256)
-split = {k: [torch.ones(TOTAL // 4 // k) for _ in range(k)] for k in COUNTS}
+split = {k: [torch.ones(TOTAL // 4 // k, device=device) for _ in range(k)] for k in COUNTS}
 rounds = {k: [] for k in COUNTS}
 for r in range(6):                                     # round 0 is a warm-up
     for k in COUNTS:
@@ -216,7 +216,7 @@ for r in range(6):                                     # round 0 is a warm-up
         for b in split[k]:
             dist.all_reduce(b)
         rounds[k].append(time.perf_counter() - t0)
-t = torch.tensor([[sorted(rounds[k][1:])[2], min(rounds[k][1:]), max(rounds[k][1:])] for k in COUNTS])
+t = torch.tensor([[sorted(rounds[k][1:])[2], min(rounds[k][1:]), max(rounds[k][1:])] for k in COUNTS], device=device)
 dist.all_reduce(t, op=dist.ReduceOp.MAX)
 bucket_times = [(k, *row) for k, row in zip(COUNTS, t.tolist())]     # (buckets, median, min, max)
 
@@ -284,13 +284,13 @@ def layers():
                                  for _ in range(8)])
 
 CAPS = ("no_sync", "100", "1", "0.5", "0.25")          # bucket_cap_mb; no_sync: compute alone
-models = {cap: DDP(layers(), bucket_cap_mb=100 if cap == "no_sync" else float(cap)) for cap in CAPS}
+models = {cap: DDP(layers().to(device), bucket_cap_mb=100 if cap == "no_sync" else float(cap)) for cap in CAPS}
 optims = {cap: torch.optim.SGD(m.parameters(), lr=0.01) for cap, m in models.items()}
 last_grad = {}                                          # when backward produced each model's last gradient
 for cap, m in models.items():
     for p in m.parameters():
         p.register_post_accumulate_grad_hook(lambda p, cap=cap: last_grad.__setitem__(cap, time.perf_counter()))
-x, target = torch.randn(4096, 256), torch.randn(4096, 256)
+x, target = torch.randn(4096, 256, device=device), torch.randn(4096, 256, device=device)
 parts = {cap: [] for cap in CAPS}                       # (forward, backward compute, exposed comm, step)
 for step in range(7):
     for cap in CAPS:
@@ -305,7 +305,7 @@ for step in range(7):
             t2 = time.perf_counter()
             opt.step()
             parts[cap].append((t1 - t0, last_grad[cap] - t1, t2 - last_grad[cap], time.perf_counter() - t0))
-medians = torch.tensor([[sorted(col)[2] for col in zip(*parts[cap][2:])] for cap in CAPS])
+medians = torch.tensor([[sorted(col)[2] for col in zip(*parts[cap][2:])] for cap in CAPS], device=device)
 dist.all_reduce(medians, op=dist.ReduceOp.MAX)          # the slower rank's medians
 overlap = {}
 for cap, row in zip(CAPS, medians.tolist()):
@@ -413,7 +413,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 def gradient_memory(cap, view):
     """Bytes of the distinct storages behind the .grad tensors and DDP's buckets."""
-    model = DDP(layers(), bucket_cap_mb=cap, gradient_as_bucket_view=view)
+    model = DDP(layers().to(device), bucket_cap_mb=cap, gradient_as_bucket_view=view)
     buckets = {}
 
     def spy(state, bucket):
@@ -422,7 +422,7 @@ def gradient_memory(cap, view):
         return default_hooks.allreduce_hook(state, bucket)
 
     model.register_comm_hook(None, spy)
-    x = torch.randn(64, 256)
+    x = torch.randn(64, 256, device=device)
     for _ in range(2):                                 # the second step runs on the rebuilt buckets
         model.zero_grad(set_to_none=False)
         model(x).sum().backward()

@@ -34,8 +34,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from sklearn.datasets import load_digits
 
 digits = load_digits()
-X = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-Y = torch.tensor(digits.target)
+X = torch.tensor(digits.data, dtype=torch.float32) / 16.0    # CPU, as the parameter server is (below)
+Y = torch.tensor(digits.target)                                # CPU, as X
 SERVER, WORKERS, LR, BATCH = 0, [1, 2], 0.1, 32
 
 def make_net():
@@ -43,8 +43,8 @@ def make_net():
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
 def batch(worker, i):
-    mine = torch.arange(worker - 1, len(Y), len(WORKERS))      # worker 1: even rows, 2: odd rows
-    rows = mine[torch.arange(i * BATCH, (i + 1) * BATCH) % len(mine)]
+    mine = torch.arange(worker - 1, len(Y), len(WORKERS))      # worker 1: even rows, 2: odd rows (CPU, as Y)
+    rows = mine[torch.arange(i * BATCH, (i + 1) * BATCH) % len(mine)]   # indices into X: CPU, as X is
     return X[rows], Y[rows]
 
 def full_loss(net, w):
@@ -59,6 +59,9 @@ def gradient(net, w, x, y):
     return torch.cat([p.grad.flatten() for p in net.parameters()])
 
 workers_group = dist.new_group(WORKERS)       # every rank takes part in making a group
+# The parameter server's messages go over gloo, with CPU tensors, on GPU ranks too: its asynchronous
+# server receives from whichever worker is first, which NCCL cannot do (gloo can).
+ps_group = dist.new_group(backend="gloo")
 
 
 # %% [markdown]
@@ -81,14 +84,14 @@ workers_group = dist.new_group(WORKERS)       # every rank takes part in making 
 # %%
 # %%ddp
 def server(updates, synchronous):
-    net = make_net()
+    net = make_net()                            # CPU: the server's messages go over gloo (ps_group)
     w = parameters_to_vector(net.parameters()).detach().clone()
 
     def go(flag):                               # the weights, and 1 (go on) or 0 (stop)
-        return torch.cat([w, torch.tensor([float(flag)])])
+        return torch.cat([w, torch.tensor([float(flag)])])   # CPU, as w is
 
     for dst in WORKERS:
-        dist.send(go(1), dst)
+        dist.send(go(1), dst, group=ps_group)
     fetched = {r: 0 for r in WORKERS}          # version of the weights each worker holds
     version, staleness, losses, g = 0, [], [full_loss(net, w)], torch.empty_like(w)
     t0 = time.perf_counter()
@@ -96,20 +99,20 @@ def server(updates, synchronous):
         while version < updates:
             total = torch.zeros_like(w)
             for src in WORKERS:
-                dist.recv(g, src)
+                dist.recv(g, src, group=ps_group)
                 staleness.append((src, version - fetched[src]))
                 total += g
             w -= LR * total / len(WORKERS)
             version += 1
             losses.append(full_loss(net, w))
             for dst in WORKERS:
-                dist.send(go(version < updates), dst)
+                dist.send(go(version < updates), dst, group=ps_group)
                 fetched[dst] = version
         seconds = time.perf_counter() - t0
     else:
         running = set(WORKERS)
         while running:
-            src = dist.recv(g)                  # any worker: the first to arrive
+            src = dist.recv(g, group=ps_group)  # any worker: the first to arrive
             if version < updates:
                 staleness.append((src, version - fetched[src]))
                 w -= LR * g
@@ -118,24 +121,24 @@ def server(updates, synchronous):
                 if version == updates:
                     seconds = time.perf_counter() - t0
             if version < updates:
-                dist.send(go(1), src)
+                dist.send(go(1), src, group=ps_group)
                 fetched[src] = version
             else:
-                dist.send(go(0), src)           # done: this worker stops
+                dist.send(go(0), src, group=ps_group)   # done: this worker stops
                 running.discard(src)
     return {"seconds": seconds, "staleness": staleness, "losses": losses, "w": w}
 
 def worker(delay):
-    net = make_net()
-    msg = torch.empty(sum(p.numel() for p in net.parameters()) + 1)
-    dist.recv(msg, SERVER)
+    net = make_net()                            # CPU, as the server (ps_group is gloo)
+    msg = torch.empty(sum(p.numel() for p in net.parameters()) + 1)   # CPU, for gloo
+    dist.recv(msg, SERVER, group=ps_group)
     t0, sent = time.perf_counter(), 0
     while msg[-1] == 1:
         g = gradient(net, msg[:-1], *batch(rank, sent))
         time.sleep(delay)
-        dist.send(g, SERVER)
+        dist.send(g, SERVER, group=ps_group)
         sent += 1
-        dist.recv(msg, SERVER)
+        dist.recv(msg, SERVER, group=ps_group)
     return {"gradients": sent, "pace_s": (time.perf_counter() - t0) / sent}
 
 def run_ps(updates, synchronous, delays):
@@ -220,17 +223,18 @@ print("both learned:", sync_ps["losses"][-1] < sync_ps["losses"][0] and async_ps
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 if rank in WORKERS:
-    model = DDP(make_net(), process_group=workers_group)
+    model = DDP(make_net().to(device), process_group=workers_group)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     with distlab.watch(model, checksum_every=1):
         for i in range(30):
             x, y = batch(rank, i)
+            x, y = x.to(device), y.to(device)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             distlab.log(loss=loss)
-    allreduce_w = parameters_to_vector(model.module.parameters()).detach()
+    allreduce_w = parameters_to_vector(model.module.parameters()).detach().cpu()   # for the notebook
 
 # %% tags=["nbval-check-output"]
 allreduce_w = lab.pull("allreduce_w", ranks=[1, 2])

@@ -69,6 +69,7 @@ print("parameters per stage:", [sum(p.numel() for p in make_stage(s).parameters(
 import time
 import torch.nn.functional as F
 torch.set_num_threads(1)                       # one core per rank: the two ranks run side by side
+X, Y = X.to(device), Y.to(device)              # the pushed batch, on this rank's device
 
 def pipeline_step(stage, m):
     stage.zero_grad(set_to_none=True)
@@ -97,7 +98,7 @@ def pipeline_step(stage, m):
     else:
         acts, losses, sends = [], [], []
         for i, y in enumerate(ys):
-            act = torch.empty(len(y), CUT)
+            act = torch.empty(len(y), CUT, device=device)
             dist.recv(act, src=0)
             act.requires_grad_()
             losses.append(timed("F", i, lambda: F.cross_entropy(stage(act), y) / m))
@@ -111,10 +112,10 @@ def pipeline_step(stage, m):
     total = time.perf_counter() - t0
     return total, sum(e - s for _, _, s, e in events), events
 
-stage = make_stage(rank)
+stage = make_stage(rank).to(device)
 pipeline_step(stage, 1)                                        # warm-up
 pipeline_step(stage, 4)
-grads = [p.grad.clone() for p in stage.parameters()]
+grads = [p.grad.cpu().clone() for p in stage.parameters()]   # the notebook takes CPU tensors
 
 # %% [markdown]
 # Is this really one model? Build the whole model in the notebook, run the same batch through it on
@@ -286,7 +287,7 @@ print("activation sent between stages, micro-batch 8 x sequence 2048 x hidden 40
 # %%
 # %%ddp
 torch.manual_seed(0)
-W = torch.randn(64, 512)                       # the full weight, same on every rank for the check
+W = torch.randn(64, 512, device=device)        # the full weight, same on every rank for the check
 W_mine = W.chunk(world_size, dim=1)[rank]      # this rank's 64 x 256 columns
 part = X @ W_mine                              # [1792, 256]: half of the output features
 parts = [torch.empty_like(part) for _ in range(world_size)]

@@ -75,7 +75,7 @@ def held(model, opt):
             "optimizer states": nbytes(states)}
 
 def train(kind, steps=5):
-    net = make()
+    net = make().to(device)
     if kind == "fsdp":
         for layer in net:
             fully_shard(layer)
@@ -87,7 +87,7 @@ def train(kind, steps=5):
                if kind == "zero" else torch.optim.Adam(model.parameters(), lr=1e-3))
     watch = distlab.watch(model) if kind == "ddp" else None
     for step in range(steps):
-        x = torch.randn(16, 512, generator=torch.Generator().manual_seed(100 * step + rank))
+        x = torch.randn(16, 512, generator=torch.Generator().manual_seed(100 * step + rank)).to(device)
         loss = model(x).pow(2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -95,7 +95,8 @@ def train(kind, steps=5):
         distlab.log(loss=loss)
     if watch:
         watch.close()
-    final = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]
+    final = [(p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()).cpu()   # for the notebook
+             for p in model.parameters()]
     return held(model, opt), final
 
 memory, final = {}, {}

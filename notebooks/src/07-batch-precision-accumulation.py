@@ -61,9 +61,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from sklearn.datasets import load_digits
 
 digits = load_digits()
-X = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-Y = torch.tensor(digits.target)
-mine = torch.arange(rank, len(Y), world_size)          # this rank's samples
+X = torch.tensor(digits.data, dtype=torch.float32, device=device) / 16.0
+Y = torch.tensor(digits.target, device=device)
+mine = torch.arange(rank, len(Y), world_size, device=device)   # this rank's samples
 MICRO, ACCUM, STEPS = 16, 4, 10
 
 def micro_batch(step, k):
@@ -72,7 +72,7 @@ def micro_batch(step, k):
 
 def fresh():
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device))
     return model, torch.optim.SGD(model.parameters(), lr=0.2)
 
 def train(how):
@@ -95,7 +95,7 @@ def train(how):
             opt.zero_grad(set_to_none=True)
             distlab.log(loss=loss)
     all_reduces = sorted({len(r["allreduce"]) for r in w.records()})
-    return [p.detach().clone() for p in model.module.parameters()], all_reduces
+    return [p.detach().cpu().clone() for p in model.module.parameters()], all_reduces   # CPU: for the notebook
 
 results = {how: train(how) for how in "ABC"}
 same = {how: all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[how][0], results["C"][0]))
@@ -123,7 +123,7 @@ print("B (sync every micro-batch) gives the weights of C:", same[0]["B"] and sam
 
 # %%
 # %%ddp -r 0
-net = torch.nn.Linear(64, 10)                       # a plain model: no collective on one rank
+net = torch.nn.Linear(64, 10).to(device)            # a plain model: no collective on one rank
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
 x, y = micro_batch(0, 0)
 F.cross_entropy(net(x), y).backward()
@@ -132,7 +132,7 @@ opt.zero_grad(set_to_none=True)
 print("gradient after zero_grad(set_to_none=True):", net.weight.grad)
 
 # %% [markdown]
-# ## Mixed precision with bf16 on the CPU
+# ## Mixed precision with bf16
 #
 # `torch.autocast` runs selected operations (matrix multiplies, convolutions) in a 16-bit type and
 # keeps the rest (reductions, losses, softmax) in fp32. The weights stay fp32, and so do their
@@ -158,7 +158,7 @@ def train_amp(use_bf16):
     dtypes = None
     for step in range(STEPS):
         xs, ys = zip(*(micro_batch(step, k) for k in range(ACCUM)))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
             out = model(torch.cat(xs))
             loss = F.cross_entropy(out, torch.cat(ys))
         loss.backward()                    # outside autocast; no scaler needed for bf16
@@ -222,7 +222,7 @@ def held_bytes(model, opt):
 model, _ = fresh()
 adam = torch.optim.Adam(model.parameters(), lr=1e-3)
 xs, ys = zip(*(micro_batch(0, k) for k in range(ACCUM)))
-with torch.autocast("cpu", dtype=torch.bfloat16):
+with torch.autocast(device.type, dtype=torch.bfloat16):
     loss = F.cross_entropy(model(torch.cat(xs)), torch.cat(ys))
 loss.backward()
 adam.step()                                       # Adam creates m and v on its first step

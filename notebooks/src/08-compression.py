@@ -126,7 +126,7 @@ def make():
     return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
 
 def with_hook(name):
-    model = DDP(make(), bucket_cap_mb=100)
+    model = DDP(make().to(device), bucket_cap_mb=100)
     if name == "fp16_compress_hook":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif name.startswith("powerSGD"):
@@ -140,7 +140,7 @@ def step(name, batch):
     model, opt = models[name]
     steps[name] += 1                                   # every model sees the same data, step by step
     gen = torch.Generator().manual_seed(1000 * rank + steps[name])
-    x, target = torch.randn(batch, 512, generator=gen), torch.randn(batch, 512, generator=gen)
+    x, target = torch.randn(batch, 512, generator=gen).to(device), torch.randn(batch, 512, generator=gen).to(device)
     dist.barrier()
     t0 = time.perf_counter()
     with model.no_sync() if name == "no communication" else contextlib.nullcontext():
@@ -148,7 +148,7 @@ def step(name, batch):
         opt.zero_grad(set_to_none=True)
         loss.backward()
     opt.step()
-    t = torch.tensor(time.perf_counter() - t0)
+    t = torch.tensor(time.perf_counter() - t0, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -281,7 +281,8 @@ else:
 # data. And the further the compression, the further the weights move from the uncompressed run's:
 
 # %%
-lab.run("weights = {name: [p.detach().clone() for p in m.module.parameters()] for name, (m, _) in models.items()}")
+lab.run("weights = {name: [p.detach().cpu().clone() for p in m.module.parameters()]"   # CPU: for the notebook
+        " for name, (m, _) in models.items()}")
 weights = lab.pull("weights")
 
 
