@@ -46,11 +46,12 @@ digits = load_digits()
 work = tempfile.mkdtemp(prefix="distlab-09-")
 REF, RUN = os.path.join(work, "reference"), os.path.join(work, "run")
 
-def train(ckpt_dir, total_steps, every=10, crash_at=None):
-    """Train to `total_steps` optimizer steps, resuming from the latest checkpoint in `ckpt_dir`.
+def train(ckpt_dir, total_steps, device, every=10, crash_at=None):
+    """Train to `total_steps` optimizer steps on `device`, resuming from the latest checkpoint in `ckpt_dir`.
 
     Returns the final weights, the weights the run started from (after loading a checkpoint), a log,
     the step it started from, the batches of an epoch per rank, and the seconds a step took here.
+    `device` is the cell's: a function pushed from the notebook does not see the rank's names.
     """
     import signal
     import time
@@ -60,9 +61,10 @@ def train(ckpt_dir, total_steps, every=10, crash_at=None):
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    # The data set stays on the CPU, where the DataLoader reads it; each batch goes to `device`.
     data = TensorDataset(torch.tensor(digits.data, dtype=torch.float32) / 16, torch.tensor(digits.target))
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)   # momentum: state that must survive
     sampler = DistributedSampler(data, shuffle=True, seed=0)           # this rank's share of this world
     loader = DataLoader(data, batch_size=32, sampler=sampler, generator=torch.Generator())
@@ -77,7 +79,7 @@ def train(ckpt_dir, total_steps, every=10, crash_at=None):
         # at another world size the epoch is cut into other batches: it starts over (done_in_epoch 0)
         log.append(f"resumed from {last.name}: step {step}, epoch {epoch}, saved by {state['world_size']} "
                    f"ranks, {world} now; RNG state {state['rng']}")
-    first_step, start = step, [p.detach().clone() for p in model.module.parameters()]
+    first_step, start = step, [p.detach().cpu().clone() for p in model.module.parameters()]   # CPU: for the notebook
     began = time.perf_counter()
     while step < total_steps:
         sampler.set_epoch(epoch)
@@ -86,6 +88,7 @@ def train(ckpt_dir, total_steps, every=10, crash_at=None):
                 continue
             if crash_at == step and rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)     # a hard failure, mid-epoch
+            x, y = x.to(device), y.to(device)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -100,7 +103,7 @@ def train(ckpt_dir, total_steps, every=10, crash_at=None):
                 break
         else:
             epoch, done_in_epoch = epoch + 1, 0
-    return {"weights": [p.detach().clone() for p in model.module.parameters()], "start": start, "log": log,
+    return {"weights": [p.detach().cpu().clone() for p in model.module.parameters()], "start": start, "log": log,
             "first_step": first_step, "batches_per_epoch": len(loader),
             "s_per_step": (time.perf_counter() - began) / max(1, step - first_step)}
 
@@ -115,7 +118,7 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-ref = train(REF, total_steps=40)
+ref = train(REF, total_steps=40, device=device)
 if rank == 0:
     print(*ref["log"], sep="\n")
 
@@ -132,7 +135,7 @@ reference = ref["weights"]
 
 # %% tags=["raises-exception"]
 # %%ddp
-run = train(RUN, total_steps=40, crash_at=25)
+run = train(RUN, total_steps=40, device=device, crash_at=25)
 
 # %% tags=["nbval-check-output"]
 print([(row.rank, row.health) for row in lab.status()])
@@ -151,7 +154,7 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-run = train(RUN, total_steps=40)
+run = train(RUN, total_steps=40, device=device)
 if rank == 0:
     print(*run["log"], sep="\n")
 
@@ -196,7 +199,7 @@ print("theory.lost_work_s, counted in steps:", round(lost_s / step_s))
 
 # %% tags=["raises-exception"]
 # %%ddp
-run = train(RUN, total_steps=50)
+run = train(RUN, total_steps=50, device=device)
 
 # %% [markdown]
 # Restart, push, and go on to step 50 from the checkpoint of step 40:
@@ -207,7 +210,7 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-run = train(RUN, total_steps=50)
+run = train(RUN, total_steps=50, device=device)
 
 # %% tags=["nbval-check-output"]
 print(*lab.pull("run", ranks=0)[0]["log"], sep="\n")
@@ -246,7 +249,7 @@ lab.push(train=train, REF=REF, RUN=RUN)
 
 # %%
 # %%ddp
-elastic = train(RUN, total_steps=60)
+elastic = train(RUN, total_steps=60, device=device)
 print(*elastic["log"][:1], sep="\n")
 
 # %% tags=["nbval-check-output"]

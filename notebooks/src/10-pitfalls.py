@@ -39,7 +39,7 @@ print(env, "| backend:", dist.get_backend(), "| get_rank():", dist.get_rank())
 
 # %% tags=["raises-exception"]
 # %%ddp --timeout 5
-t = torch.ones(1)
+t = torch.ones(1, device=device)
 if rank == 0:
     dist.all_reduce(t)            # only rank 0 gets here: it waits for rank 1 forever
 print("finished the cell")
@@ -47,7 +47,7 @@ print("finished the cell")
 # %% tags=["nbval-check-output"]
 import distlab
 lab = distlab.current_lab()
-print("after the timeout:", lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False))
+print("after the timeout:", lab.run("t = torch.ones(1, device=device); dist.all_reduce(t); t.item()", stream=False))
 
 # %% [markdown]
 # The fix is to make every rank reach every collective, in the same order, and keep the
@@ -79,13 +79,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from sklearn.datasets import load_digits
 
 digits = load_digits()
-X = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-Y = torch.tensor(digits.target)
-mine = torch.arange(rank, len(Y), world_size)
+X = torch.tensor(digits.data, dtype=torch.float32, device=device) / 16.0
+Y = torch.tensor(digits.target, device=device)
+mine = torch.arange(rank, len(Y), world_size, device=device)
 
 def run(seed, average, use_ddp=False, steps=10):
     torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).to(device)
     model = DDP(net) if use_ddp else net
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     with distlab.watch(model, checksum_every=1):
@@ -191,7 +191,7 @@ probe = X[:64]                                       # the same 64 samples on ev
 def bn_run(broadcast_buffers, steps=10):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
-                              torch.nn.Linear(32, 10))
+                              torch.nn.Linear(32, 10)).to(device)
     model = DDP(net, broadcast_buffers=broadcast_buffers)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     with distlab.watch(model, checksum_every=1):
@@ -206,7 +206,9 @@ def bn_run(broadcast_buffers, steps=10):
     model.eval()
     with torch.no_grad():
         out = model(probe)                           # evaluation, through the DDP wrapper
-    return {"after training": trained, "after an eval forward": net[1].running_mean.clone(), "eval output": out}
+    # what the notebook pulls, on the CPU
+    return {"after training": trained.cpu(), "after an eval forward": net[1].running_mean.clone().cpu(),
+            "eval output": out.cpu()}
 
 bn = bn_run(broadcast_buffers=False)
 
@@ -264,12 +266,15 @@ print("eval outputs equal on both ranks:", same("eval output"))
 # %%
 # %%ddp
 sync_net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
-    torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32)))
+    torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32)).to(device))
 try:
     sync_net(X[mine[:32]])
 except ValueError as exc:
     if rank == 0:
         print(type(exc).__name__, exc)
+else:
+    if rank == 0:
+        print(f"on {device} it runs: the statistics came from both ranks' batches")
 
 # %% [markdown]
 # So compute what it computes, by hand: the count and the sum of the BatchNorm layer's input,
@@ -281,17 +286,18 @@ except ValueError as exc:
 # %%
 # %%ddp
 torch.manual_seed(0)
-layer = torch.nn.Linear(64, 32)                      # the layer before the BatchNorm, equal on every rank
+layer = torch.nn.Linear(64, 32).to(device)           # the layer before the BatchNorm, equal on every rank
 with torch.no_grad():
     h = layer(X[mine[:32]])                          # what BatchNorm normalises: this rank's 32 samples
-count, total = torch.tensor([float(len(h))]), h.sum(0)
+count, total = torch.tensor([float(len(h))], device=device), h.sum(0)
 dist.all_reduce(count)
 dist.all_reduce(total)
 global_mean = total / count
 squares = ((h - global_mean) ** 2).sum(0)
 dist.all_reduce(squares)
 global_var = squares / count                         # biased: the variance BatchNorm normalises with
-local_mean, local_var = h.mean(0), h.var(0, unbiased=False)
+local_mean, local_var = h.mean(0).cpu(), h.var(0, unbiased=False).cpu()
+global_mean, global_var = global_mean.cpu(), global_var.cpu()   # the notebook pulls these four: on the CPU
 
 # %% [markdown]
 # BatchNorm normalises with the biased variance and keeps the unbiased one (x n / (n - 1)) in
@@ -329,8 +335,8 @@ print("each rank's own batch statistics differ from them:",
 from torch.profiler import ProfilerActivity, profile
 
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
-x = torch.randn(64, 256)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(device))
+x = torch.randn(64, 256, device=device)
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     for _ in range(3):
         model(x).sum().backward()

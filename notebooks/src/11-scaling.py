@@ -45,8 +45,9 @@ from sklearn.datasets import load_digits
 digits = load_digits()
 GLOBAL_BATCH = 2048
 
-def train(steps, per_rank=None, alone=False, watch=False):
-    """`steps` steps, `per_rank` samples per rank each.
+def train(steps, device, per_rank=None, alone=False, watch=False):
+    """`steps` steps, `per_rank` samples per rank each, on `device` (the rank's: a pushed function does
+    not see the rank's names, so each call passes it).
 
     Returns (seconds, final weights, median exposed all-reduce if watched, seconds after each step)."""
     import statistics
@@ -58,22 +59,27 @@ def train(steps, per_rank=None, alone=False, watch=False):
     torch.set_num_threads(1)                       # one core per rank
     rank, world = (0, 1) if alone else (dist.get_rank(), dist.get_world_size())
     per_rank = per_rank or GLOBAL_BATCH // world
-    X = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    Y = torch.tensor(digits.target)
+    def synchronize():                             # CUDA runs asynchronously: wait for it before reading the clock
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    X = torch.tensor(digits.data, dtype=torch.float32, device=device) / 16.0
+    Y = torch.tensor(digits.target, device=device)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(),
-                              torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+                              torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(device)
     model = net if alone else DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    order = torch.randperm(len(Y), generator=torch.Generator().manual_seed(1))
+    order = torch.randperm(len(Y), generator=torch.Generator().manual_seed(1)).to(device)
     w = distlab.watch(model) if watch else None
     if not alone:
         dist.barrier()
+    synchronize()
     t0 = time.perf_counter()
     marks = []
     for step in range(steps):
         batch = per_rank * world
-        rows = order[torch.arange(step * batch, (step + 1) * batch) % len(Y)]
+        rows = order[torch.arange(step * batch, (step + 1) * batch, device=device) % len(Y)]
         rows = rows[rank::world]                   # this rank's share of the step's batch
         loss = F.cross_entropy(model(X[rows]), Y[rows])
         opt.zero_grad(set_to_none=True)
@@ -81,15 +87,17 @@ def train(steps, per_rank=None, alone=False, watch=False):
         opt.step()
         if w:
             distlab.log(loss=loss)
+        synchronize()
         marks.append(time.perf_counter() - t0)
     if not alone:
         dist.barrier()
+    synchronize()
     elapsed = time.perf_counter() - t0
     exposed = None
     if w:
         exposed = statistics.median(r["comm_s"] for r in w.records()[1:])
         w.close()
-    return elapsed, [p.detach().clone() for p in net.parameters()], exposed, marks
+    return elapsed, [p.detach().cpu().clone() for p in net.parameters()], exposed, marks   # CPU: for the notebook
 
 
 # %%
@@ -121,8 +129,8 @@ def train(steps, per_rank=None, alone=False, watch=False):
 # %%
 lab = distlab.current_lab()
 lab.push(train=train, digits=digits, GLOBAL_BATCH=GLOBAL_BATCH)
-weights = lab.run("train(2, alone=True)", ranks=0, stream=False)[0][1]
-lab.run("train(2)", stream=False)
+weights = lab.run("train(2, device, alone=True)", ranks=0, stream=False)[0][1]
+lab.run("train(2, device)", stream=False)
 grad_bytes = sum(p.numel() for p in weights) * 4       # float32 gradients, one per parameter
 
 # %%
@@ -130,12 +138,14 @@ grad_bytes = sum(p.numel() for p in weights) * 4       # float32 gradients, one 
 import time
 sweep = []
 for size in (1 << 16, 1 << 20, 4 << 20, 16 << 20):
-    buf = torch.ones(size // 4)
+    buf = torch.ones(size // 4, device=device)
     runs = []
     for _ in range(7):
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(buf)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)      # CUDA runs asynchronously: time the all-reduce, not its launch
         runs.append(time.perf_counter() - t0)
     sweep.append((size, sorted(runs)[3]))
 
@@ -152,7 +162,7 @@ from distlab.quiz import predict
 
 link = theory.fit_latency_bandwidth(lab.pull("sweep", ranks=0)[0], workers=2)
 comm = link.allreduce_time_s(grad_bytes, 2)
-alone = lab.run("train(16, alone=True)", ranks=0, stream=False)[0]        # also the weights of the job
+alone = lab.run("train(16, device, alone=True)", ranks=0, stream=False)[0]        # also the weights of the job
 compute_1, w1 = alone[0] / 16, alone[1]
 print(f"link: a = {link.latency_s * 1e6:.0f} us, B = {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s; "
       f"all-reduce of the {grad_bytes / 1e6:.1f} MB of gradients: {comm * 1e3:.1f} ms; "
@@ -167,11 +177,11 @@ guess
 JOB, STEPS = 16, (4, 8, 16, 32)
 one, one_weak, two, side_by_side = [], [], [], []
 for repeat in range(5):
-    one.append(lab.run("train(32, alone=True)", ranks=0, stream=False)[0][3])     # seconds after each step
-    two.append(lab.run(f"train({JOB})", stream=False)[0])
+    one.append(lab.run("train(32, device, alone=True)", ranks=0, stream=False)[0][3])     # seconds after each step
+    two.append(lab.run(f"train({JOB}, device)", stream=False)[0])
     if repeat < 3:
-        one_weak.append(lab.run(f"train({JOB}, per_rank=1024, alone=True)", ranks=0, stream=False)[0][0])
-        both = lab.run(f"train({JOB}, per_rank=1024, alone=True)", stream=False)
+        one_weak.append(lab.run(f"train({JOB}, device, per_rank=1024, alone=True)", ranks=0, stream=False)[0][0])
+        both = lab.run(f"train({JOB}, device, per_rank=1024, alone=True)", stream=False)
         side_by_side.append(max(both[0][0], both[1][0]))
 
 def spread(times):
@@ -235,7 +245,7 @@ guess.reveal(speedup)
 #   backward).
 
 # %%
-watched = lab.run(f"train({JOB}, watch=True)", stream=False)
+watched = lab.run(f"train({JOB}, device, watch=True)", stream=False)
 exposed = statistics.median(watched[r][2] for r in (0, 1))
 alone_step, together_step = t1_weak / JOB, min(side_by_side) / JOB
 print(f"compute of 1,024 samples per step: {alone_step * 1e3:.0f} ms alone, {together_step * 1e3:.0f} ms "

@@ -56,7 +56,7 @@ nodes = "--nodes 2 --link 100mbit" if on_nodes else ""
 # bytes here; buffer sizes below are in MiB, 2^20 bytes).
 #
 # Two helpers. In the notebook, `link_bytes()` reads how many bytes each node has sent onto its link
-# so far, from the kernel's counters on the link's queue. For the ranks, `timed(op, size)` runs an
+# so far, from the kernel's counters on the link's queue. For the ranks, `timed(op, size, device)` runs an
 # operation on a buffer once to warm up and three times timed, each run after a barrier, and keeps the
 # median of the slowest rank (a collective ends at about the same moment everywhere, but a rank can
 # start early and wait). It is defined here and pushed to the ranks.
@@ -80,25 +80,28 @@ def sent_per_run(before, after):
     return {node: (after[node] - before[node]) / RUNS for node in after}
 
 
-def timed(op, size_bytes, members=None):
+def timed(op, size_bytes, device, members=None):
     """Median seconds of op(buf) on a float32 buffer of size_bytes, on the slowest rank of `members`.
 
     Every rank calls it (the barriers and the final MAX involve them all); ranks outside `members`
-    (default: all) skip the operation.
+    (default: all) skip the operation. `device` is the rank's (a pushed function does not see the
+    rank's names, so the cell passes it).
     """
     import time
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    buf = torch.ones(size_bytes // 4)
+    buf = torch.ones(size_bytes // 4, device=device)
     runs = []
     for i in range(RUNS):
         dist.barrier()
         t0 = time.perf_counter()
         if members is None or rank in members:
             op(buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)       # CUDA runs asynchronously: time the op, not its launch
         runs.append(time.perf_counter() - t0)
-    t = torch.tensor(sorted(runs[1:])[(RUNS - 1) // 2])
+    t = torch.tensor(sorted(runs[1:])[(RUNS - 1) // 2], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -127,14 +130,14 @@ before = link_bytes()
 
 # %%
 # %%ddp
-t_same = timed(lambda b: dist.all_reduce(b, group=same_node), 16 * MB, members=(0, 1))
+t_same = timed(lambda b: dist.all_reduce(b, group=same_node), 16 * MB, device, members=(0, 1))
 
 # %%
 middle = link_bytes()
 
 # %%
 # %%ddp
-t_cross = timed(lambda b: dist.all_reduce(b, group=two_nodes), 16 * MB, members=(0, 2))
+t_cross = timed(lambda b: dist.all_reduce(b, group=two_nodes), 16 * MB, device, members=(0, 2))
 
 # %%
 after = link_bytes()
@@ -219,13 +222,13 @@ def hierarchical_all_reduce(buf):
     dist.broadcast(buf, src=leader, group=my_node)           # 3. the leader hands the total to its node
 
 
-x = torch.randint(0, 1000, (4 * MB // 4,), generator=torch.Generator().manual_seed(rank)).float()
+x = torch.randint(0, 1000, (4 * MB // 4,), generator=torch.Generator().manual_seed(rank)).to(device).float()
 flat, hier = x.clone(), x.clone()
 dist.all_reduce(flat)
 hierarchical_all_reduce(hier)
 same = torch.equal(flat, hier)
 
-xf = torch.randn(4 * MB // 4, generator=torch.Generator().manual_seed(rank))
+xf = torch.randn(4 * MB // 4, generator=torch.Generator().manual_seed(rank)).to(device)
 flat_f, hier_f = xf.clone(), xf.clone()
 dist.all_reduce(flat_f)
 hierarchical_all_reduce(hier_f)
@@ -233,7 +236,7 @@ float_diff = ((flat_f != hier_f).sum().item(), (flat_f - hier_f).abs().max().ite
 
 # Steps 1 and 3 alone, timed: they stay on the nodes (the ring model has no term for them).
 t_local = timed(lambda b: (dist.reduce(b, dst=leader, group=my_node), dist.broadcast(b, src=leader, group=my_node)),
-                16 * MB)
+                16 * MB, device)
 
 # %% tags=["nbval-check-output"]
 print("hierarchical == dist.all_reduce, bit for bit, integer sums on every rank:", all(lab.pull("same").values()))
@@ -254,14 +257,14 @@ before = link_bytes()
 
 # %%
 # %%ddp
-t_flat = timed(dist.all_reduce, 16 * MB)
+t_flat = timed(dist.all_reduce, 16 * MB, device)
 
 # %%
 middle = link_bytes()
 
 # %%
 # %%ddp
-t_hier = timed(hierarchical_all_reduce, 16 * MB)
+t_hier = timed(hierarchical_all_reduce, 16 * MB, device)
 
 # %%
 after = link_bytes()
@@ -335,7 +338,7 @@ rings = {n: dist.new_group(list(range(n))) for n in (2, 3, 4)}
 
 def ring_times(sizes=(1 * MB, 4 * MB, 16 * MB)):
     """(N, size, seconds) of an all-reduce on the ring of the first N ranks, for each N and size."""
-    return [(n, size, timed(lambda b: dist.all_reduce(b, group=g), size, members=range(n)))
+    return [(n, size, timed(lambda b: dist.all_reduce(b, group=g), size, device, members=range(n)))
             for n, g in rings.items() for size in sizes]
 
 

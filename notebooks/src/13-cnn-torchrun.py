@@ -53,7 +53,8 @@ import torch.distributed as dist
 def setup(rank, world_size):
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "12355")
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # no backend named: torch takes NCCL where there are GPUs, gloo where there are none
+    dist.init_process_group(rank=rank, world_size=world_size)
 
 def cleanup():
     dist.destroy_process_group()
@@ -76,12 +77,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 def cifar_like(n, seed):
-    """n images [3, 32, 32] with labels 0-9: a smooth pattern per class plus noise."""
-    patterns = F.interpolate(torch.randn(10, 3, 4, 4, generator=torch.Generator().manual_seed(0)),
+    """n images [3, 32, 32] with labels 0-9: a smooth pattern per class plus noise.
+
+    The data set stays on the CPU, where the DataLoader reads it: each batch goes to `device` as it is used."""
+    patterns = F.interpolate(torch.randn(10, 3, 4, 4, generator=torch.Generator().manual_seed(0)),  # CPU data
                              size=32, mode="bilinear", align_corners=False)
     g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (n,), generator=g)
-    images = patterns[labels] + 6.0 * torch.randn(n, 3, 32, 32, generator=g)
+    labels = torch.randint(0, 10, (n,), generator=g)                      # CPU data
+    images = patterns[labels] + 6.0 * torch.randn(n, 3, 32, 32, generator=g)   # CPU data
     return TensorDataset(images, labels)
 
 train_set, test_set = cifar_like(4096, seed=1), cifar_like(1024, seed=2)
@@ -125,6 +128,7 @@ class SimpleCNN(torch.nn.Module):
 def train_epoch(model, loader, optimizer):
     model.train()
     for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(images), labels)
         loss.backward()                       # DDP all-reduces the gradients here
@@ -133,17 +137,18 @@ def train_epoch(model, loader, optimizer):
 def evaluate(model, loader):
     """Test loss and accuracy over the whole test set: per-rank sums, all-reduced."""
     model.eval()
-    sums = torch.zeros(3)                     # loss sum, correct, samples
+    sums = torch.zeros(3, device=device)      # loss sum, correct, samples
     with torch.no_grad():
         for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
             logits = model(images)
             sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
-                                  (logits.argmax(1) == labels).sum().item(), len(labels)])
+                                  (logits.argmax(1) == labels).sum().item(), len(labels)], device=device)
     dist.all_reduce(sums)
     return sums[0].item() / sums[2].item(), sums[1].item() / sums[2].item()
 
 torch.manual_seed(0)                          # the same initial weights on every rank
-model = DDP(SimpleCNN())
+model = DDP(SimpleCNN().to(device))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 history = []
 for epoch in range(2):
@@ -192,6 +197,7 @@ def local_accuracy(model, loader):
     correct = total = 0
     with torch.no_grad():
         for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
             correct += (model(images).argmax(1) == labels).sum().item()
             total += len(labels)
     return correct / total
@@ -229,7 +235,7 @@ if rank == 0:
 # %%
 import torch
 
-notebook_weights = torch.load("cnn_final.pt")
+notebook_weights = torch.load("cnn_final.pt", map_location="cpu")     # this process never starts CUDA
 os.remove("cnn_final.pt")
 
 # %%
@@ -253,7 +259,7 @@ run = subprocess.run(
 )
 print("torchrun exit status:", run.returncode)
 print("\n".join(line for line in run.stdout.splitlines() if line.startswith("epoch")))
-script_weights = torch.load("cnn_final.pt")
+script_weights = torch.load("cnn_final.pt", map_location="cpu")
 
 # %% tags=["nbval-check-output"]
 print("torchrun ran the exported script:", run.returncode == 0)
@@ -281,7 +287,13 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def setup():
-    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    """This rank's device, and the process group (no backend named: NCCL on GPUs, else gloo)."""
+    device = torch.device("cpu")
+    if torch.cuda.is_available():   # a GPU per local rank; ranks take turns when there are fewer GPUs
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    return device
 
 
 def cleanup():
@@ -300,24 +312,25 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
-    setup()
+    device = setup()
     rank = dist.get_rank()
     data = cifar_like(2048, seed=1)
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=64, sampler=sampler)
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(4),
-                                    torch.nn.Flatten(), torch.nn.Linear(8 * 7 * 7, 10)))
+                                    torch.nn.Flatten(), torch.nn.Linear(8 * 7 * 7, 10)).to(device))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        total = torch.zeros(2)
+        total = torch.zeros(2, device=device)
         for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)])
+            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
         dist.all_reduce(total)
         if rank == 0:
             print(f"epoch {epoch}: mean training loss {total[0] / total[1]:.3f}")
@@ -341,8 +354,9 @@ if __name__ == "__main__":
 
 # %%
 # %%ddp
-ones = torch.ones(1)
+ones = torch.ones(1, device=device)
 dist.all_reduce(ones)
+ones = ones.cpu()                             # the notebook pulls it: on the CPU
 
 # %% tags=["nbval-check-output"]
 print("the lab's group outlived the script's cleanup():", {r: v.item() for r, v in lab.pull("ones").items()})

@@ -71,21 +71,21 @@ torch.set_num_threads(1)                     # 4 ranks share 2 cores
 
 def all_gather(piece, group=None):
     """All ranks' pieces side by side, in rank order."""
-    whole = torch.empty(dist.get_world_size(group) * piece.numel())
+    whole = torch.empty(dist.get_world_size(group) * piece.numel(), device=device)
     dist.all_gather_single(whole, piece, group=group)
     return whole
 
 
-x = torch.arange(4.0) + 10 * rank
+x = torch.arange(4.0, device=device) + 10 * rank
 seen = {"input": x}
 total = x.clone()
 dist.all_reduce(total)                       # every rank: the element-wise sum
 seen["all_reduce"] = total
-mine = torch.empty(1)
+mine = torch.empty(1, device=device)
 dist.reduce_scatter_single(mine, x)          # rank r: the sum of element r only
 seen["reduce_scatter"] = mine
 seen["all_gather"] = all_gather(mine)        # every rank: the reduce-scatter's pieces side by side
-swapped = torch.empty(4)
+swapped = torch.empty(4, device=device)
 dist.all_to_all_single(swapped, x)           # rank r: element r of every rank
 seen["all_to_all"] = swapped
 from_root = x.clone()
@@ -134,7 +134,7 @@ def members(group):
 
 def reduce_scatter_all_gather(x, group=None, form="tensor"):
     n = len(members(group))
-    piece = torch.empty(x.numel() // n)
+    piece = torch.empty(x.numel() // n, device=device)
     if form == "tensor":
         dist.reduce_scatter_single(piece, x, group=group)
     else:
@@ -171,7 +171,9 @@ def ring_reduce_scatter(x, group=None, step=1):
 def compare(kind, group):
     """{way: (elements that differ from dist.all_reduce, largest difference)}."""
     g = torch.Generator().manual_seed(rank)
-    x = torch.randint(-1000, 1000, (M,), generator=g).float() if kind == "integers" else torch.randn(M, generator=g)
+    # made on the CPU by its generator, then moved
+    x = (torch.randint(-1000, 1000, (M,), generator=g).to(device).float() if kind == "integers"
+         else torch.randn(M, generator=g).to(device))
     reference = x.clone()
     dist.all_reduce(reference, group=group)
     ways = {
@@ -291,15 +293,15 @@ def interface_bytes():
 def run(op, group=None):
     """`op` once on S bytes, with S as distlab.theory counts it for that op."""
     n = len(members(group))
-    x = torch.ones(S // 4)                                                  # S bytes of float32
+    x = torch.ones(S // 4, device=device)                                   # S bytes of float32
     if op == "all_reduce":
         dist.all_reduce(x, group=group)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_single(torch.empty(x.numel() // n), x, group=group)   # S: the whole input
+        dist.reduce_scatter_single(torch.empty(x.numel() // n, device=device), x, group=group)   # S: the whole input
     elif op == "reduce_scatter, ring by hand":
         ring_reduce_scatter(x, group)
     elif op == "all_gather":
-        all_gather(torch.ones(x.numel() // n), group)                      # S: the whole output
+        all_gather(torch.ones(x.numel() // n, device=device), group)       # S: the whole output
     elif op == "all_to_all":
         dist.all_to_all_single(torch.empty_like(x), x, group=group)
     elif op == "broadcast":
@@ -412,7 +414,7 @@ else:
 # ## 2. DeviceMesh and DTensor
 #
 # From here on, 2 ranks on this machine are enough (loopback). A **DeviceMesh** names the ranks a
-# tensor is laid out over (`init_device_mesh("cpu", (2,))`: a 1-D mesh of 2 ranks; a 2-D mesh such as
+# tensor is laid out over (`init_device_mesh(device.type, (2,))`: a 1-D mesh of 2 ranks; a 2-D mesh such as
 # `(2, 4)` is how tensor and data parallelism are combined, notebook 15). A **DTensor** is a global
 # tensor plus a **placement** per mesh dimension:
 #
@@ -434,8 +436,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-mesh = init_device_mesh("cpu", (world_size,))
-full = torch.arange(24.0).reshape(4, 6)     # the same on every rank
+mesh = init_device_mesh(device.type, (world_size,))
+full = torch.arange(24.0, device=device).reshape(4, 6)     # the same on every rank
 rows = distribute_tensor(full, mesh, [Shard(0)])            # rank r keeps rows 2r and 2r + 1
 copies = distribute_tensor(full, mesh, [Replicate()])
 column_sums = rows.sum(dim=0)               # each rank sums its own rows: a Partial, nothing sent yet
@@ -534,11 +536,12 @@ import copy
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 torch.manual_seed(0)
-mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(device)
 whole_mlp = copy.deepcopy(mlp)              # the reference: the whole MLP, on this one process
 parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
-x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)   # the same on both ranks
+# the same on both ranks; made by a CPU generator, then moved (a leaf again, for x.grad)
+x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
 with CommDebugMode() as forward:
     y = mlp(x)
 with CommDebugMode() as backward:
@@ -586,8 +589,9 @@ from distlab.nn import GPT, CharTokenizer, GPTConfig, corpus, tensor_parallel_pl
 text = corpus()
 tok = CharTokenizer(text)
 cfg = GPTConfig(vocab_size=tok.vocab_size, seq_len=64, layers=4, hidden=128, heads=4)
-idx, targets = token_batches(tok.encode(text[:100_000]), batch_size=8, seq_len=64)[0]   # the same on both ranks
-plan = tensor_parallel_plan(GPT(cfg))
+idx, targets = token_batches(tok.encode(text[:100_000]), batch_size=8, seq_len=64,
+                             device=device)[0]   # the same on both ranks
+plan = tensor_parallel_plan(GPT(cfg))        # only its module names are read: on the CPU
 block_plan = {name: type(style).__name__ for name, style in plan.items() if name.startswith("blocks.0.")}
 
 # %% tags=["nbval-check-output"]
@@ -628,7 +632,7 @@ PLANS = {
 def split_and_reference(kind):
     """The GPT split by plan `kind`, and the same GPT whole (seed 0 for both)."""
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = GPT(cfg).to(device)
     reference = copy.deepcopy(model)
     parallelize_module(model, mesh, PLANS[kind](model))
     return model, reference
@@ -816,10 +820,10 @@ def blocks_memory(kind):
     """(peak, retained) bytes of one forward of the blocks, on this rank."""
     if kind == "one process":
         torch.manual_seed(0)
-        model = GPT(cfg)
+        model = GPT(cfg).to(device)
     else:
         model, _ = split_and_reference(kind)
-    h = model.tok(idx) + model.pos(torch.arange(idx.shape[1]))
+    h = model.tok(idx) + model.pos(torch.arange(idx.shape[1], device=device))
     with track_memory() as mem:
         for block in model.blocks:
             h = block(h)

@@ -48,12 +48,12 @@ from distlab.nn import GPT, CharTokenizer, GPTConfig, corpus, token_batches
 text = corpus()
 tok = CharTokenizer(text)
 cfg = GPTConfig(vocab_size=tok.vocab_size, seq_len=64, layers=4, hidden=128, heads=4)
-batches = token_batches(tok.encode(text), batch_size=8, seq_len=64, rank=rank, world_size=world_size)
+batches = token_batches(tok.encode(text), batch_size=8, seq_len=64, rank=rank, world_size=world_size, device=device)
 KINDS = ("ddp", "zero1", "fsdp2", "fsdp2-keep", "fsdp2-bf16")
 
 def build(kind):
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = GPT(cfg).to(device)
     if kind in ("ddp", "zero1"):
         model = DDP(model)
     else:
@@ -112,9 +112,9 @@ def train(kind, steps=3):
             "gathered_peak": max(seen) if seen else None, "loss": loss.item()}
 
 results = {kind: train(kind) for kind in KINDS}
-sizes = {"parameters": sum(p.numel() for p in GPT(cfg).parameters()),
-         "block": sum(p.numel() for p in GPT(cfg).blocks[0].parameters()),
-         "tensors": len(list(GPT(cfg).parameters()))}
+sizes = {"parameters": sum(p.numel() for p in GPT(cfg).parameters()),          # only counted: CPU
+         "block": sum(p.numel() for p in GPT(cfg).blocks[0].parameters()),    # only counted: CPU
+         "tensors": len(list(GPT(cfg).parameters()))}                         # only counted: CPU
 
 # %% [markdown]
 # ### At rest: parameters, gradients and optimizer states per rank
@@ -294,7 +294,7 @@ def one_step(model, opt, x, y):
 checkpointing = {}
 for on in (False, True):
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = GPT(cfg).to(device)
     model.set_activation_checkpointing(on)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = batches[0]
@@ -305,6 +305,8 @@ for on in (False, True):
     for _ in range(5):
         t0 = time.perf_counter()
         one_step(model, opt, x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)       # CUDA runs asynchronously: time the step, not its launch
         times.append(time.perf_counter() - t0)
     checkpointing[on] = {"kept": kept, "peak": step_mem.peak_bytes, "step_s": sorted(times)[2]}
 
@@ -372,12 +374,12 @@ text = corpus()
 tok = CharTokenizer(text)
 tokens = tok.encode(text)
 cfg = GPTConfig(vocab_size=tok.vocab_size, seq_len=64, layers=4, hidden=128, heads=4)
-mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
 dp_group = mesh["dp"].get_group()
 
 torch.manual_seed(0)
-model = GPT(cfg)
-reference = GPT(cfg)
+model = GPT(cfg).to(device)
+reference = GPT(cfg).to(device)
 reference.load_state_dict(model.state_dict())    # the single-process twin, on every rank
 plan = tensor_parallel_plan(model)
 split = sum(p.numel() for name, p in model.named_parameters()
@@ -389,8 +391,8 @@ fully_shard(model, mesh=mesh["dp"])
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-3)
 
-mine = token_batches(tokens, batch_size=4, seq_len=64, rank=mesh["dp"].get_local_rank(), world_size=2)
-whole = token_batches(tokens, batch_size=8, seq_len=64)
+mine = token_batches(tokens, batch_size=4, seq_len=64, rank=mesh["dp"].get_local_rank(), world_size=2, device=device)
+whole = token_batches(tokens, batch_size=8, seq_len=64, device=device)
 watch = distlab.watch(model, stats_every=0, checksum_every=0)
 losses, ref_losses = [], []
 for step in range(3):

@@ -54,9 +54,10 @@ SEQ, LAYERS, HIDDEN, HEADS, BATCH = 64, 8, 256, 4, 16
 text = corpus()
 tokenizer = CharTokenizer(text)
 config = GPTConfig(vocab_size=tokenizer.vocab_size, seq_len=SEQ, layers=LAYERS, hidden=HIDDEN, heads=HEADS)
-x, y = token_batches(tokenizer.encode(text), batch_size=BATCH, seq_len=SEQ)[0]    # (16, 64) ids, same on every rank
+x, y = token_batches(tokenizer.encode(text), batch_size=BATCH, seq_len=SEQ,
+                     device=device)[0]         # (16, 64) ids, same on every rank
 torch.manual_seed(0)
-model = GPT(config)
+model = GPT(config).to(device)
 
 model.zero_grad(set_to_none=True)
 reference_loss = model(x, y)[1]
@@ -97,7 +98,7 @@ class Timed:
         n = world_size * chunks
         self.pieces = pipeline_stages(model, n)
         self.events = []
-        self.stages = [self._timed(PipelineStage(self.pieces[i], i, n, torch.device("cpu")))
+        self.stages = [self._timed(PipelineStage(self.pieces[i], i, n, device))
                        for i in range(rank, n, world_size)]
         if kind == "interleaved":
             self.schedule = KINDS[kind](self.stages, n_microbatches=m, loss_fn=loss_fn)
@@ -338,7 +339,8 @@ print("measured within 16 points above theory and 8 below everywhere:",
 piece = pipeline_stages(model, 2)[rank]
 micro_batch = BATCH // 8
 g = torch.Generator().manual_seed(1)
-inputs = x[:micro_batch] if rank == 0 else torch.randn(micro_batch, SEQ, HIDDEN, generator=g, requires_grad=True)
+inputs = (x[:micro_batch] if rank == 0
+          else torch.randn(micro_batch, SEQ, HIDDEN, generator=g).to(device).requires_grad_())   # CPU generator, moved
 with distlab.telemetry.track_memory() as one:
     out = piece(inputs)
 activation_bytes = one.retained_bytes           # what one micro-batch leaves alive for its backward
@@ -403,11 +405,14 @@ print("GPipe / 1F1B measured between 60% and 110% of theory's ratio on both rank
 peak_flops = 0.0
 alone = []
 for _ in range(4):
-    peak_flops = max(peak_flops, *(peak_matmul_flops_per_s(size=size, repeats=3) for size in (256, 512, 1024)))
+    peak_flops = max(peak_flops, *(peak_matmul_flops_per_s(size=size, repeats=3, device=device)
+                                   for size in (256, 512, 1024)))
     model.zero_grad(set_to_none=True)
     dist.barrier()
     start = time.perf_counter()
     model(x, y)[1].backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)          # CUDA runs asynchronously: time the step, not its launch
     alone.append(time.perf_counter() - start)
 alone_s = statistics.median(alone[1:])         # the first is a warm-up
 
