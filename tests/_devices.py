@@ -10,7 +10,8 @@ model goes. This reads a cell's code (never runs it) and names each place that d
   ``nn.Module``, or a function of the notebook that returns one) and not moved at once, outside
   another model's construction;
 - ``.numpy()`` on a tensor not brought to the CPU first (``.cpu().numpy()``);
-- the CPU named where the rank's device belongs (``init_device_mesh("cpu", ...)``, ``device="cpu"``).
+- the CPU named where the rank's device belongs (``init_device_mesh("cpu", ...)``, ``device="cpu"``,
+  ``torch.device("cpu")``).
 
 A line meant to stay on the CPU says so in a comment naming the CPU (``# indices: CPU, as X is``):
 the comment is the reason a reader needs, and the check accepts it. Code that moves data later (a
@@ -170,7 +171,8 @@ def findings(source: str, makers: set[str] | frozenset[str] = SHIPPED_MAKERS) ->
                 why = ".numpy() fails on a CUDA tensor: call .cpu().numpy()"
         cpu = [a for a in [*node.args[:1], *(k.value for k in node.keywords if k.arg in ("device", "device_type"))]
                if isinstance(a, ast.Constant) and a.value == "cpu"]
-        if not why and cpu and (name.endswith("init_device_mesh") or any(k.arg == "device" for k in node.keywords)):
+        named = name.endswith("init_device_mesh") or name == "torch.device" or any(k.arg == "device" for k in node.keywords)
+        if not why and cpu and named:
             why = f'{name or "a call"}(..."cpu"...) names the CPU: use device.type or device'
         if why:
             found.append(Finding(line, lines[line - 1], why))

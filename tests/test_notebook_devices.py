@@ -56,6 +56,7 @@ BAD = {
     ),
     "numpy": ("%%ddp\na = t.detach().numpy()\n", ".numpy() fails on a CUDA tensor"),
     "a CPU mesh": ('%%ddp\nmesh = init_device_mesh("cpu", (2,))\n', 'names the CPU'),
+    "the CPU by name": ('%%ddp\nstage = PipelineStage(part, rank, 2, torch.device("cpu"))\n', 'names the CPU'),
     "the shipped GPT": ("%%ddp\nmodel = GPT(cfg)\n", "GPT(...) makes a model on the CPU"),
 }
 

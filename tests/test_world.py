@@ -157,3 +157,20 @@ def test_gloo_asked_for_keeps_cpu_ranks_and_a_host_without_gpus_stays_on_cpu():
     assert mixed.note.startswith("b has no GPU: the ranks run gloo, on the GPUs of the hosts that have them")
     cpu = plan_world({i: identity("a", 10 + i) for i in range(2)}, 2, "auto")
     assert [r.device for r in cpu.table] == ["cpu", "cpu"] and cpu.note == ""
+
+
+def test_emulated_nodes_on_one_machine_share_its_gpus_and_are_counted_together():
+    def nodes(gpus: int) -> dict:
+        return {i: {**identity(f"node{i}", 10 + i, gpus=gpus, addr=f"10.9.0.{i + 1}"), "machine": "boot-a"}
+                for i in range(4)}
+
+    # One GPU for four one-rank nodes: NCCL would put four ranks on it (it refuses), so auto shares it.
+    shared = plan_world(nodes(1), 4, "auto", host_order=[f"node{i}" for i in range(4)])
+    assert (shared.backend, [r.device for r in shared.table]) == ("gloo", ["cuda:0"] * 4)
+    assert [r.local_rank for r in shared.table] == [0, 0, 0, 0]  # torchrun's local rank is per node
+    assert shared.note.startswith("this machine has 1 GPU for 4 ranks")
+    with pytest.raises(LabUsageError, match="has 1 GPUs but 4 ranks"):
+        plan_world(nodes(1), 4, "nccl")
+    # Four GPUs: a GPU each, told apart by the machine, not by each node's local rank (all 0).
+    own = plan_world(nodes(4), 4, "auto", host_order=[f"node{i}" for i in range(4)])
+    assert (own.backend, [r.device for r in own.table]) == ("nccl", ["cuda:0", "cuda:1", "cuda:2", "cuda:3"])

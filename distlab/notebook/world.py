@@ -101,23 +101,33 @@ def plan_world(
         for eid in sorted(identities):
             position.setdefault(identities[eid]["host"], len(position))
         order = sorted(identities, key=lambda eid: (position[identities[eid]["host"]], eid))
-    gpus_of = {info["host"]: info["cuda_devices"] for info in identities.values()}
+    # GPUs belong to a machine, and emulated nodes (hosts) share one machine's GPUs: count them,
+    # and the ranks that take them, per machine (its boot id; the host where none was given).
+    machine = {eid: info.get("machine") or info["host"] for eid, info in identities.items()}
+    gpus_of = {machine[eid]: info["cuda_devices"] for eid, info in identities.items()}
     ranks_of: dict[str, int] = {}
-    for info in identities.values():
-        ranks_of[info["host"]] = ranks_of.get(info["host"], 0) + 1
-    backend = resolve_backend(identities, requested_backend, ranks_of)
+    hosts_of: dict[str, list[str]] = {}
+    for eid, info in identities.items():
+        ranks_of[machine[eid]] = ranks_of.get(machine[eid], 0) + 1
+        if info["host"] not in hosts_of.setdefault(machine[eid], []):
+            hosts_of[machine[eid]].append(info["host"])
+    names = {m: "+".join(hosts) for m, hosts in hosts_of.items()}  # what messages call a machine
+    backend = resolve_backend(identities, requested_backend, ranks_of, machine)
     shared = requested_backend == "auto" and backend == "gloo" and any(gpus_of.values())
     per_host: dict[str, int] = {}
+    per_machine: dict[str, int] = {}
     table = []
     for rank, eid in enumerate(order):
         info = identities[eid]
         local_rank = per_host.get(info["host"], 0)
         per_host[info["host"]] = local_rank + 1
-        gpus = gpus_of[info["host"]]
+        index = per_machine.get(machine[eid], 0)  # = local_rank, unless nodes share the machine
+        per_machine[machine[eid]] = index + 1
+        gpus = gpus_of[machine[eid]]
         if backend == "nccl":
-            device = f"cuda:{local_rank}"
+            device = f"cuda:{index}"
         elif shared and gpus:
-            device = f"cuda:{local_rank % gpus}"
+            device = f"cuda:{index % gpus}"
         else:
             device = "cpu"
         table.append(RankInfo(
@@ -125,16 +135,16 @@ def plan_world(
             machine=info.get("machine", ""),
         ))
     if backend == "nccl":
-        for host, count in per_host.items():
-            gpus = next(i["cuda_devices"] for i in identities.values() if i["host"] == host)
+        for where, count in per_machine.items():
+            gpus = gpus_of[where]
             if count > gpus:
                 raise LabUsageError(
-                    f"host {host} has {gpus} GPUs but {count} ranks: start at most {gpus} ranks per host, "
+                    f"host {names[where]} has {gpus} GPUs but {count} ranks: start at most {gpus} ranks per host, "
                     "or use --backend gloo"
                 )
     # One host: everyone reaches rank 0 on loopback. Several: at rank 0's address toward the controller.
     master_addr = "127.0.0.1" if len(per_host) == 1 else table[0].addr
-    note = _sharing_note(gpus_of, ranks_of) if shared else ""
+    note = _sharing_note({names[m]: g for m, g in gpus_of.items()}, {names[m]: r for m, r in ranks_of.items()}) if shared else ""
     return World(tuple(table), backend, master_addr, note)
 
 
@@ -158,19 +168,25 @@ def _sharing_note(gpus_of: Mapping[str, int], ranks_of: Mapping[str, int]) -> st
 
 
 def resolve_backend(
-    identities: Mapping[int, EngineIdentity], requested: str, ranks_of: Mapping[str, int] | None = None
+    identities: Mapping[int, EngineIdentity],
+    requested: str,
+    ranks_of: Mapping[str, int] | None = None,
+    machine: Mapping[int, str] | None = None,
 ) -> str:
     """``auto`` is NCCL when every rank has a GPU of its own, else gloo; ``nccl`` needs a GPU on every rank.
 
-    ``ranks_of``: ranks per host (by default, one per engine described).
+    ``machine``: {engine id: the machine whose GPUs it sees} (by default its host); ``ranks_of``:
+    ranks per machine (by default, one per engine described).
     """
+    if machine is None:
+        machine = {eid: info["host"] for eid, info in identities.items()}
     if ranks_of is None:
         ranks_of = {}
-        for info in identities.values():
-            ranks_of[info["host"]] = ranks_of.get(info["host"], 0) + 1
+        for eid in identities:
+            ranks_of[machine[eid]] = ranks_of.get(machine[eid], 0) + 1
     every_rank_has_gpu = all(i["cuda_devices"] > 0 for i in identities.values())
     if requested == "auto":
-        own = all(i["cuda_devices"] >= ranks_of.get(i["host"], 1) for i in identities.values())
+        own = all(i["cuda_devices"] >= ranks_of.get(machine[eid], 1) for eid, i in identities.items())
         return "nccl" if every_rank_has_gpu and own else "gloo"
     if requested == "nccl" and not every_rank_has_gpu:
         hosts = sorted({i["host"] for i in identities.values() if i["cuda_devices"] == 0})
