@@ -136,7 +136,8 @@ def test_the_script_holds_the_cells_in_order_and_says_what_it_lacks():
         ScriptRan(("train.py", "--epochs", "2")),
         Restarted(4),
         CellRan("def setup():\n    dist.init_process_group(\n        'gloo')\nsetup()\n"
-                "g = dist.new_group([0, 1])\ndist.destroy_process_group(g)\ndist.destroy_process_group()\n"),
+                "g = dist.new_group([0, 1])\ndist.destroy_process_group(g)\ndist.destroy_process_group()\n"
+                "dist.init_process_group(rank=rank)  # NCCL on GPUs, gloo otherwise\n"),
     ]
     script = build_script(history, world_size=4, backend="gloo", name="out/train.py")
     text = script.text
@@ -158,6 +159,8 @@ def test_the_script_holds_the_cells_in_order_and_says_what_it_lacks():
     assert "\ndist.destroy_process_group(g)\n" in text
     assert "\npass  # the group is made at this script's top, destroyed at its end (in the lab, it stayed up): " \
            "dist.destroy_process_group()\n" in text
+    assert "\npass  # the group is made at this script's top, destroyed at its end (in the lab, it stayed up): " \
+           "dist.init_process_group(rank=rank)  # NCCL on GPUs, gloo otherwise\n" in text  # a comment after it is no code
     assert "import distlab" not in text  # no cell uses it
     assert [note.split(":")[0] for note in script.notes] == [
         "names the lab pushed to the ranks (lab.push) are not defined here",
@@ -176,6 +179,15 @@ def test_a_gpu_labs_script_binds_each_rank_to_its_gpu_and_imports_distlab_when_a
     assert 'device = torch.device("cuda", local_rank)\ntorch.cuda.set_device(device)\n' \
            'dist.init_process_group("nccl", device_id=device)\n' in text
     assert "\nimport distlab  # " in text and "set_num_threads" not in text
+
+
+def test_a_script_from_gloo_ranks_sharing_gpus_shares_them_too_and_one_from_cpu_ranks_stays_on_the_cpu():
+    shared = build_script([CellRan("x = 1")], world_size=2, backend="gloo", name="t.py", on_gpus=True).text
+    compile(shared, "t.py", "exec")
+    assert 'device = torch.device("cuda", local_rank % torch.cuda.device_count())\n' \
+           'torch.cuda.set_device(device)\ndist.init_process_group("gloo")\n' in shared
+    cpu = build_script([CellRan("x = 1")], world_size=2, backend="gloo", name="t.py").text
+    assert 'device = torch.device("cpu")\ndist.init_process_group("gloo")\n' in cpu and "cuda" not in cpu
 
 
 # ------------------------------------------------------------------------------ one lab for the module

@@ -478,7 +478,8 @@ class Lab:
         """
         self._require_running()
         name = export_path(path)
-        script = build_script(self._history, self.world_size, self.backend, name)
+        on_gpus = self.backend != "nccl" and any(r.device.startswith("cuda") for r in self.table)
+        script = build_script(self._history, self.world_size, self.backend, name, on_gpus)
         if script.cells == 0:
             raise LabUsageError("no cell has run on every rank yet: there is nothing to export")
         try:

@@ -86,8 +86,11 @@ class Script:
     notes: list[str] = field(default_factory=list)
 
 
-def build_script(history: list[Event], world_size: int, backend: str, name: str) -> Script:
-    """The script that ``torchrun --standalone --nproc_per_node=<world_size> <name>`` runs as it is."""
+def build_script(history: list[Event], world_size: int, backend: str, name: str, on_gpus: bool = False) -> Script:
+    """The script that ``torchrun --standalone --nproc_per_node=<world_size> <name>`` runs as it is.
+
+    ``on_gpus``: the lab's gloo ranks took the GPUs in turn (fewer GPUs than ranks); the script's do too.
+    """
     body: list[str] = []
     written, pushed, subsets, ipython_lines, scripts = 0, [], [], [], []
     number = 0
@@ -128,11 +131,13 @@ def build_script(history: list[Event], world_size: int, backend: str, name: str)
     uses_distlab = any(
         isinstance(e, CellRan) and e.ranks is None and re.search(r"\bdistlab\b", e.code) for e in history
     )
-    text = "\n".join(_header(world_size, backend, name, notes, uses_distlab) + body + ["dist.destroy_process_group()", ""])
+    text = "\n".join(_header(world_size, backend, name, notes, uses_distlab, on_gpus) + body + ["dist.destroy_process_group()", ""])
     return Script(text, written, notes)
 
 
-def _header(world_size: int, backend: str, name: str, notes: list[str], uses_distlab: bool) -> list[str]:
+def _header(
+    world_size: int, backend: str, name: str, notes: list[str], uses_distlab: bool, on_gpus: bool = False
+) -> list[str]:
     gpu = backend == "nccl"
     names = "rank, world_size, local_rank, device, torch, dist (torch.distributed, initialised)"
     lines = [
@@ -156,7 +161,10 @@ def _header(world_size: int, backend: str, name: str, notes: list[str], uses_dis
         ]
     else:
         lines += [
-            'device = torch.device("cpu")',
+            # As the lab placed its ranks: on the GPUs in turn where it had fewer than ranks, else the CPU.
+            'device = torch.device("cuda", local_rank % torch.cuda.device_count())' if on_gpus
+            else 'device = torch.device("cpu")',
+            *(["torch.cuda.set_device(device)"] if on_gpus else []),
             'dist.init_process_group("gloo")',
             "# As in the lab, the machine's cores are shared among its ranks (torchrun alone sets OMP_NUM_THREADS=1).",
             'torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))',
@@ -216,7 +224,8 @@ def _without_group_calls(source: str) -> str:
     In the lab, a cell's ``init_process_group`` joined the lab's group and ``destroy_process_group()``
     left it up (``rank.torchrun``); under torchrun the first would fail (the script's top has made
     the group) and the second would end the group the cells after it use. A subgroup's destroy stays.
-    Only statements on lines of their own are changed; anything else is left as it ran.
+    Only statements on lines of their own (a comment after them aside) are changed; anything else is
+    left as it ran.
     """
     try:
         tree = ast.parse(source)
@@ -233,8 +242,8 @@ def _without_group_calls(source: str) -> str:
             continue
         first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
         before, after = lines[first][: node.col_offset], lines[last][node.end_col_offset or 0 :]
-        if before.strip() or after.strip():
-            continue  # shares its line with other code
+        if before.strip() or after.strip()[:1] not in ("", "#"):
+            continue  # shares its line with other code (a comment after it is no code)
         lines[first] = f"{before}{_GROUP_CALL} {lines[first].strip()}"
         for i in range(first + 1, last + 1):
             lines[i] = f"{before}# {lines[i].strip()}"
