@@ -25,6 +25,12 @@ import distlab
 from distlab.cluster.gpus import local_gpus
 from distlab.notebook.lab import Lab
 
+# Everything this run and the processes it starts put in the temporary folder (kernels' connection
+# files, pytest's tmp_path, torch's compile cache, torchrun's logs, Open MPI's session folders)
+# goes into one folder of its own, removed when the run ends: the suite leaves nothing in /tmp.
+_SUITE_TMP = tempfile.mkdtemp(prefix="distlab-suite-")
+os.environ["TMPDIR"] = tempfile.tempdir = _SUITE_TMP
+atexit.register(shutil.rmtree, _SUITE_TMP, ignore_errors=True)
 # Open MPI refuses to run as root unless told it may (CI containers run as root).
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
