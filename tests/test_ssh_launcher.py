@@ -324,6 +324,9 @@ def test_mpi_launcher_starts_ranks_on_two_hosts_over_ssh_numbered_as_mpi_numbers
         # Open MPI passes its environment to no process on another host unless told: ipyparallel's
         # engines find their profile and cluster through these two.
         "-x", "IPP_PROFILE_DIR", "-x", "IPP_CLUSTER_ID",
+        # Its daemons on the nodes keep their session folders in the run's temporary folder (removed
+        # with it), not in /tmp: over ssh they do not inherit TMPDIR (Open MPI 4's name for it).
+        "--mca", "orte_tmpdir_base", tempfile.gettempdir(),
     ]
     settings = textwrap.dedent(f"""\
         c = get_config()  # noqa: F821
