@@ -14,6 +14,7 @@ import atexit
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -78,6 +79,16 @@ def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: py
 def _quiz_progress_in_tmp(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test writes quiz progress into the real Jupyter data directory."""
     monkeypatch.setenv("DISTLAB_QUIZ_PROGRESS", str(tmp_path))
+
+
+def python_lines(code: str, timeout_s: float) -> list[str]:
+    """What a fresh Python process (a notebook's, with nothing imported yet) running ``code`` printed.
+
+    It must exit cleanly within ``timeout_s``; if not, the assertion shows the end of what it said.
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()
 
 
 @pytest.fixture

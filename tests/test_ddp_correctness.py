@@ -7,7 +7,8 @@ import torch
 
 pytestmark = pytest.mark.cluster
 
-# The same model, data and steps on every rank and in the reference; each rank takes its shard.
+# The same model, data and steps on every rank and in the reference; each rank takes its shard, on
+# its device (tests/test_gpu.py runs the same on CUDA ranks).
 TRAIN = """
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -21,29 +22,30 @@ def make_data(step, batch=16):
     x = torch.randn(batch, 8, generator=g)
     return x, x.sum(dim=1, keepdim=True).sin()
 
-model = DDP(make_model())
+model = DDP(make_model().to(device))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(5):
-    x, y = make_data(step)
+    x, y = (t.to(device) for t in make_data(step))
     shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
     opt.step()
-[p.detach().clone() for p in model.module.parameters()]
+[p.detach().cpu().clone() for p in model.module.parameters()]
 """
 
 
-def _reference() -> list[torch.Tensor]:
+def reference(device: str = "cpu") -> list[torch.Tensor]:
+    """One process, the full batch, on ``device``: what every rank's parameters must equal (on the CPU)."""
     namespace: dict = {}
-    exec(TRAIN.split("model = DDP")[0], namespace)
-    model = namespace["make_model"]()
+    exec(TRAIN.split("model = DDP")[0], namespace)  # noqa: S102 - the cell's own definitions, run here too
+    model = namespace["make_model"]().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(5):
-        x, y = namespace["make_data"](step)
+        x, y = (t.to(device) for t in namespace["make_data"](step))
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    return [p.detach() for p in model.parameters()]
+    return [p.detach().cpu() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -54,9 +56,9 @@ def test_ddp_replicas_are_identical_and_match_single_process_training(world, lab
     for rank in range(1, world):
         for a, b in zip(params[0], params[rank]):
             assert torch.equal(a, b), f"rank {rank} differs from rank 0"
-    reference = _reference()
+    want_all = reference()
     initial = _initial_parameters()
-    for got, want, start in zip(params[0], reference, initial):
+    for got, want, start in zip(params[0], want_all, initial):
         assert not torch.equal(want, start)  # training moved the weights
         torch.testing.assert_close(got, want, rtol=1.3e-6, atol=5e-5)
 

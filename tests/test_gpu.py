@@ -7,51 +7,12 @@ One GPU is enough: a lab of one rank runs NCCL; a lab of two shares it over gloo
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from conftest import python_lines
+from test_ddp_correctness import TRAIN, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cluster]
-
-# The same model and data as tests/test_ddp_correctness.py, on the rank's device.
-TRAIN = """
-import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-def make_data(step, batch=16):
-    g = torch.Generator().manual_seed(100 + step)
-    x = torch.randn(batch, 8, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
-
-model = DDP(make_model().to(device))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(5):
-    x, y = (t.to(device) for t in make_data(step))
-    shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
-    opt.step()
-[p.detach().cpu() for p in model.module.parameters()]
-"""
-
-
-def _reference_on_cuda() -> list[torch.Tensor]:
-    namespace: dict = {}
-    exec(TRAIN.split("model = DDP")[0], namespace)  # noqa: S102 - the cell's own definitions, run here too
-    model = namespace["make_model"]().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(5):
-        x, y = (t.cuda() for t in namespace["make_data"](step))
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return [p.detach().cpu() for p in model.parameters()]
 
 
 def test_one_rank_runs_nccl_on_its_gpu(lab_factory):
@@ -83,10 +44,10 @@ def test_auto_shares_one_gpu_between_two_ranks_over_gloo_and_says_so(lab_factory
 
 def test_ddp_on_cuda_ranks_matches_one_process_on_the_full_batch(lab_factory):
     lab = lab_factory(ranks=2)
-    params = lab.run(TRAIN, stream=False)
+    params = lab.run(TRAIN, stream=False)  # test_ddp_correctness's training, on the ranks' device
     for a, b in zip(params[0], params[1]):
         assert torch.equal(a, b), "the replicas differ"
-    for got, want in zip(params[0], _reference_on_cuda()):
+    for got, want in zip(params[0], reference("cuda")):
         # Sums in another order (two half-batches averaged): equal to float32 rounding, not bit for bit.
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
 
@@ -177,6 +138,5 @@ def test_the_notebook_process_never_initialises_cuda():
         "    lab.restart()\n"
         "print('torch' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout
+    printed = python_lines(code, timeout_s=600)
+    assert printed[-1] == "False", printed

@@ -260,8 +260,7 @@ def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, fragment
 
 @pytest.mark.cluster
 def test_nccl_without_a_gpu_is_refused_with_the_fix_before_any_engine_or_torch():
-    import subprocess
-    import sys
+    from conftest import python_lines
 
     from distlab.cluster.gpus import local_gpus
 
@@ -274,10 +273,9 @@ def test_nccl_without_a_gpu_is_refused_with_the_fix_before_any_engine_or_torch()
         "except distlab.LabUsageError as e:\n    print(e)\n"
         "print('torch' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    refusal, torch_loaded = out.stdout.strip().splitlines()
-    assert "use --backend gloo" in refusal and torch_loaded == "False", out.stdout
+    printed = python_lines(code, timeout_s=120)
+    refusal, torch_loaded = printed
+    assert "use --backend gloo" in refusal and torch_loaded == "False", printed
 
 
 def test_stop_leaves_no_process_behind(lab_factory):

@@ -29,8 +29,7 @@ def test_every_rank_function_the_notebook_calls_has_a_wrapper_and_is_exported():
 
 @pytest.mark.cluster
 def test_the_notebook_side_never_imports_torch_or_the_rank_side():
-    import subprocess
-    import sys
+    from conftest import python_lines
 
     # A whole lab's life in the notebook's process: start, cells, a watched model, an exercise's
     # check, restart, stop. torch never loads there, so CUDA cannot be initialised before the ranks
@@ -47,10 +46,9 @@ def test_the_notebook_side_never_imports_torch_or_the_rank_side():
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'distlab.rank.')) "
         "and m != 'distlab.rank.dispatch'); print(bad, 'plotly' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
+    printed = python_lines(code, timeout_s=600)
     # Nor, outside a kernel (nothing can show a dashboard there), the dashboard's plotting modules.
-    assert out.stdout.strip().splitlines()[-1] == "[] False", out.stdout
+    assert printed[-1] == "[] False", printed
 
 
 def test_the_release_request_is_named_alike_on_both_sides():

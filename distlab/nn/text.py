@@ -126,7 +126,8 @@ class TokenBatches:
     def _epoch_order(self, epoch: int) -> torch.Tensor:
         if self._order is None or self._order[0] != epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(self.windows, generator=generator))
+            # Drawn on the CPU (the same order on every device), moved once an epoch, not every step.
+            self._order = (epoch, torch.randperm(self.windows, generator=generator).to(self.device))
         return self._order[1]
 
     def __getitem__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +135,7 @@ class TokenBatches:
         step = checks.whole("step", step, example="batches[0]")
         epoch, within = divmod(step, self.steps_per_epoch)
         first = (within * self.world_size + self.rank) * self.batch_size
-        starts = self._epoch_order(epoch)[first : first + self.batch_size].to(self.device) * self.seq_len
+        starts = self._epoch_order(epoch)[first : first + self.batch_size] * self.seq_len
         windows = self._windows[starts[:, None] + self._offsets]  # (batch, seq_len + 1)
         return windows[:, :-1], windows[:, 1:]
 

@@ -103,7 +103,7 @@ def plan_world(
         order = sorted(identities, key=lambda eid: (position[identities[eid]["host"]], eid))
     # GPUs belong to a machine, and emulated nodes (hosts) share one machine's GPUs: count them,
     # and the ranks that take them, per machine (its boot id; the host where none was given).
-    machine = {eid: info.get("machine") or info["host"] for eid, info in identities.items()}
+    machine = {eid: _machine(info) for eid, info in identities.items()}
     gpus_of = {machine[eid]: info["cuda_devices"] for eid, info in identities.items()}
     ranks_of: dict[str, int] = {}
     hosts_of: dict[str, list[str]] = {}
@@ -112,7 +112,7 @@ def plan_world(
         if info["host"] not in hosts_of.setdefault(machine[eid], []):
             hosts_of[machine[eid]].append(info["host"])
     names = {m: "+".join(hosts) for m, hosts in hosts_of.items()}  # what messages call a machine
-    backend = resolve_backend(identities, requested_backend, ranks_of, machine)
+    backend = resolve_backend(identities, requested_backend, ranks_of)
     shared = requested_backend == "auto" and backend == "gloo" and any(gpus_of.values())
     per_host: dict[str, int] = {}
     per_machine: dict[str, int] = {}
@@ -167,26 +167,25 @@ def _sharing_note(gpus_of: Mapping[str, int], ranks_of: Mapping[str, int]) -> st
     )
 
 
+def _machine(info: EngineIdentity) -> str:
+    """The machine whose GPUs an engine sees: its boot id, else (none given) its host."""
+    return info.get("machine") or info["host"]
+
+
 def resolve_backend(
-    identities: Mapping[int, EngineIdentity],
-    requested: str,
-    ranks_of: Mapping[str, int] | None = None,
-    machine: Mapping[int, str] | None = None,
+    identities: Mapping[int, EngineIdentity], requested: str, ranks_of: Mapping[str, int] | None = None
 ) -> str:
     """``auto`` is NCCL when every rank has a GPU of its own, else gloo; ``nccl`` needs a GPU on every rank.
 
-    ``machine``: {engine id: the machine whose GPUs it sees} (by default its host); ``ranks_of``:
-    ranks per machine (by default, one per engine described).
+    ``ranks_of``: ranks per machine (``_machine``; by default, one per engine described).
     """
-    if machine is None:
-        machine = {eid: info["host"] for eid, info in identities.items()}
     if ranks_of is None:
         ranks_of = {}
-        for eid in identities:
-            ranks_of[machine[eid]] = ranks_of.get(machine[eid], 0) + 1
+        for info in identities.values():
+            ranks_of[_machine(info)] = ranks_of.get(_machine(info), 0) + 1
     every_rank_has_gpu = all(i["cuda_devices"] > 0 for i in identities.values())
     if requested == "auto":
-        own = all(i["cuda_devices"] >= ranks_of.get(machine[eid], 1) for eid, i in identities.items())
+        own = all(i["cuda_devices"] >= ranks_of.get(_machine(i), 1) for i in identities.values())
         return "nccl" if every_rank_has_gpu and own else "gloo"
     if requested == "nccl" and not every_rank_has_gpu:
         hosts = sorted({i["host"] for i in identities.values() if i["cuda_devices"] == 0})
