@@ -17,7 +17,7 @@ import threading
 
 import pytest
 import torch
-from test_ddp_correctness import TRAIN, _reference
+from test_ddp_correctness import TRAIN, reference
 from test_faults import TRAIN_ONE_EPOCH
 
 import distlab
@@ -124,7 +124,7 @@ def test_ddp_across_nodes_matches_single_process_training(nodes_lab):
     params = nodes_lab.run(TRAIN, stream=False)
     for rank in range(1, 4):
         assert all(torch.equal(a, b) for a, b in zip(params[0], params[rank])), f"rank {rank} differs"
-    for got, want in zip(params[0], _reference()):
+    for got, want in zip(params[0], reference()):
         assert torch.allclose(got, want, atol=1e-6)
 
 
