@@ -36,12 +36,13 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, int] | None:
-    """(storage, bytes) of a plain tensor with real memory; None for meta or subclass wrappers."""
-    if tensor.device.type == "meta":
-        return None
+    """(storage, bytes) of a plain tensor with real memory; None for meta, fake or subclass wrappers."""
     try:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() == 0:
+        # A fake tensor (DTensor's sharding propagation and FSDP2 make them inside a step) reports a
+        # real device but keeps a meta storage; asking that storage for its data pointer makes torch
+        # warn on every rank. Its device says first that there is no memory to count.
+        if storage.device.type == "meta" or storage.data_ptr() == 0:
             return None
     except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage of its own
         return None

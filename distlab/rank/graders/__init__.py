@@ -1,1 +1,0 @@
-"""One module per exercise: ``cases(world_size, seed)`` and ``grade(case, learner)`` (see ``rank.exercise``)."""
