@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .. import theory
 from ..records import LayerValues, RecordKey, StepRecord, WatchMeta, record_key
+from .units import rate, rate_unit
 
 __all__ = [
     "Divergence",
@@ -233,6 +234,11 @@ class LinkModel:
     line: list[tuple[float, float]]
     message: str
 
+    @property
+    def unit(self) -> tuple[str, float]:
+        """(unit, bytes/s in one) its busbw is plotted in: the one its fastest point fits."""
+        return rate_unit(max((b for _, b in (*self.points, *self.line)), default=0.0))
+
 
 def link_model(records: Sequence[StepRecord], world_size: int, max_points: int = 400) -> LinkModel:
     """Fit ``theory.fit_latency_bandwidth`` to the recorded buckets and draw its busbw curve.
@@ -260,7 +266,7 @@ def link_model(records: Sequence[StepRecord], world_size: int, max_points: int =
     line = [(s, theory.busbw_bytes_per_s(s, fit.allreduce_time_s(s, world_size), world_size)) for s in sizes]
     message = (
         f"busbw vs ring model: latency {fit.latency_s * 1e6:.0f} us, "
-        f"bandwidth {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+        f"bandwidth {rate(fit.bandwidth_bytes_per_s)}"
     )
     return LinkModel(points, fit, line, message)
 

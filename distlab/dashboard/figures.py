@@ -246,10 +246,12 @@ def make_link() -> MeteredFigure:
 def draw_link(fig: MeteredFigure, link: LinkModel) -> None:
     with fig.batch_update():
         fig.data[0].x = _numbers([s for s, _ in link.points])
-        fig.data[0].y = _numbers([b / 1e9 for _, b in link.points])
+        unit, scale = link.unit
+        fig.data[0].y = _numbers([b / scale for _, b in link.points])
         fig.data[1].x = _numbers([s for s, _ in link.line])
-        fig.data[1].y = _numbers([b / 1e9 for _, b in link.line])
+        fig.data[1].y = _numbers([b / scale for _, b in link.line])
         fig.layout.title.text = link.message
+        fig.layout.yaxis.title.text = f"busbw ({unit})"
 
 
 # ---------------------------------------------------------------------------------- trace

@@ -115,15 +115,16 @@ def _draw_times(ax: Any, records: Sequence[StepRecord], ranks: Sequence[int]) ->
 
 def _draw_link(ax: Any, link: analysis.LinkModel) -> None:
     ax.set_title(textwrap.fill(link.message, 70), fontsize=9)
+    unit, scale = link.unit
     if link.points:
-        ax.scatter([s for s, _ in link.points], [b / 1e9 for _, b in link.points], s=8, label="measured")
+        ax.scatter([s for s, _ in link.points], [b / scale for _, b in link.points], s=8, label="measured")
     if link.line:
-        ax.plot([s for s, _ in link.line], [b / 1e9 for _, b in link.line], color="black", label="ring model")
+        ax.plot([s for s, _ in link.line], [b / scale for _, b in link.line], color="black", label="ring model")
     if link.points:
         ax.set_xscale("log")
         ax.legend(fontsize=8)
     ax.set_xlabel("all-reduce size, bytes", fontsize=9)
-    ax.set_ylabel("bus bandwidth, GB/s", fontsize=9)
+    ax.set_ylabel(f"bus bandwidth, {unit}", fontsize=9)
 
 
 def _draw_memory(ax: Any, rows: Sequence[analysis.RankMemory]) -> None:
