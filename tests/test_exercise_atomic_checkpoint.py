@@ -8,36 +8,25 @@ import tempfile
 
 import psutil
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "atomic-checkpoint"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def _savers() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
-        if any("atomic_checkpoint import _serve" in part for part in proc.info["cmdline"] or ()):
+        if any("distlab.exercises.atomic_checkpoint.saver import serve" in part for part in proc.info["cmdline"] or ()):
             found.append(proc)
     return found
 
 
 def test_the_reference_solution_survives_every_kill_and_leaves_nothing_behind(lab):
-    result = _check(lab, exercises.get(NAME).solution())
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     kills = [case for case in result.cases if "killed" in case.name]
     assert len(kills) == 2
@@ -99,7 +88,7 @@ def load_checkpoint(path):
 """
 
 LOAD_SWALLOWS_ERRORS = (
-    exercises.get(NAME).solution().split("def load_checkpoint")[0]
+    harness.solution.split("def load_checkpoint")[0]
     + """
 def load_checkpoint(path):
     try:
@@ -122,7 +111,7 @@ def load_checkpoint(path):
     ids=["writes-in-place", "temporary-file-in-tmp", "renamed-before-close", "no-fsync", "load-swallows-errors"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None

@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "average-gradients"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def test_the_reference_solution_passes_in_every_world(lab):
-    result = _check(lab, exercises.get(NAME).solution())
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert {case.world_size for case in result.cases} == {2, 3}
     assert all(case.passed for case in result.cases)
@@ -71,7 +60,7 @@ def average_gradients(model):
     ids=["forgot-to-divide", "never-communicates", "frozen-parameters", "weights-not-gradients"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None
@@ -84,17 +73,16 @@ def average_gradients(model):
         if p.grad is not None:
             dist.recv(p.grad, src=1 - rank % 2)
 """
-    result = _check(lab, deadlock, case_timeout_s=5)
+    result = harness.check(lab, deadlock, case_timeout_s=5)
     assert not result.passed
     assert "never returned from line 4 of average_gradients: `dist.recv(p.grad, src=1 - rank % 2)`" in result.feedback
     assert [case.ran for case in result.cases].count(True) == 1  # the cases after it were not run
     assert lab.run("world_size", stream=False) == {0: 2, 1: 2}
-    assert _check(lab, exercises.get(NAME).solution()).passed
+    assert harness.check(lab, harness.solution).passed
 
 
 def test_the_learners_names_are_left_as_they_were(lab):
-    lab.run("x_kept = rank * 10\n" + exercises.get(NAME).solution(), stream=False)
-    exercises.check(NAME, lab, record=False, seed=3)
+    harness.check(lab, "x_kept = rank * 10\n" + harness.solution, seed=3)
     assert lab.pull("x_kept") == {0: 0, 1: 10}
     assert lab.world_size == 2
 
@@ -108,8 +96,8 @@ def average_gradients(model):
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
 """
-    result = _check(lab, dies)
+    result = harness.check(lab, dies)
     assert not result.passed
     assert "rank 1's process died during this case" in result.feedback, result.feedback
     assert [case.ran for case in result.cases].count(True) == 1
-    assert _check(lab, exercises.get(NAME).solution()).passed
+    assert harness.check(lab, harness.solution).passed

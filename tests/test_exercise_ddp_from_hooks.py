@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "ddp-from-hooks"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def test_the_reference_solution_passes_in_every_world_with_overlap(lab):
-    result = _check(lab, exercises.get(NAME).solution())
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert {case.world_size for case in result.cases} == {2, 3}
     for case in result.cases:
@@ -101,7 +90,7 @@ def _wrong(**change: str) -> str:
     ids=["forgot-to-divide", "no-overlap", "synchronous-in-hook", "waits-in-hook", "per-parameter", "hooks-twice"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None

@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "parameter-server"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def test_the_reference_solution_passes_in_every_world(lab):
-    result = _check(lab, exercises.get(NAME).solution())
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert {case.world_size for case in result.cases} == {2, 3, 4}
     assert all(case.passed for case in result.cases)
@@ -80,7 +69,7 @@ MISTAKES = {
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_each_mistake_fails_with_feedback_that_names_it(lab, mistake):
     code, named = MISTAKES[mistake]
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None
@@ -98,11 +87,11 @@ def parameter_server_step(params, grads, lr):
         for p in params:
             dist.recv(p, src=0)
 """
-    result = _check(lab, deadlock, case_timeout_s=5)
+    result = harness.check(lab, deadlock, case_timeout_s=5)
     assert not result.passed
     assert "never returned from line 5 of parameter_server_step: `dist.recv(torch.empty_like(g), src=worker)`" in (
         result.feedback
     ), result.feedback
     assert [case.ran for case in result.cases].count(True) == 1  # the cases after it were not run
     assert lab.run("world_size", stream=False) == {0: 2, 1: 2}
-    assert _check(lab, exercises.get(NAME).solution()).passed
+    assert harness.check(lab, harness.solution).passed

@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "pipeline-1f1b"
-SOLUTION = exercises.get(NAME).solution()
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
-
-
-def _changed(old: str, new: str) -> str:
-    assert old in SOLUTION
-    return SOLUTION.replace(old, new)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def test_the_reference_solution_passes_with_its_bubble_measured(lab):
-    result = _check(lab, SOLUTION)
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert all(case.measured["in_flight_stage_0"] == 2 for case in result.cases)
     assert all(case.measured["in_flight_stage_1"] == 1 for case in result.cases)
@@ -40,11 +23,13 @@ def test_the_reference_solution_passes_with_its_bubble_measured(lab):
     assert 0 <= timed[0].measured["bubble_stage_0"] <= 1
 
 
-NOT_DIVIDED_BY_M = _changed("loss = loss_fn(stage(x), targets[i]) / m", "loss = loss_fn(stage(x), targets[i])")
-RECEIVED_WITHOUT_REQUIRES_GRAD = _changed(
+NOT_DIVIDED_BY_M = harness.changed("loss = loss_fn(stage(x), targets[i]) / m", "loss = loss_fn(stage(x), targets[i])")
+RECEIVED_WITHOUT_REQUIRES_GRAD = harness.changed(
     "        x.requires_grad_()  # so that backward computes the gradient stage 0 needs\n", ""
 )
-GPIPE = _changed("        warmup = min(2, m)  # p - stage forwards before the first backward", "        warmup = m")
+GPIPE = harness.changed(
+    "        warmup = min(2, m)  # p - stage forwards before the first backward", "        warmup = m"
+)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +42,7 @@ GPIPE = _changed("        warmup = min(2, m)  # p - stage forwards before the fi
     ids=["not-divided-by-m", "received-without-requires-grad", "gpipe"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None

@@ -2,39 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-
-import distlab
-from distlab import exercises
-from distlab.exercises import catalog
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "ring-allreduce"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
+harness = Harness(NAME, seed=11)
+lab = learners_lab()
 
 
 @pytest.fixture
 def three_ranks_only(monkeypatch):
     # The wrong solutions are graded at 3 ranks alone: every mistake below shows there (sending the whole
     # tensor to every peer costs no more than a ring at 2 ranks), and it spares two restarts per check.
-    monkeypatch.setitem(catalog.EXERCISES, NAME, replace(catalog.EXERCISES[NAME], world_sizes=(3,)))
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=11, **kwargs)
+    harness.graded_only_at(monkeypatch, 3)
 
 
 def test_the_reference_solution_passes_in_every_world_and_is_measured(lab):
-    result = _check(lab, exercises.get(NAME).solution())
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert {case.world_size for case in result.cases} == {2, 3, 4}
     assert all(case.passed for case in result.cases)
@@ -84,9 +70,7 @@ def ring_all_reduce(tensor):
 """
 
 # The reduce-scatter stops a step short (range(n - 2)): no chunk holds the full sum when the all-gather starts.
-REDUCE_SCATTER_A_STEP_SHORT = (
-    exercises.get(NAME).solution().replace("for step in range(n - 1):", "for step in range(n - 2):", 1)
-)
+REDUCE_SCATTER_A_STEP_SHORT = harness.changed("for step in range(n - 1):", "for step in range(n - 2):", 1)
 
 WHOLE_TENSOR_TO_EVERYONE = """
 def ring_all_reduce(tensor):
@@ -123,16 +107,16 @@ def ring_all_reduce(tensor):
     ],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, three_ranks_only, code, named):
-    assert code != exercises.get(NAME).solution()
-    result = _check(lab, code)
+    assert code != harness.solution
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None
 
 
 def test_the_grader_puts_torch_distributed_back_after_a_failing_check(lab, three_ranks_only):
-    assert not _check(lab, USES_ALL_REDUCE).passed
-    grader = lab._companions["exercises"]
+    assert not harness.check(lab, USES_ALL_REDUCE).passed
+    grader = harness.grader_lab(lab, 3)
     # CPU ranks on gloo whatever the learner's lab asked (auto here): on one GPU, NCCL has too few.
     assert (lab.requested_backend, grader.requested_backend, grader.backend) == ("auto", "gloo", "gloo")
     restored = "all(getattr(dist, f) is getattr(dist.distributed_c10d, f) for f in ('all_reduce', 'send', 'isend'))"
@@ -146,11 +130,11 @@ def ring_all_reduce(tensor):
         dist.recv(tensor, (rank - 1) % world_size)
         dist.send(tensor, (rank + 1) % world_size)
 """
-    result = _check(lab, deadlock, case_timeout_s=5)
+    result = harness.check(lab, deadlock, case_timeout_s=5)
     assert not result.passed
     assert "never returned from line 3 of ring_all_reduce: `dist.recv(tensor, (rank - 1) % world_size)`" in (
         result.feedback
     )
     assert [case.ran for case in result.cases].count(True) == 1  # the cases after it were not run
     assert lab.run("world_size", stream=False) == {0: 2, 1: 2}
-    assert _check(lab, exercises.get(NAME).solution()).passed
+    assert harness.check(lab, harness.solution).passed

@@ -3,52 +3,35 @@
 from __future__ import annotations
 
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "tensor-parallel-mlp"
-SOLUTION = exercises.get(NAME).solution()
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
-
-
-def _changed(old: str, new: str) -> str:
-    assert old in SOLUTION
-    return SOLUTION.replace(old, new)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def test_the_reference_solution_passes_in_every_world(lab):
-    result = _check(lab, SOLUTION)
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert {case.world_size for case in result.cases} == {2, 4}
     assert all(case.measured == {"all_reduce_forward": 1, "all_reduce_backward": 1} for case in result.cases)
 
 
 # f left out: forward is right, but each rank's x.grad is its own hidden features' part.
-NO_ALL_REDUCE_IN_BACKWARD = _changed("        x = _CopyToRanks.apply(x)\n", "")
-B2_ON_EVERY_RANK = _changed(
+NO_ALL_REDUCE_IN_BACKWARD = harness.changed("        x = _CopyToRanks.apply(x)\n", "")
+B2_ON_EVERY_RANK = harness.changed(
     "return _SumOverRanks.apply(hidden @ self.w2.T) + self.b2",
     "return _SumOverRanks.apply(hidden @ self.w2.T + self.b2)",
 )
-ALL_REDUCE_AFTER_GELU = _changed(
+ALL_REDUCE_AFTER_GELU = harness.changed(
     "hidden = torch.nn.functional.gelu(x @ self.w1.T + self.b1)",
     "hidden = _SumOverRanks.apply(torch.nn.functional.gelu(x @ self.w1.T + self.b1))",
 ).replace("return _SumOverRanks.apply(hidden @ self.w2.T) + self.b2", "return hidden @ self.w2.T + self.b2")
-W2_SPLIT_BY_ROWS = _changed("w2[:, rows].clone()", "w2.chunk(world_size, 0)[rank].clone()")
+W2_SPLIT_BY_ROWS = harness.changed("w2[:, rows].clone()", "w2.chunk(world_size, 0)[rank].clone()")
 # torch's differentiable all-reduce sums the gradient in backward too: g's backward must be the identity.
-TORCH_ALL_REDUCE_AS_G = "import torch.distributed.nn\n" + _changed(
+TORCH_ALL_REDUCE_AS_G = "import torch.distributed.nn\n" + harness.changed(
     "_SumOverRanks.apply(hidden @ self.w2.T)", "torch.distributed.nn.functional.all_reduce(hidden @ self.w2.T)"
 )
 
@@ -65,7 +48,7 @@ TORCH_ALL_REDUCE_AS_G = "import torch.distributed.nn\n" + _changed(
     ids=["no-all-reduce-in-backward", "b2-on-every-rank", "all-reduce-after-gelu", "w2-split-by-rows", "torch-g"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None

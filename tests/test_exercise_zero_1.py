@@ -3,35 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-import distlab
-from distlab import exercises
+from _exercises import Harness, learners_lab
 
 pytestmark = pytest.mark.cluster
 
 NAME = "zero-1"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with distlab.start(ranks=2) as lab:
-        yield lab
-
-
-def _check(lab, code: str, **kwargs):
-    lab.run(code, stream=False)
-    return exercises.check(NAME, lab, record=False, seed=7, **kwargs)
-
-
-def _wrong(old: str, new: str) -> str:
-    """The reference solution with one mistake in it."""
-    reference = exercises.get(NAME).solution()
-    assert old in reference
-    return reference.replace(old, new)
+harness = Harness(NAME)
+lab = learners_lab()
 
 
 def test_the_reference_solution_passes_with_a_shard_of_the_state_in_every_world(lab):
-    result = _check(lab, exercises.get(NAME).solution())
+    result = harness.check(lab, harness.solution)
     assert result.passed, result.feedback
     assert {case.world_size for case in result.cases} == {2, 3, 4}
     for case in result.cases:
@@ -59,18 +41,19 @@ class Zero1Adam:
     [
         (FULL_STATE, "not sharded"),
         (
-            _wrong(
+            harness.changed(
                 "        dist.all_gather_single(full, param)\n",
                 "        full = self._padded(self.params)\n"
                 "        full[self.start : self.start + self.shard] = param\n",
             ),
             "all-gather the updated shards",
         ),
-        (_wrong("        grad /= world_size\n", ""), "the gradients were summed, not averaged"),
-        (_wrong("        self.t += 1\n", ""), "dividing by zero"),
+        (harness.changed("        grad /= world_size\n", ""), "the gradients were summed, not averaged"),
+        (harness.changed("        self.t += 1\n", ""), "dividing by zero"),
         (
-            _wrong(
-                "        m_hat = self.exp_avg / (1 - beta1**self.t)\n        v_hat = self.exp_avg_sq / (1 - beta2**self.t)\n",
+            harness.changed(
+                "        m_hat = self.exp_avg / (1 - beta1**self.t)\n"
+                "        v_hat = self.exp_avg_sq / (1 - beta2**self.t)\n",
                 "        m_hat, v_hat = self.exp_avg, self.exp_avg_sq\n",
             ),
             "no bias correction",
@@ -79,7 +62,7 @@ class Zero1Adam:
     ids=["full-state", "no-all-gather", "not-averaged", "step-count-zero", "no-bias-correction"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
-    result = _check(lab, code)
+    result = harness.check(lab, code)
     assert not result.passed
     assert named in result.feedback, result.feedback
     assert result.failures[0].rank is not None

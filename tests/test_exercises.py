@@ -30,6 +30,36 @@ def test_the_catalog_has_the_exercises_in_course_order():
     assert all(exercise.module == exercise.name.replace("-", "_") for exercise in ALL)
 
 
+def test_each_exercise_is_one_folder_with_its_task_solution_and_grader():
+    folder = ROOT / "distlab" / "exercises"
+    assert sorted(p.parent.name for p in folder.glob("*/task.py")) == sorted(e.module for e in ALL)  # none missed
+    for exercise in ALL:
+        files = {p.name for p in (folder / exercise.module).iterdir()}
+        assert {"__init__.py", "task.py", "solution.py", "grader.py"} <= files, exercise.module
+
+
+@pytest.mark.cluster
+def test_a_rank_that_imports_a_grader_loads_no_notebook_side_and_no_task():
+    from conftest import python_lines
+
+    # What rank/exercise.py does on a rank of the grader's lab: import the grader by the exercise's name.
+    # Its folder and the package above it load too (their __init__ imports nothing); nothing else of
+    # distlab.exercises (the catalog, grading, the tasks) nor of the notebook's side may.
+    allowed = {"distlab.exercises"} | {f"distlab.exercises.{e.module}" for e in ALL}
+    allowed |= {f"distlab.exercises.{e.module}.{part}" for e in ALL for part in ("grader", "saver", "states")}
+    code = (
+        "import sys\n"
+        "from distlab.rank.exercise import _grader\n"
+        f"for name in {[e.name for e in ALL]!r}:\n"
+        "    _grader(name).cases(2, 1)\n"
+        "notebook = ('distlab.notebook', 'distlab.dashboard', 'distlab.server', 'distlab.quiz', 'distlab.exercises')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(notebook)))\n"
+    )
+    loaded = ast.literal_eval(python_lines(code, timeout_s=300)[-1])
+    assert {f"distlab.exercises.{e.module}.grader" for e in ALL} <= set(loaded)
+    assert sorted(set(loaded) - allowed) == []
+
+
 @pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])
 def test_each_exercise_reads_whole_and_its_solution_defines_what_it_asks(exercise):
     assert exercise.title and len(exercise.task) > 200 and exercise.hints
@@ -48,7 +78,7 @@ def test_each_exercise_reads_whole_and_its_solution_defines_what_it_asks(exercis
 def test_each_grader_draws_the_same_cases_from_a_seed_and_other_cases_from_another(exercise):
     from importlib import import_module
 
-    grader = import_module(f"distlab.rank.graders.{exercise.module}")
+    grader = import_module(f"distlab.exercises.{exercise.module}.grader")
     assert callable(grader.grade)
     for size in exercise.world_sizes:
         cases = grader.cases(size, 5)
@@ -83,7 +113,9 @@ def test_the_task_view_shows_the_text_the_starter_and_how_to_check():
 def _result(passed: bool) -> ExerciseResult:
     cases = (
         CaseResult(0, 2, "mlp <b>", True, measured={"seconds": 0.0123}),
-        CaseResult(1, 2, "deep", passed, "" if passed else "`w`'s gradient is 2 times DDP's", rank=None if passed else 1),
+        CaseResult(
+            1, 2, "deep", passed, "" if passed else "`w`'s gradient is 2 times DDP's", rank=None if passed else 1
+        ),
         CaseResult(2, 3, "mlp", passed, "" if passed else "not run: an earlier case was stopped", ran=passed),
     )
     return grading._verdict(exercises.get("average-gradients"), cases, seed=11)

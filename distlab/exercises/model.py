@@ -10,7 +10,7 @@ __all__ = ["Exercise"]
 
 @dataclass(frozen=True)
 class Exercise:
-    """One coding exercise; graded on ranks by ``distlab.rank.graders.<module>``.
+    """One coding exercise, the folder ``distlab/exercises/<module>/``; graded on ranks by its ``grader.py``.
 
     ``defines`` are the names the learner's ``%%ddp`` cells define and the grader calls;
     ``world_sizes`` the worlds it is graded in (the grader starts its own ranks: the learner's lab
@@ -30,9 +30,9 @@ class Exercise:
 
     @property
     def module(self) -> str:
-        """The grader's and the reference solution's module name."""
+        """The name of the exercise's folder (its package: ``task``, ``solution.py``, ``grader``)."""
         return self.name.replace("-", "_")
 
     def solution(self) -> str:
         """The reference solution, as the text of a ``%%ddp`` cell (kept out of the learner's view)."""
-        return resources.files("distlab.exercises.solutions").joinpath(f"{self.module}.py").read_text("utf-8")
+        return resources.files(f"distlab.exercises.{self.module}").joinpath("solution.py").read_text("utf-8")

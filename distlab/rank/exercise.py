@@ -6,7 +6,9 @@ in a cell lives in no importable module), and the grader's world gets the bytes.
 :class:`Learner` unpacks them for each case into objects that see the grading rank's own ``rank``,
 ``world_size``, ``dist``, ... (a learner's function reads them as globals, and the values it was
 pickled with are its own lab's), and :func:`grade_case` runs one case of the exercise's grader,
-``distlab.rank.graders.<module>``, which every grader module provides as:
+``distlab.exercises.<module>.grader`` (the exercise's folder; importing it loads neither the
+notebook side nor the other exercises: the package ``distlab.exercises`` imports nothing until asked),
+which every grader module provides as:
 
 ``cases(world_size: int, seed: int) -> list[dict]``
     The cases at this world size, the same on every rank (plain Python from ``random.Random(seed)``);
@@ -127,7 +129,7 @@ def _renamed(code: types.CodeType) -> types.CodeType:
 
 
 def _grader(exercise: str) -> Any:
-    return import_module(f"distlab.rank.graders.{exercise.replace('-', '_')}")
+    return import_module(f"distlab.exercises.{exercise.replace('-', '_')}.grader")
 
 
 def case_names(exercise: str, world_size: int, seed: int) -> CellReply:

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, failed, first_difference, passed
 
 _SHAPES = (
     ("mlp", torch.float32),

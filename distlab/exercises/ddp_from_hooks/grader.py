@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, failed, first_difference, passed
 
 # (kind, bucket cap: "tiny" smaller than any parameter, "mid" about a third of the model, "huge" one bucket)
 _KINDS = (

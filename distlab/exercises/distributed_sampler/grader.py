@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from ..exercise import Learner, failed, passed
+from ...rank.exercise import Learner, failed, passed
 
 # Below this many indices two epochs (or seeds) may give the same order by chance (1 in n!): only
 # larger data sets are required to be reshuffled.

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...rank.exercise import Learner, failed, first_difference, passed
 from ...theory import parameter_server_received_bytes
-from ..exercise import Learner, failed, first_difference, passed
 
 _STEPS = 3
 
@@ -36,7 +36,8 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
         lr = round(rng.uniform(0.01, 0.5), 3)
         out.append(
             {
-                "name": f"{len(shapes)} tensor{'s' if len(shapes) > 1 else ''} {' '.join(_shape(s) for s in shapes)}, {dtype}, lr {lr}",
+                "name": f"{len(shapes)} tensor{'s' if len(shapes) > 1 else ''} "
+                f"{' '.join(_shape(s) for s in shapes)}, {dtype}, lr {lr}",
                 "shapes": shapes,
                 "dtype": dtype,
                 "lr": lr,
@@ -134,8 +135,8 @@ def _problem(
             (
                 old[i] - lr * worker_sum[i] / world,
                 (
-                    f"params[{{i}}] took a step {workers}/{world} of the right one: the mean was taken over all {world} "
-                    f"ranks, counting the server's own zero gradient; average over the {workers} workers only"
+                    f"params[{{i}}] took a step {workers}/{world} of the right one: the mean was taken over all "
+                    f"{world} ranks, counting the server's own zero gradient; average over the {workers} workers only"
                 ),
             ),
             (

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...rank.exercise import Learner, failed, first_difference, passed
 from ...theory.pipeline import bubble_fraction, pipeline_schedule
-from ..exercise import Learner, failed, first_difference, passed
 
 _STAGES = 2
 _NO_GRAD_INPUT = (

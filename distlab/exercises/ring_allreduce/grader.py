@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ...rank.exercise import Learner, failed, first_difference, passed
 from ...theory import ring_allreduce_sent_bytes
-from ..exercise import Learner, failed, first_difference, passed
 
 # The collectives a learner could reach for instead of building the ring (those this torch has).
 _COLLECTIVES = (

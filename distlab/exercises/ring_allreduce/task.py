@@ -7,9 +7,9 @@ EXERCISE = Exercise(
     task="""\
 `dist.all_reduce(tensor)` leaves on every rank the sum of every rank's `tensor`. gloo does it on a
 **ring** (notebooks 03 and 12 measure its bytes against the ring's), as NCCL does for large tensors
-(it switches to trees for some sizes): each rank sends only to its right neighbour, `(rank + 1) % world_size`, and receives
-only from its left, `(rank - 1) % world_size`. The tensor is cut into `world_size` chunks, and the
-all-reduce runs in two phases of `world_size - 1` steps each:
+(it switches to trees for some sizes): each rank sends only to its right neighbour,
+`(rank + 1) % world_size`, and receives only from its left, `(rank - 1) % world_size`. The tensor is
+cut into `world_size` chunks, and the all-reduce runs in two phases of `world_size - 1` steps each:
 
 1. **Reduce-scatter**: at every step each rank sends one chunk to the right and adds the chunk it
    receives from the left into its own copy of that chunk. After `world_size - 1` steps each rank

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, failed, first_difference, passed
 
 _KINDS = (
     ("2-D input", "float32"),

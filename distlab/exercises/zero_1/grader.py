@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...rank.exercise import Learner, failed, first_difference, passed
 from ...theory import memory_breakdown
-from ..exercise import Learner, failed, first_difference, passed
 
 _BETAS = (0.9, 0.999)
 _EPS = 1e-8

@@ -1,0 +1,6 @@
+"""Exercise ``zero-1``: ZeRO-1: shard Adam's state over the ranks.
+
+``task.py`` is what the learner reads and starts from (task, starter cell, hints); ``solution.py`` the
+reference, the text of a ``%%ddp`` cell; ``grader.py`` its cases and how each is graded, run on the
+grader's ranks. Nothing is imported here: a rank imports ``grader`` alone.
+"""
