@@ -165,7 +165,7 @@ def test_a_progress_file_from_before_exercises_still_reads(tmp_path, monkeypatch
 
 class _Lab:
     def __init__(self, *cells: str) -> None:
-        self._history = [CellRan(code) for code in cells]
+        self.history = tuple(CellRan(code) for code in cells)
 
 
 def test_the_learners_line_is_quoted_from_the_latest_cell_that_defines_the_function():

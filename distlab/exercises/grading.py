@@ -12,9 +12,10 @@ from __future__ import annotations
 import ast
 import random
 import re
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CellTimeout, LabUsageError, RankError, RankFailure
 from ..notebook import rpc
@@ -23,15 +24,26 @@ from .catalog import EXERCISES, get
 from .model import Exercise
 from .results import CaseResult, ExerciseResult
 
+if TYPE_CHECKING:
+    from ..notebook.cell import Send
+    from ..notebook.core import LabCore
+
 __all__ = ["check", "grade_all", "grading_lab"]
 
 _COMPANION = "exercises"
 # How long asking a rank for definitions or case names may take: a small pickle, a few names.
 _ASK_TIMEOUT_S = 60.0
+# learner's lab -> the size its grader's lab was left at: the next check starts there, one restart fewer.
+_last_size: weakref.WeakKeyDictionary[LabCore, int] = weakref.WeakKeyDictionary()
 
 
 def check(
-    name: str, lab: Any = None, *, seed: int | None = None, case_timeout_s: float | None = None, record: bool = True
+    name: str,
+    lab: LabCore | None = None,
+    *,
+    seed: int | None = None,
+    case_timeout_s: float | None = None,
+    record: bool = True,
 ) -> ExerciseResult:
     """Grade the learner's solution of exercise ``name``, as defined on ``lab``'s ranks (the running lab by default).
 
@@ -71,14 +83,13 @@ def check(
     return result
 
 
-def _in_order(sizes: tuple[int, ...], learner_lab: Any) -> list[int]:
+def _in_order(sizes: tuple[int, ...], learner_lab: LabCore) -> list[int]:
     """The grader's current size first: one restart fewer."""
-    world = learner_lab._companions.get(_COMPANION)
-    current = world.world_size if world is not None and world.running else None
+    current = _last_size.get(learner_lab)
     return sorted(sizes, key=lambda size: (size != current, size))
 
 
-def grade_all(lab: Any = None, names: Iterable[str] | None = None) -> dict[str, Any]:
+def grade_all(lab: LabCore | None = None, names: Iterable[str] | None = None) -> dict[str, Any]:
     """Every exercise (or ``names``) graded on ``lab``: {name: result as plain values, or why it was not}.
 
     An exercise whose names the learner has not defined is "not attempted", not failed: what
@@ -94,40 +105,27 @@ def grade_all(lab: Any = None, names: Iterable[str] | None = None) -> dict[str, 
     return grades
 
 
-def grading_lab(learner_lab: Any, size: int) -> Any:
-    """The grader's lab for ``learner_lab`` at ``size`` ranks: started, or resized, when needed."""
-    from ..notebook.lab import Lab
+def grading_lab(learner_lab: LabCore, size: int) -> LabCore:
+    """The grader's lab for ``learner_lab`` at ``size`` ranks: started, resized, or restarted when a rank
+    died (a learner's code, an out-of-memory kill) by the learner's lab, which stops it with itself.
 
-    world = learner_lab._companions.get(_COMPANION)
-    if world is not None and not world.running:
-        world = None
-    if world is not None and not _whole(world):
-        world.restart(ranks=size)  # a rank died since (a learner's code, an out-of-memory kill)
-    elif world is None:
-        # CPU ranks on gloo, whatever the learner's lab runs: a case asks for 2 to 4 ranks, more than
-        # a laptop's or Colab's one GPU gives NCCL, and what the graders measure (bytes, counts,
-        # order, results) is the same on any device.
-        world = Lab(ranks=size, backend="gloo", timeout=learner_lab.config.timeout).start()
-        learner_lab._companions[_COMPANION] = world
-    if world.world_size != size:
-        world.restart(ranks=size)
+    CPU ranks on gloo, whatever the learner's lab runs: a case asks for 2 to 4 ranks, more than a
+    laptop's or Colab's one GPU gives NCCL, and what the graders measure (bytes, counts, order,
+    results) is the same on any device.
+    """
+    world = learner_lab.companion(_COMPANION, size, backend="gloo")
+    _last_size[learner_lab] = size
     return world
-
-
-def _whole(world: Any) -> bool:
-    """Every rank's engine is still registered with the controller."""
-    registered = set(world._client.ids)
-    return all(info.engine_id in registered for info in world.table)
 
 
 # ---------------------------------------------------------------------------- the steps
 
 
-def _learners_lab(lab: Any, exercise: Exercise) -> Any:
+def _learners_lab(lab: LabCore | None, exercise: Exercise) -> LabCore:
     if lab is None:
-        from ..notebook.magics import current_lab
+        from ..notebook.labs import current
 
-        lab = current_lab()
+        lab = current()
     if lab is None or not lab.running:
         raise LabUsageError(
             f"no lab is running: start one (%dist start -n 2), define {_names(exercise)} in a %%ddp cell, "
@@ -136,7 +134,7 @@ def _learners_lab(lab: Any, exercise: Exercise) -> Any:
     return lab
 
 
-def _definitions(lab: Any, exercise: Exercise) -> bytes:
+def _definitions(lab: LabCore, exercise: Exercise) -> bytes:
     found = _ask(lab, lambda engine, rank: rpc.pack_definitions(engine, list(exercise.defines)))
     if "missing" in found:
         raise LabUsageError(
@@ -153,13 +151,13 @@ def _definitions(lab: Any, exercise: Exercise) -> bytes:
     return blob
 
 
-def _ask(lab: Any, send: Any) -> Any:
+def _ask(lab: LabCore, send: Send) -> Any:
     """Rank 0's answer to a quick call, under a deadline."""
-    return lab._run_on([0], _ASK_TIMEOUT_S, False, send)[0]
+    return lab.call(send, ranks=[0], timeout=_ASK_TIMEOUT_S)[0]
 
 
 def _run_case(
-    world: Any, exercise: Exercise, blob: bytes, seed: int, index: int, size: int, case_name: str, quote: Quote
+    world: LabCore, exercise: Exercise, blob: bytes, seed: int, index: int, size: int, case_name: str, quote: Quote
 ) -> tuple[CaseResult, bool]:
     """The case's result, and whether it ran past its deadline."""
 
@@ -168,15 +166,15 @@ def _run_case(
 
     base = {"index": index, "world_size": size, "name": case_name}
     try:
-        outcomes = world._run_on(world.ranks(), exercise.case_timeout_s, False, send)
+        outcomes = world.call(send, timeout=exercise.case_timeout_s)
     except CellTimeout as exc:
         message = _stuck(exc.failures, exercise.case_timeout_s, quote)
         return CaseResult(**base, passed=False, message=message, rank=min(exc.failures)), True
     except RankError as exc:
         dead = sorted(rank for rank, failure in exc.failures.items() if failure.ename == "EngineError")
         if dead:
-            # The world cannot run the next cases: they are not run, and the next check gets it whole.
-            _mend(world, size)
+            # The world cannot run the next cases: they are not run. The next check gets it whole
+            # (``companion`` restarts a lab whose rank died).
             return CaseResult(**base, passed=False, message=_died(dead), rank=dead[0]), True
         rank, failure = _first_cause(exc.failures)
         return CaseResult(**base, passed=False, message=_raised(failure, quote), rank=rank), False
@@ -191,14 +189,6 @@ def _run_case(
         return case, False
     first = outcomes[min(outcomes)]
     return CaseResult(**base, passed=True, message=first["message"], measured=first["measured"]), False
-
-
-def _mend(world: Any, size: int) -> None:
-    """A fresh world of ``size`` ranks in place of one with a dead rank, or none (the next check starts one)."""
-    try:
-        world.restart(ranks=size)
-    except Exception:  # noqa: BLE001 - restart stops the lab when it fails; the next check starts anew
-        world.stop()
 
 
 def _died(ranks: list[int]) -> str:
@@ -236,13 +226,13 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<functio
 Quote = Callable[[str, int], str]
 
 
-def _quoter(lab: Any) -> Quote:
+def _quoter(lab: LabCore) -> Quote:
     """Quote the learner's own lines: their code arrives on the grader's ranks without its text.
 
     A line number in ``<your code>`` counts within the cell that defined the function; the cell is
     the latest in the lab's history that defines a function of that name.
     """
-    cells = [event.code for event in reversed(lab._history) if isinstance(getattr(event, "code", None), str)]
+    cells = [event.code for event in reversed(lab.history) if isinstance(getattr(event, "code", None), str)]
 
     def quote(function: str, line: int) -> str:
         for code in cells:
