@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .notebook.lab import Lab, start
     from .notebook.magics import current_lab
-    from .telemetry import log, watch
+    from .telemetry.watch import log, watch  # the module: mypy takes telemetry.watch for the submodule
 
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {

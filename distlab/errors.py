@@ -7,8 +7,10 @@ A failed cell on N ranks must read like one error, not N: identical tracebacks a
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from .wire import CollectiveEntry
 
 __all__ = [
     "CellTimeout",
@@ -100,13 +102,13 @@ _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
 
 
-def _describe_op(entry: Mapping[str, object]) -> str:
+def _describe_op(entry: CollectiveEntry) -> str:
     """'all_reduce of [7] float32' from a flight-recorder entry (bootstrap.collective_trace)."""
     shapes = entry.get("shapes") or []
     dtypes = entry.get("dtypes") or []
     parts = [
         "[" + ", ".join(str(d) for d in shape) + "]" + (f" {_DTYPES.get(dtype, dtype)}" if dtype else "")
-        for shape, dtype in zip(shapes, list(dtypes) + [""] * len(shapes))  # type: ignore[arg-type]
+        for shape, dtype in zip(shapes, [*dtypes, *[""] * len(shapes)])
     ]
     return f"{entry.get('op', '?')} of {', '.join(parts)}" if parts else str(entry.get("op", "?"))
 
@@ -115,7 +117,9 @@ def _describe_op(entry: Mapping[str, object]) -> str:
 STUCK, FAILED, FINISHED, ABSENT = "still in the cell", "its cell failed", "its cell had finished", "not in this cell"
 
 
-def diagnose_collectives(traces: Mapping[int, list[dict]], doing: Mapping[int, str]) -> str | None:
+def diagnose_collectives(
+    traces: Mapping[int, Sequence[CollectiveEntry]], doing: Mapping[int, str]
+) -> str | None:
     """Who never arrived at a collective, and where the others waited; None if nothing is amiss.
 
     ``traces``: each rank's latest collectives on the default group (``bootstrap.collective_trace``),
@@ -125,8 +129,9 @@ def diagnose_collectives(traces: Mapping[int, list[dict]], doing: Mapping[int, s
     shapes, that mismatch is the hang.
     """
     collectives = {r: [e for e in t if not e.get("p2p")] for r, t in traces.items()}
-    last = {r: (entries[-1] if entries else None) for r, entries in collectives.items()}
-    seq = {r: (e["seq"] if e else 0) for r, e in last.items()}
+    # Only ranks that made a collective have a last one; the others count as at #0.
+    last = {r: entries[-1] for r, entries in collectives.items() if entries}
+    seq = {r: (last[r]["seq"] if r in last else 0) for r in collectives}
     front = max(seq.values(), default=0)
     if front == 0:
         return None
@@ -134,19 +139,19 @@ def diagnose_collectives(traces: Mapping[int, list[dict]], doing: Mapping[int, s
     behind = sorted(r for r in seq if seq[r] < front)
     if behind:
         waiting = [r for r in ahead if doing.get(r) == STUCK] or ahead
-        where = _describe_op(last[waiting[0]] or {})
+        where = _describe_op(last[waiting[0]])
         lines = [f"collective #{front} ({where}): rank {format_ranks(waiting)} waited in it"]
         by_last: dict[str, list[int]] = {}
         for r in behind:
-            e = last[r]
+            e = last.get(r)
             was = f"its last was #{e['seq']}, {_describe_op(e)}" if e else "it had made no collective"
             by_last.setdefault(f"{was}; {doing.get(r, STUCK)}", []).append(r)
         for what, ranks in by_last.items():
             lines.append(f"rank {format_ranks(ranks)} never arrived ({what})")
         return "; ".join(lines)
-    seen = {_describe_op(last[r] or {}) for r in ahead}
+    seen = {_describe_op(last[r]) for r in ahead}
     if len(seen) > 1:
-        calls = ", ".join(f"rank {r} {_describe_op(last[r] or {})}" for r in ahead)
+        calls = ", ".join(f"rank {r} {_describe_op(last[r])}" for r in ahead)
         return f"collective #{front}: the ranks disagree on what it is ({calls})"
     return None
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -32,7 +32,8 @@ def _sampler_state(sampler: Any) -> dict[str, Any]:
             seed=int(sampler.seed),
             shuffle=bool(sampler.shuffle),
             drop_last=bool(sampler.drop_last),
-            dataset_len=len(sampler.dataset),  # type: ignore[arg-type]
+            # DistributedSampler takes len() of its dataset itself; torch types it as a bare Dataset.
+            dataset_len=len(cast("Sized", sampler.dataset)),
             num_replicas=int(sampler.num_replicas),
         )
     return state

@@ -54,7 +54,7 @@ def save(
     rank, world = _rank_world()
     if is_zero_optimizer(optimizer):
         # ZeRO shards optimizer state across ranks; this collective brings it whole onto rank 0.
-        optimizer.consolidate_state_dict(to=0)  # type: ignore[union-attr]
+        optimizer.consolidate_state_dict(to=0)
     mine = {"step": step, "path": str(target), "rng": _rng_state()}
     gathered = _gather_to_zero(mine, rank, world)
     failure: BaseException | None = None

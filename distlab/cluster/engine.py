@@ -72,6 +72,8 @@ def _exit(code: object) -> None:
         print(code, file=sys.stderr)  # as Python prints a SystemExit's message
         code = 1
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is None:  # a process started without that stream
+            continue
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code if isinstance(code, int) else 0)

@@ -18,6 +18,7 @@ It is written to be parallelised from outside, unchanged:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,8 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             split(q), split(k), split(v), is_causal=True, dropout_p=self.attn_dropout if self.training else 0.0
         )
-        return self.drop(self.out(y.transpose(1, 2).reshape(batch, seq, width)))
+        out: torch.Tensor = self.drop(self.out(y.transpose(1, 2).reshape(batch, seq, width)))
+        return out
 
 
 class MLP(nn.Module):
@@ -107,7 +109,8 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        out: torch.Tensor = self.drop(self.proj(F.gelu(self.fc(x))))
+        return out
 
 
 class Block(nn.Module):
@@ -122,12 +125,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 def _embed(tok: nn.Embedding, pos: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
     # (batch, seq) ids -> (batch, seq, hidden); the (seq, hidden) positions broadcast over the batch.
-    return tok(idx) + pos(torch.arange(idx.shape[1], device=idx.device))
+    out: torch.Tensor = tok(idx) + pos(torch.arange(idx.shape[1], device=idx.device))
+    return out
 
 
 def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool) -> torch.Tensor:
@@ -150,7 +155,8 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(config.vocab_size, config.hidden)
         self.pos = nn.Embedding(config.seq_len, config.hidden)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        blocks = [Block(config) for _ in range(config.layers)]
+        self.blocks = nn.ModuleList(blocks)
         self.norm = nn.LayerNorm(config.hidden, bias=config.bias)
         self.head = nn.Linear(config.hidden, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -159,7 +165,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # GPT-2: the projections that write into the residual stream start smaller, by 1/sqrt(2 * layers),
         # so the stream's variance does not grow with depth.
-        for block in self.blocks:
+        for block in blocks:
             for proj in (block.attn.out, block.mlp.proj):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.layers))
 
@@ -187,7 +193,7 @@ class GPT(nn.Module):
             )
         x = self.drop(_embed(self.tok, self.pos, idx))
         x = _run_blocks(self.blocks, x, self.checkpointing)
-        logits = self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))
         if targets is None:
             return logits
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -282,14 +288,18 @@ class GPTStage(nn.Module):
 
     def __init__(
         self,
-        blocks: list[Block],
+        blocks: Sequence[nn.Module],  # Blocks, or Blocks wrapped (activation checkpointing, FSDP)
         *,
         embeddings: tuple[nn.Embedding, nn.Embedding, nn.Dropout] | None = None,
         output: tuple[nn.LayerNorm, nn.Linear] | None = None,
         checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        self.tok = self.pos = self.drop = self.norm = self.head = None
+        self.tok: nn.Embedding | None = None
+        self.pos: nn.Embedding | None = None
+        self.drop: nn.Dropout | None = None
+        self.norm: nn.LayerNorm | None = None
+        self.head: nn.Linear | None = None
         if embeddings is not None:
             self.tok, self.pos, self.drop = embeddings
         self.blocks = nn.ModuleList(blocks)
@@ -301,10 +311,10 @@ class GPTStage(nn.Module):
         self.checkpointing = checks.flag("on", on)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tok is not None:
+        if self.tok is not None and self.pos is not None and self.drop is not None:  # set together
             x = self.drop(_embed(self.tok, self.pos, x))
         x = _run_blocks(self.blocks, x, self.checkpointing)
-        if self.head is not None:
+        if self.head is not None and self.norm is not None:
             x = self.head(self.norm(x))
         return x
 

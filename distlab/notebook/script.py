@@ -207,7 +207,7 @@ def _torchrun_source(code: str) -> tuple[str, list[tuple[int, int, str]]]:
             out += made  # what IPython ran (a prompt or a common indent taken off)
             continue
         originals = before[i1:i2] or made
-        indent = re.match(r"\s*", originals[0]).group()  # type: ignore[union-attr]
+        indent = originals[0][: len(originals[0]) - len(originals[0].lstrip())]
         found.append((i1 + 1, i1 + len(originals), originals[0].strip()))
         out.append(f"{indent}pass  # IPython only, torchrun cannot run it: {originals[0].strip()}")
         out += [f"{indent}# {line.strip()}" for line in originals[1:]]

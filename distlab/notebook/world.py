@@ -93,9 +93,9 @@ def plan_world(
     host that has GPUs but fewer than its ranks, the ranks run gloo and take its GPUs in turn
     (``cuda:<local_rank % gpus>``: CUDA tensors over gloo), as a laptop or Colab with one GPU needs.
     """
-    launcher_ranks = [i["launcher_rank"] for i in identities.values()]
-    if sorted(r for r in launcher_ranks if r is not None) == list(range(world_size)):
-        order = sorted(identities, key=lambda eid: identities[eid]["launcher_rank"])  # type: ignore[arg-type,return-value]
+    numbered = {eid: i["launcher_rank"] for eid, i in identities.items() if i["launcher_rank"] is not None}
+    if sorted(numbered.values()) == list(range(world_size)):
+        order = sorted(numbered, key=numbered.__getitem__)
     else:
         position = {host: i for i, host in enumerate(host_order)}
         for eid in sorted(identities):

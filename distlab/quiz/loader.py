@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
@@ -26,7 +27,10 @@ from .params import ParamSpec, template_fields
 from .topics import TOPICS, resolve_difficulty, resolve_topic
 
 if TYPE_CHECKING:
-    from importlib.resources.abc import Traversable
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:  # Python 3.10 has it only here
+        from importlib.abc import Traversable
 
 __all__ = ["Bank", "BankError", "bank", "load_bank", "schema"]
 

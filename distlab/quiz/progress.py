@@ -225,12 +225,13 @@ class Summary:
             answered = f"{row.answered}/{row.questions}"
             lines.append(f"{number:>2}  {row.topic:<{width}}  {answered:>8}  {row.mastery:>8.0%}")
         if self.exercises:
-            passed = sum(row.passed for row in self.exercises)
-            width = max(len(row.name) for row in self.exercises)
-            lines += ["", f"Exercises: {passed} of {len(self.exercises)} passed", f" #  {'exercise':<{width}}  checks  result"]
-            for number, row in enumerate(self.exercises, 1):
-                state = "passed" if row.passed else ("not yet" if row.checks else "")
-                lines.append(f"{number:>2}  {row.name:<{width}}  {row.checks:>6}  {state}")
+            passed = sum(exercise.passed for exercise in self.exercises)
+            width = max(len(exercise.name) for exercise in self.exercises)
+            lines += ["", f"Exercises: {passed} of {len(self.exercises)} passed",
+                      f" #  {'exercise':<{width}}  checks  result"]
+            for number, exercise in enumerate(self.exercises, 1):
+                state = "passed" if exercise.passed else ("not yet" if exercise.checks else "")
+                lines.append(f"{number:>2}  {exercise.name:<{width}}  {exercise.checks:>6}  {state}")
         return "\n".join(lines)
 
     # IPython shows the repr: the table reads the same in a notebook, a terminal and a log.

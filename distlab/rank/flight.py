@@ -6,14 +6,13 @@ waited, or which ranks disagree on a collective's op or shapes.
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..wire import CollectiveEntry
 from . import torchcompat
 
 __all__ = ["collective_trace"]
 
 
-def collective_trace(last: int) -> list[dict[str, Any]]:
+def collective_trace(last: int) -> list[CollectiveEntry]:
     """This rank's latest ``last`` collectives on the default process group, oldest first.
 
     Each is {seq, op, shapes, dtypes, p2p}: ``seq`` counts the group's collectives (or, for send

@@ -8,9 +8,14 @@ apart (a compiled model watched as ``_orig_mod.0``, saved as ``0``).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from . import torchcompat
 
@@ -32,7 +37,7 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def is_zero_optimizer(optimizer: Any) -> bool:
+def is_zero_optimizer(optimizer: object) -> TypeIs[ZeroRedundancyOptimizer]:
     """True for a ``torch.distributed.optim.ZeroRedundancyOptimizer``, subclasses included.
 
     Its state is sharded across ranks (``consolidate_state_dict`` gathers it) and its ``step`` runs

@@ -19,7 +19,8 @@ def user_namespace() -> dict[str, Any]:
     shell = get_ipython()
     if shell is None:
         return _fallback
-    return shell.user_ns  # type: ignore[no-any-return]
+    namespace: dict[str, Any] = shell.user_ns
+    return namespace
 
 
 def fill(rank: int, world_size: int, local_rank: int, device: Any) -> None:

@@ -19,12 +19,15 @@ import sysconfig
 import types
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..wire import LEARNER_FILE
 from .namespace import LAB_NAMES
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["describe", "drop", "keep", "summarise"]
 
@@ -383,7 +386,7 @@ def _wide(t: torch.Tensor) -> torch.dtype:
     return torch.float32 if t.device.type == "mps" else torch.float64
 
 
-def _dtensor_type() -> type | None:
+def _dtensor_type() -> type[DTensor] | None:
     if "torch.distributed.tensor" not in sys.modules:
         return None  # nothing made one: no need to import it
     try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
+from . import hooks
 
 __all__ = ["PUBLISH_INTERVAL_S", "flush", "install", "installed", "uninstall"]
 
@@ -340,6 +341,7 @@ def installed() -> bool:
     return _finder is not None
 
 
+@hooks.at_cell_end  # rank/cell.py calls it when a cell ends
 def flush() -> None:
     """Send the state of the cell's bars before its reply; nothing when no bar was made or moved."""
     reporter = _reporter

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
@@ -23,6 +24,14 @@ from jupyter_server.utils import url_path_join
 
 from .kernels import KernelDied, evaluate
 from .registry import ACTIONS, read_labs
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _authorized(action: str) -> Callable[[_Method], _Method]:
+    # jupyter_server's decorator, which has no annotations: it returns a method of the same signature.
+    decorator: Callable[[_Method], _Method] = authorized(action=action)
+    return decorator
 
 __all__ = ["ACTION_TIMEOUT_S", "LabActionError", "act_on_lab", "labs_in_server", "setup_handlers"]
 
@@ -132,7 +141,7 @@ class LabActionHandler(APIHandler):
     auth_resource = "kernels"
 
     @tornado.web.authenticated
-    @authorized(action="execute")
+    @_authorized(action="execute")
     async def post(self, lab_id: str, action: str) -> None:
         try:
             done = await act_on_lab(self.kernel_manager, lab_id, action)

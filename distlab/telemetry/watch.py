@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..rank import models, torchcompat
+from ..rank import hooks, models, torchcompat
 from ..records import Layout, Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
@@ -73,6 +73,7 @@ def active() -> Watch | None:
     return _active[-1] if _active else None
 
 
+@hooks.at_cell_end  # rank/cell.py calls it when a cell ends
 def flush() -> None:
     """Publish all that every open watch on this rank has recorded, now.
 
