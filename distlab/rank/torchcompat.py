@@ -4,7 +4,8 @@ distlab reaches into torch where torch offers no public way to do what it needs:
 all-reduces without a communication hook, rebuild a process group after a broken one, read the
 flight recorder in-process. Private APIs change between releases without notice, so each is called
 here and nowhere else, with a comment saying what it does and why no public API does it: a new
-torch release is checked against this one file.
+torch release is checked against this file and ``torchcompat_dispatch.py``, which holds those behind
+the watch's view of a step's ops (dispatch modes, collective ops, FSDP2's internals).
 
 Importing this module checks the torch it runs on: outside the versions really run (CI and the GPU
 machines), it refuses with one line saying what to install, unless ``DISTLAB_ALLOW_ANY_TORCH=1``.
@@ -23,35 +24,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_leaves as _pytree_leaves  # see tree_leaves
 
 __all__ = [
     "ALLOW_ANY_TORCH",
     "KNOWN_GOOD",
     "check_torch",
-    "collective_group_size",
     "comm_hook_names",
     "compiled_original",
-    "dispatch_mode",
     "flight_recorder_dump",
     "foreach_copy_",
     "foreach_norm",
     "foreach_sub_",
     "forget_process_groups",
-    "future_of",
-    "label_fsdp_collectives",
-    "pop_dispatch_mode",
-    "push_dispatch_mode",
+    "local_tensor",
     "replace_group_functions",
     "reset_group_count",
     "set_reducer_group",
+    "storage_id",
     "swappable_reducer",
     "torch_version_problem",
+    "tree_leaves",
     "version_counter",
-    "wait_functional",
-    "wait_work",
-    "watch_storage_resizes",
     "work_from_future",
-    "work_of",
 ]
 
 #: (major, minor) of the torch releases distlab is run on, from the first to one past the last:
@@ -125,6 +120,34 @@ def version_counter(tensor: torch.Tensor) -> int:
     ``no_grad`` alike. torch has no public way to ask whether a tensor changed, short of a copy.
     """
     return int(tensor._version)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank stores: a DTensor's local shard, any other tensor itself.
+
+    ``DTensor._local_tensor``: the public ``to_local()`` is an op of its own (recorded by autograd,
+    and seen by a dispatch mode watching the step), where this only reads an attribute.
+    """
+    local = getattr(tensor, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else tensor
+
+
+def storage_id(storage: torch.UntypedStorage) -> int:
+    """An identity of ``storage``'s C++ object, which every Python wrapper of it shares and a resize keeps.
+
+    ``UntypedStorage._cdata``: ``id()`` differs between two wrappers of one storage (each
+    ``untyped_storage()`` call makes one), and ``data_ptr()`` changes when a resize moves the memory.
+    """
+    return int(storage._cdata)
+
+
+def tree_leaves(value: Any) -> list[Any]:
+    """The leaves of nested lists, tuples and dicts (an op's arguments or results), in order.
+
+    ``torch.utils._pytree.tree_leaves``: the flattening torch's dispatcher uses for an op's
+    arguments; it also opens the containers torch registers (``torch.Size``, named tuples of results).
+    """
+    return list(_pytree_leaves(value))
 
 
 def compiled_original(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -249,174 +272,3 @@ def flight_recorder_dump() -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
         return None
     return dump if isinstance(dump, dict) else None
-
-
-# ----------------------------------------------------------------------- ops seen by the watch
-
-
-def push_dispatch_mode(mode: Any) -> None:
-    """Put a ``TorchDispatchMode`` on this thread's mode stack until :func:`pop_dispatch_mode`.
-
-    ``torch.utils._python_dispatch._push_mode``: a mode's ``with`` block cannot span the two hooks
-    that open and close a training step (a forward pre-hook, an optimizer post-hook).
-    """
-    from torch.utils._python_dispatch import _push_mode
-
-    _push_mode(mode)
-
-
-def pop_dispatch_mode(mode: Any) -> bool:
-    """Take ``mode`` off this thread's mode stack if it is on top; False (and nothing popped) otherwise.
-
-    ``_get_current_dispatch_mode`` / ``_pop_mode``: a mode entered after ours and still open is not
-    ours to remove.
-    """
-    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
-
-    if _get_current_dispatch_mode() is not mode:
-        return False
-    _pop_mode()
-    return True
-
-
-@contextlib.contextmanager
-def dispatch_mode(mode: Any) -> Any:
-    """``with mode:`` for a mode that may be pushed and popped by hand elsewhere."""
-    push_dispatch_mode(mode)
-    try:
-        yield mode
-    finally:
-        pop_dispatch_mode(mode)
-
-
-def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
-    """How many ranks a collective op (seen by a dispatch mode) runs over.
-
-    A ``c10d`` op receives its group as a TorchScript object, turned back into the
-    ``ProcessGroup`` by ``ProcessGroup.unbox``; a functional collective names its group, resolved
-    by ``distributed_c10d._resolve_process_group``. Neither has a public equivalent: the ops are the
-    dispatcher's, not an API.
-    """
-    # An op whose arguments this torch lays out otherwise counts as the whole world.
-    with contextlib.suppress(Exception):
-        if func.namespace == "c10d":
-            for arg in args:
-                if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
-                    return int(dist.ProcessGroup.unbox(arg).size())
-        else:
-            names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
-                     ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
-            if names:
-                return int(dist.distributed_c10d._resolve_process_group(names[-1]).size())
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def work_of(out: Any) -> Any:
-    """The ``Work`` a ``c10d`` op returned (alone or last in a tuple), as the Python class, or None.
-
-    ``Work.unbox`` turns the TorchScript object the dispatcher hands back into ``dist.Work``.
-    """
-    candidate = out[-1] if isinstance(out, tuple) and out else out
-    if type(candidate).__name__ != "ScriptObject":
-        return None
-    try:
-        return dist.distributed_c10d.Work.unbox(candidate)
-    except Exception:  # noqa: BLE001 - not a Work
-        return None
-
-
-def future_of(work: Any) -> Any:
-    """``work.get_future()``, or None where the backend has none (gloo's reduce-scatter)."""
-    try:
-        return work.get_future()
-    except RuntimeError:
-        return None
-
-
-def wait_work(work: Any) -> None:
-    work.wait()
-
-
-def wait_functional(out: Any) -> Any:
-    """Wait for a functional collective's result(s): ``_c10d_functional.wait_tensor``, as funcol does."""
-    wait = torch.ops._c10d_functional.wait_tensor
-    if isinstance(out, torch.Tensor):
-        return wait(out)
-    if isinstance(out, (list, tuple)):
-        return type(out)(wait(t) if isinstance(t, torch.Tensor) else t for t in out)
-    return out
-
-
-def watch_storage_resizes(callback: Callable[[Any, int], None]) -> Callable[[], None]:
-    """Call ``callback(storage, bytes_before)`` after FSDP2 resizes a storage; returns the undo.
-
-    FSDP2 allocates the whole weights of a layer it gathers, and frees them, by resizing their
-    storages in place (``alloc_storage`` / ``free_storage`` in
-    ``torch.distributed.fsdp._fully_shard._fsdp_param``, also imported by name in
-    ``_fsdp_param_group``). ``UntypedStorage.resize_`` is no dispatcher op, so nothing that watches
-    ops sees it, and torch's CPU allocator keeps no statistics: these two functions are the only place
-    the memory of gathered weights can be seen on a CPU. Replaced while a step is observed, put back
-    by the undo. Without FSDP2 (or in a torch that moved them) nothing is replaced.
-    """
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-    except ImportError:
-        return lambda: None
-    originals = {(mod, name): getattr(mod, name) for mod in (_fsdp_param, _fsdp_param_group)
-                 for name in ("alloc_storage", "free_storage") if hasattr(mod, name)}
-
-    def counted(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
-        @functools.wraps(original)
-        def resize(tensor: torch.Tensor) -> None:
-            storage = tensor.untyped_storage()
-            before = storage.nbytes()
-            original(tensor)
-            if storage.nbytes() != before:
-                callback(storage, before)
-        return resize
-
-    for (mod, name), original in originals.items():
-        setattr(mod, name, counted(original))
-
-    def undo() -> None:
-        for (mod, name), original in originals.items():
-            setattr(mod, name, original)
-
-    return undo
-
-
-def label_fsdp_collectives(set_label: Callable[[str | None], str | None]) -> Callable[[], None]:
-    """While FSDP2 gathers or reduces a unit, ``set_label(unit's module name)``; returns the undo.
-
-    FSDP2's ``FSDPParamGroup.unshard`` issues a unit's all-gather (also when it prefetches the next
-    unit's) and ``post_backward`` its reduce-scatter; the group knows its module's name
-    (``_module_fqn``, "" for the root). These private methods are the one place a collective can be
-    tied to its layer: the ops themselves carry only tensors and a process group. Replaced on the
-    class while a step is observed, put back by the undo. ``set_label`` returns the label before, so
-    nested calls restore it.
-    """
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    except ImportError:
-        return lambda: None
-    originals = {name: FSDPParamGroup.__dict__[name] for name in ("unshard", "post_backward")
-                 if name in FSDPParamGroup.__dict__}
-
-    def labelled(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            before = set_label(getattr(self, "_module_fqn", None) or "(root)")
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                set_label(before)
-        return method
-
-    for name, original in originals.items():
-        setattr(FSDPParamGroup, name, labelled(original))
-
-    def undo() -> None:
-        for name, original in originals.items():
-            setattr(FSDPParamGroup, name, original)
-
-    return undo

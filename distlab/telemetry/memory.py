@@ -22,17 +22,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from ..rank import torchcompat
+from ..rank import torchcompat, torchcompat_dispatch
 
 __all__ = ["LiveTensors", "MemoryUse", "local_tensor", "makes_storage", "model_memory", "track_memory"]
 
 
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of ``tensor`` this rank stores: a DTensor's local shard, any other tensor itself."""
-    local = getattr(tensor, "_local_tensor", None)  # DTensor keeps its shard here; to_local() would record an op
-    return local if isinstance(local, torch.Tensor) else tensor
+#: The part of a tensor this rank stores: a DTensor's local shard, any other tensor itself.
+local_tensor = torchcompat.local_tensor
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, int] | None:
@@ -108,7 +105,7 @@ class LiveTensors:
         if isinstance(out, torch.Tensor):
             self._add(out)
             return
-        for t in (out if isinstance(out, (tuple, list)) else tree_flatten(out)[0]):
+        for t in (out if isinstance(out, (tuple, list)) else torchcompat.tree_leaves(out)):
             if isinstance(t, torch.Tensor):
                 self._add(t)
 
@@ -117,7 +114,7 @@ class LiveTensors:
         if key is None:
             return
         storage, nbytes = key
-        cdata = storage._cdata
+        cdata = torchcompat.storage_id(storage)
         if cdata in self._live:
             return
         self._live[cdata] = nbytes
@@ -128,7 +125,7 @@ class LiveTensors:
     def resized(self, storage: Any, before: int) -> None:
         """``storage`` was resized in place from ``before`` bytes: count the difference."""
         change = storage.nbytes() - before
-        cdata = storage._cdata
+        cdata = torchcompat.storage_id(storage)
         if cdata in self._live:
             self._live[cdata] += change  # what its weak reference's callback will take off
         self.current += change
@@ -142,7 +139,7 @@ class LiveTensors:
 
 def makes_storage(func: Any) -> bool:
     """False for an op whose schema lets a result alias an input: it returns memory that already existed."""
-    return not any(ret.alias_info is not None for ret in func._schema.returns)
+    return not torchcompat_dispatch.op_returns_alias(func)
 
 
 class MemoryUse:
@@ -193,9 +190,9 @@ def track_memory(device: torch.device | str | None = None) -> Iterator[MemoryUse
 
     live = LiveTensors()
     mode = OpObserver(memory=live)
-    undo = torchcompat.watch_storage_resizes(live.resized)
+    undo = torchcompat_dispatch.watch_storage_resizes(live.resized)
     try:
-        with torchcompat.dispatch_mode(mode):
+        with torchcompat_dispatch.dispatch_mode(mode):
             try:
                 yield use
             finally:

@@ -25,10 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from ..rank import torchcompat
+from ..rank import torchcompat, torchcompat_dispatch
 from . import memory
 
 if TYPE_CHECKING:
@@ -80,7 +78,7 @@ def collective_name(func: Any) -> str | None:
     table = _NAMESPACES.get(getattr(func, "namespace", ""))
     if table is None:
         return None
-    entry = table.get(func._schema.name.split("::")[-1])
+    entry = table.get(torchcompat_dispatch.op_name(func))
     return entry[0] if entry else None
 
 
@@ -141,10 +139,10 @@ _DISPATCHING: dict[type, bool] = {}
 
 
 def _tensor_bytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in torchcompat.tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
-class OpObserver(TorchDispatchMode):
+class OpObserver(torchcompat_dispatch.DispatchMode):
     """A dispatch mode that times collectives into ``timings`` and counts new tensors into ``memory``.
 
     Either may be None (off). The watch swaps ``timings`` for each step's list.
@@ -184,29 +182,29 @@ class OpObserver(TorchDispatchMode):
 
     def _timed(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         functional = func.namespace != "c10d"
-        ranks = torchcompat.collective_group_size(func, args, kwargs)
+        ranks = torchcompat_dispatch.collective_group_size(func, args, kwargs)
         timing = CollectiveTiming(name, 0, ranks, time.perf_counter(), layer=self.label)
-        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tree_flatten(args)[0])
+        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in torchcompat.tree_leaves(args))
         if cuda:
             timing.start_events()
         out = func(*args, **kwargs)
         if self.memory is not None and memory.makes_storage(func):
             self.memory.add_outputs(out)
         table = _FUNCTIONAL if functional else _C10D
-        where = table[func._schema.name.split("::")[-1]][1]
+        where = table[torchcompat_dispatch.op_name(func)][1]
         timing.bytes = _tensor_bytes(out if where == "out" else args[int(where[3:])])
         self.timings.append(timing)  # type: ignore[union-attr]
         if functional:
-            out = torchcompat.wait_functional(out)
+            out = torchcompat_dispatch.wait_functional(out)
             self._stamp(timing)
         else:
-            work = torchcompat.work_of(out)
-            future = torchcompat.future_of(work) if work is not None else None
+            work = torchcompat_dispatch.work_of(out)
+            future = torchcompat_dispatch.future_of(work) if work is not None else None
             if future is not None:
                 future.then(lambda _done: self._stamp(timing))
             else:
                 if work is not None:
-                    torchcompat.wait_work(work)
+                    torchcompat_dispatch.wait_work(work)
                 timing.waited = True
                 self._stamp(timing)
         return out

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..rank import hooks, models, torchcompat
+from ..rank import hooks, models, torchcompat, torchcompat_dispatch
 from ..records import Layout, Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
@@ -198,16 +198,16 @@ class Watch:
 
     def _start_observing(self) -> None:
         if self._observer is not None and not self._observing:
-            torchcompat.push_dispatch_mode(self._observer)
+            torchcompat_dispatch.push_dispatch_mode(self._observer)
             self._observing = True
-            undo = [torchcompat.watch_storage_resizes(self._live.resized)] if self._live is not None else []
+            undo = [torchcompat_dispatch.watch_storage_resizes(self._live.resized)] if self._live is not None else []
             if self._observer.timings is not None:
-                undo.append(torchcompat.label_fsdp_collectives(self._observer.set_label))
+                undo.append(torchcompat_dispatch.label_fsdp_collectives(self._observer.set_label))
             self._undo_patches = lambda: [u() for u in undo]
 
     def _stop_observing(self) -> None:
         if self._observing:
-            if not torchcompat.pop_dispatch_mode(self._observer):
+            if not torchcompat_dispatch.pop_dispatch_mode(self._observer):
                 self.notes.append("ops stopped being observed late: another dispatch mode was entered after the "
                                   "step began and is still open")
                 return

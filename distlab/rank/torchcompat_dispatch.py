@@ -1,0 +1,230 @@
+"""The private torch APIs behind ``distlab.watch``'s view of a step's ops: dispatch modes, the ops'
+schemas, collective ops and their ``Work``, and FSDP2's internals.
+
+The rest of ``rank/torchcompat.py``'s rule holds here: each private API is called in this module
+and nowhere else, with what it does and why no public API does it. Importing it imports
+``torchcompat`` first, so the torch release is checked before any of these are touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# TorchDispatchMode: the class ``__torch_dispatch__``'s documentation builds on, from a private module.
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+
+__all__ = [
+    "DispatchMode",
+    "collective_group_size",
+    "dispatch_mode",
+    "future_of",
+    "label_fsdp_collectives",
+    "op_name",
+    "op_returns_alias",
+    "pop_dispatch_mode",
+    "push_dispatch_mode",
+    "wait_functional",
+    "wait_work",
+    "watch_storage_resizes",
+    "work_of",
+]
+
+#: The base class of a mode that sees every op of this thread (``__torch_dispatch__``).
+DispatchMode = TorchDispatchMode
+
+
+# ------------------------------------------------------------------------------------ ops
+
+
+def op_name(func: Any) -> str:
+    """An op's name within its namespace ("_allgather_base_" for ``c10d::_allgather_base_``).
+
+    ``OpOverload._schema.name``: the op's registered name; the public ``__name__`` adds the overload
+    ("_allgather_base_.default"), which differs op by op.
+    """
+    return str(func._schema.name).split("::")[-1]
+
+
+def op_returns_alias(func: Any) -> bool:
+    """Whether an op's schema lets a result alias an input (a view, an in-place or ``out=`` op).
+
+    ``OpOverload._schema.returns[i].alias_info``: the schema is the only place torch says so before
+    the op runs, and reading the results' storages after would cost every op of a step.
+    """
+    return any(ret.alias_info is not None for ret in func._schema.returns)
+
+
+def push_dispatch_mode(mode: Any) -> None:
+    """Put a ``TorchDispatchMode`` on this thread's mode stack until :func:`pop_dispatch_mode`.
+
+    ``torch.utils._python_dispatch._push_mode``: a mode's ``with`` block cannot span the two hooks
+    that open and close a training step (a forward pre-hook, an optimizer post-hook).
+    """
+    from torch.utils._python_dispatch import _push_mode
+
+    _push_mode(mode)
+
+
+def pop_dispatch_mode(mode: Any) -> bool:
+    """Take ``mode`` off this thread's mode stack if it is on top; False (and nothing popped) otherwise.
+
+    ``_get_current_dispatch_mode`` / ``_pop_mode``: a mode entered after ours and still open is not
+    ours to remove.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
+
+    if _get_current_dispatch_mode() is not mode:
+        return False
+    _pop_mode()
+    return True
+
+
+@contextlib.contextmanager
+def dispatch_mode(mode: Any) -> Any:
+    """``with mode:`` for a mode that may be pushed and popped by hand elsewhere."""
+    push_dispatch_mode(mode)
+    try:
+        yield mode
+    finally:
+        pop_dispatch_mode(mode)
+
+
+def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """How many ranks a collective op (seen by a dispatch mode) runs over.
+
+    A ``c10d`` op receives its group as a TorchScript object, turned back into the
+    ``ProcessGroup`` by ``ProcessGroup.unbox``; a functional collective names its group, resolved
+    by ``distributed_c10d._resolve_process_group``. Neither has a public equivalent: the ops are the
+    dispatcher's, not an API.
+    """
+    # An op whose arguments this torch lays out otherwise counts as the whole world.
+    with contextlib.suppress(Exception):
+        if func.namespace == "c10d":
+            for arg in args:
+                if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
+                    return int(dist.ProcessGroup.unbox(arg).size())
+        else:
+            names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
+                     ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
+            if names:
+                return int(dist.distributed_c10d._resolve_process_group(names[-1]).size())
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def work_of(out: Any) -> Any:
+    """The ``Work`` a ``c10d`` op returned (alone or last in a tuple), as the Python class, or None.
+
+    ``Work.unbox`` turns the TorchScript object the dispatcher hands back into ``dist.Work``.
+    """
+    candidate = out[-1] if isinstance(out, tuple) and out else out
+    if type(candidate).__name__ != "ScriptObject":
+        return None
+    try:
+        return dist.distributed_c10d.Work.unbox(candidate)
+    except Exception:  # noqa: BLE001 - not a Work
+        return None
+
+
+def future_of(work: Any) -> Any:
+    """``work.get_future()``, or None where the backend has none (gloo's reduce-scatter)."""
+    try:
+        return work.get_future()
+    except RuntimeError:
+        return None
+
+
+def wait_work(work: Any) -> None:
+    work.wait()
+
+
+def wait_functional(out: Any) -> Any:
+    """Wait for a functional collective's result(s): ``_c10d_functional.wait_tensor``, as funcol does."""
+    wait = torch.ops._c10d_functional.wait_tensor
+    if isinstance(out, torch.Tensor):
+        return wait(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(wait(t) if isinstance(t, torch.Tensor) else t for t in out)
+    return out
+
+
+def watch_storage_resizes(callback: Callable[[Any, int], None]) -> Callable[[], None]:
+    """Call ``callback(storage, bytes_before)`` after FSDP2 resizes a storage; returns the undo.
+
+    FSDP2 allocates the whole weights of a layer it gathers, and frees them, by resizing their
+    storages in place (``alloc_storage`` / ``free_storage`` in
+    ``torch.distributed.fsdp._fully_shard._fsdp_param``, also imported by name in
+    ``_fsdp_param_group``). ``UntypedStorage.resize_`` is no dispatcher op, so nothing that watches
+    ops sees it, and torch's CPU allocator keeps no statistics: these two functions are the only place
+    the memory of gathered weights can be seen on a CPU. Replaced while a step is observed, put back
+    by the undo. Without FSDP2 (or in a torch that moved them) nothing is replaced.
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        return lambda: None
+    originals = {(mod, name): getattr(mod, name) for mod in (_fsdp_param, _fsdp_param_group)
+                 for name in ("alloc_storage", "free_storage") if hasattr(mod, name)}
+
+    def counted(original: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+        @functools.wraps(original)
+        def resize(tensor: torch.Tensor) -> None:
+            storage = tensor.untyped_storage()
+            before = storage.nbytes()
+            original(tensor)
+            if storage.nbytes() != before:
+                callback(storage, before)
+        return resize
+
+    for (mod, name), original in originals.items():
+        setattr(mod, name, counted(original))
+
+    def undo() -> None:
+        for (mod, name), original in originals.items():
+            setattr(mod, name, original)
+
+    return undo
+
+
+def label_fsdp_collectives(set_label: Callable[[str | None], str | None]) -> Callable[[], None]:
+    """While FSDP2 gathers or reduces a unit, ``set_label(unit's module name)``; returns the undo.
+
+    FSDP2's ``FSDPParamGroup.unshard`` issues a unit's all-gather (also when it prefetches the next
+    unit's) and ``post_backward`` its reduce-scatter; the group knows its module's name
+    (``_module_fqn``, "" for the root). These private methods are the one place a collective can be
+    tied to its layer: the ops themselves carry only tensors and a process group. Replaced on the
+    class while a step is observed, put back by the undo. ``set_label`` returns the label before, so
+    nested calls restore it.
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:
+        return lambda: None
+    originals = {name: FSDPParamGroup.__dict__[name] for name in ("unshard", "post_backward")
+                 if name in FSDPParamGroup.__dict__}
+
+    def labelled(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before = set_label(getattr(self, "_module_fqn", None) or "(root)")
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                set_label(before)
+        return method
+
+    for name, original in originals.items():
+        setattr(FSDPParamGroup, name, labelled(original))
+
+    def undo() -> None:
+        for name, original in originals.items():
+            setattr(FSDPParamGroup, name, original)
+
+    return undo
