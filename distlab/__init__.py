@@ -39,13 +39,13 @@ __all__ = [
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .notebook.lab import Lab, start
-    from .notebook.magics import current_lab
+    from .notebook.labs import current as current_lab
     from .telemetry.watch import log, watch  # the module: mypy takes telemetry.watch for the submodule
 
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
     "Lab": "notebook.lab",
-    "current_lab": "notebook.magics",
+    "current_lab": "notebook.labs",
     "start": "notebook.lab",
     "CellTimeout": "errors",
     "DistlabError": "errors",
@@ -54,12 +54,13 @@ _LAZY = {
     "watch": "telemetry",
     "log": "telemetry",
 }
+_RENAMED = {"current_lab": "current"}  # public name -> its name in its module
 _SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(import_module(f".{_LAZY[name]}", __name__), _RENAMED.get(name, name))
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")

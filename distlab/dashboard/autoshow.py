@@ -12,7 +12,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["autoshow", "prewarm"]
+from ..notebook.labs import Observer
+
+__all__ = ["Prewarm", "autoshow", "prewarm"]
 
 #: Whether a lab started in a kernel imports the dashboard's modules in the background (``prewarm``);
 #: ``benchmarks/bench_first_dashboard.py`` turns it off for its baseline.
@@ -47,6 +49,14 @@ def prewarm() -> None:
             _loaded.set()
 
     threading.Thread(target=load, name="distlab-dashboard-import", daemon=True).start()
+
+
+class Prewarm(Observer):
+    """A lab's observer: once its ranks are up, import the dashboard's modules in the background
+    (``prewarm``); not before, since the import would compete with the ranks' start for the cores."""
+
+    def started(self, lab: Any) -> None:
+        prewarm()
 
 
 def _ready() -> bool:

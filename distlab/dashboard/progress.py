@@ -2,8 +2,8 @@
 
 On a lab's ranks tqdm draws nothing: each bar reports its state (``rank.progress``), and each rank
 publishes all of its bars under ``wire.PROGRESS_KEY``. :class:`CellProgress` listens to one cell's
-polls (``Lab._run_on`` adds it to every cell that streams its output, the ``%%ddp`` magic's and
-``lab.run``'s): the first time a rank's ``AsyncResult.data`` holds bars, it displays one widget, a
+polls (:class:`ProgressBars`, an observer of every ``Lab``, adds one to each cell that streams its
+output, the ``%%ddp`` magic's and ``lab.run``'s): the first time a rank's ``AsyncResult.data`` holds bars, it displays one widget, a
 row per bar (``rank N desc`` | the bar | ``n/total [elapsed<remaining, rate]``; ``progress_view``),
 and redraws the rows that changed within a message budget. At the cell's end the display becomes
 text (and HTML) of each bar's last state, which is what the saved notebook keeps. Outside a kernel
@@ -14,18 +14,21 @@ ipywidgets is imported only when a bar first appears: a cell without tqdm pays f
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..notebook.labs import Observer
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
 
 __all__ = [
     "KEY",
     "CellProgress",
+    "ProgressBars",
     "ProgressConfig",
     "Row",
     "bar_info",
@@ -288,3 +291,20 @@ def _in_kernel() -> bool:
     except ImportError:
         return False
     return getattr(get_ipython(), "kernel", None) is not None
+
+
+class ProgressBars(Observer):
+    """A lab's observer: each cell that streams its output shows its ranks' bars (``CellProgress``)."""
+
+    @contextlib.contextmanager
+    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+        if not stream:
+            yield
+            return
+        progress = CellProgress()
+        lab.add_listener(progress.on_poll)
+        try:
+            yield
+        finally:
+            lab.remove_listener(progress.on_poll)
+            progress.finish()  # the bars' last state, as text

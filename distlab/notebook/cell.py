@@ -240,6 +240,9 @@ class CellRun:
                     rank, "Stopped", f"rank {format_ranks(dead)} died while this rank was in a collective with it"
                     f"{_cell_line(failure.traceback, self._filename)}", failure.traceback,
                 )
+        # A rank that finished with a value while it was being stopped (in the grace after SIGINT)
+        # was not stopped: it is reported with its value alone.
+        outcome.stopped = [r for r in outcome.stopped if r not in outcome.values]
         for rank in outcome.stopped:
             # Say why distlab stopped the rank; what it was doing stays in the message.
             was = outcome.failures.get(rank)

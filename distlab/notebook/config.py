@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -9,7 +12,7 @@ from typing import Any
 from .. import checks
 from ..errors import LabUsageError
 
-__all__ = ["BACKENDS", "LabConfig", "launcher_names"]
+__all__ = ["BACKENDS", "LabConfig", "launcher_names", "mpi_spans_hosts"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -30,6 +33,32 @@ _SPELLING = {
 
 
 _SECONDS = "a number of seconds"
+
+
+# Where a batch system or Open MPI is told of more than one host: mpiexec then starts ranks there.
+_HOSTFILE_VARIABLES = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_rmaps_base_hostfile", "PRTE_MCA_prte_default_hostfile")
+_NODE_COUNTS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+_NODE_LISTS = ("PBS_NODEFILE", "LSB_DJOB_HOSTFILE")
+
+
+def mpi_spans_hosts(environ: Mapping[str, str]) -> bool:
+    """Whether ``mpiexec`` started from this environment may place ranks on other hosts: inside a
+    Slurm, PBS or LSF allocation of more than one node, or with a default host file set for Open MPI.
+    With none of these, Open MPI starts every rank on this machine."""
+    for name in _NODE_COUNTS:
+        with contextlib.suppress(ValueError):
+            if int(environ.get(name, "1")) > 1:
+                return True
+    for name in _NODE_LISTS:
+        path = environ.get(name)
+        if path:
+            try:
+                with open(path) as hosts:
+                    if len({line.split()[0] for line in hosts if line.strip()}) > 1:
+                        return True
+            except OSError:
+                return True  # named but unreadable here: assume the allocation is what it says
+    return any(environ.get(name) for name in _HOSTFILE_VARIABLES)
 
 
 def launcher_names() -> list[str]:
@@ -113,8 +142,12 @@ class LabConfig:
 
     @property
     def local(self) -> bool:
-        """Whether every engine runs on this machine."""
-        return self.launcher in ("local", "mpi")
+        """Whether every engine runs on this machine: the local launcher's always do; MPI's do unless
+        the job spans hosts (``mpi_spans_hosts``), when they need the launcher's own engine command
+        and a controller the other hosts reach. Every other launcher starts engines elsewhere."""
+        if self.launcher == "mpi":
+            return not mpi_spans_hosts(os.environ)
+        return self.launcher == "local"
 
     def node_link(self) -> Any:
         """The ``cluster.nodes.Link`` between nodes, or None (no nodes, or not shaped)."""

@@ -1,7 +1,9 @@
-"""Lab: N torch.distributed ranks, each an ipyparallel engine, driven from the notebook.
+"""LabCore: N torch.distributed ranks, each an ipyparallel engine, driven from the notebook.
 
-The Lab is the product's surface (``distlab.start``, ``%dist``, the side panel all act through it)
-and a thin one: it holds the cluster and the world, and hands each job to the module that owns it:
+The core of a lab, and nothing of its views: it holds the cluster and the world, and hands each job
+to the module that owns it. Views (the panel's state file, the dashboard, progress bars) attach
+from outside, as observers (``labs.LabObserver``) and poll listeners; ``lab.Lab`` is the core with
+them attached. What the lab does after a failed cell is ``recovery``'s decision, carried out here.
 
 - ``config``: the checked configuration;  ``cluster.launch``: the ipyparallel cluster;
 - ``world``: the rank table and backend (pure);  ``group``: forming the process group;
@@ -14,15 +16,12 @@ and a thin one: it holds the cluster and the world, and hands each job to the mo
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
 import signal
 import tempfile
 import time
-import warnings
-import weakref
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -38,29 +37,26 @@ from ..cluster.launch import (
 )
 from ..cluster.nodes import Link, Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
-from ..dashboard.autoshow import prewarm as prewarm_dashboard
-from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
-from ..server import registry
-from . import recovery, rpc
-from .cell import CellContext, CellRun, Listener, RunResult, Send
+from ..errors import DistlabError, LabUsageError, parse_ranks
+from . import labs, rpc
+from .cell import Listener, RunResult
+from .cells import RunsCells
 from .config import LabConfig
 from .group import form_group, get
-from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_failed, gone, nothing_kept
+from .labs import LabObserver
+from .postmortem import LastCell
 from .release import Releaser
-from .script import CellRan, Event, Pushed, Restarted, ScriptRan, build_script, export_path, read_script, script_args
-from .streams import RankPrinter
+from .script import Event, Restarted
 from .world import RankInfo, RankTable, World, check_gpus, plan_world
 
-__all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "start"]
-
-_live: weakref.WeakSet[Lab] = weakref.WeakSet()  # stopped at interpreter exit, if still running
+__all__ = ["LabCore", "RankInfo", "RankTable", "RunResult"]
 
 
-class Lab:
-    """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells.
+class LabCore(RunsCells):
+    """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells; no views.
 
-    Use :func:`distlab.start` (or ``Lab(...).start()``); a Lab is also a context manager that
-    stops everything it started on exit.
+    ``distlab.start`` gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached.
+    A lab is also a context manager that stops everything it started on exit.
     """
 
     def __init__(
@@ -74,7 +70,7 @@ class Lab:
         ))
 
     @classmethod
-    def from_config(cls, config: LabConfig) -> Lab:
+    def from_config(cls, config: LabConfig) -> Any:
         """A lab of an already checked configuration (what ``%dist start`` builds)."""
         lab = cls.__new__(cls)
         lab._configure(config)
@@ -93,7 +89,7 @@ class Lab:
         self._folder: str | None = None  # the lab's own files (the controller's sockets on nodes)
         self._releaser = Releaser()
         self._listeners: list[Listener] = []
-        self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
+        self._observers: list[LabObserver] = []
         self.timings: dict[str, float] = {}
         self.note = ""
         self._phase_start = 0.0
@@ -101,8 +97,8 @@ class Lab:
         self._history: list[Event] = []
         # Which ranks the last cell ran on, failed on, killed (``postmortem``); None before the world's first.
         self._last_cell: LastCell | None = None
-        # Labs this one started for its own purposes (an exercise's grader): they stop with it.
-        self._companions: dict[str, Lab] = {}
+        # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
+        self._companions: dict[str, LabCore] = {}
 
     # The configuration, as attributes (the magics and tests read them).
     timeout = property(lambda self: self.config.timeout)
@@ -116,14 +112,14 @@ class Lab:
     def running(self) -> bool:
         return self._cluster is not None
 
-    def start(self) -> Lab:
+    def start(self) -> Any:
         """Start the controller and engines, build the rank table, initialise the process group."""
         if self.running:
             raise LabUsageError("this lab is already running: stop it first, or use restart()")
         if self.config.launcher == "local":
             check_gpus(self.world_size, self.config.backend, _local_gpus(self.config.backend))
         t0 = self._phase_start = time.perf_counter()
-        _stop_at_exit(self)
+        labs.add(self)  # stopped at the interpreter's exit, if still running
         self._history = []
         self._last_cell = None
         try:
@@ -147,8 +143,7 @@ class Lab:
             self.stop()
             raise
         self.timings["ready_s"] = time.perf_counter() - t0
-        registry.track(self)  # the side panel's view of this lab
-        prewarm_dashboard()  # after the ranks are up: the import would compete with their start for the cores
+        self._tell("started")
         return self
 
     def _launch_engines(self) -> None:
@@ -200,7 +195,7 @@ class Lab:
         self.timings[name] = now - self._phase_start
         self._phase_start = now
 
-    def restart(self, ranks: int | None = None) -> Lab:
+    def restart(self, ranks: int | None = None) -> Any:
         """A fresh world: new engine processes, ranks numbered the same way.
 
         ``ranks`` changes the world size (elastic training: resume from a checkpoint on more or
@@ -211,9 +206,7 @@ class Lab:
             new = replace(self.config, ranks=ranks)  # checked as the lab's own config is
             if new.launcher == "local":
                 check_gpus(ranks, self.backend, _local_gpus(self.backend))
-            if ranks != self.world_size:
-                # Telemetry is per world: the next use makes a store (and dashboard) of the new size.
-                self.config, self.world_size, self._telemetry = new, ranks, None
+            self.config, self.world_size = new, ranks
         t0 = self._phase_start = time.perf_counter()
         old_ids = {r.engine_id for r in self.table}
         terminate(self._local_pids())  # all at once: ipyparallel's stop goes one engine at a time
@@ -229,17 +222,32 @@ class Lab:
             raise
         self.timings["restart_s"] = time.perf_counter() - t0
         self._history.append(Restarted(self.world_size))
-        registry.publish(self)
+        self._tell("restarted")
         return self
 
     def stop(self) -> None:
-        """Stop engines and controller and make sure their processes are gone."""
-        for companion in self._companions.values():
-            companion.stop()
-        self._companions.clear()
+        """Stop engines and controller and make sure their processes are gone.
+
+        Companions stop first; one that fails to stop does not keep this lab running: its error
+        is raised once this lab is stopped."""
+        companions, self._companions = list(self._companions.values()), {}
+        errors: list[BaseException] = []
+        for companion in companions:
+            try:
+                companion.stop()
+            except Exception as exc:  # noqa: BLE001 - raised below, after this lab has stopped
+                errors.append(exc)
+        try:
+            self._stop_own()
+        finally:
+            if errors:
+                raise errors[0]
+
+    def _stop_own(self) -> None:
         cluster, self._cluster = self._cluster, None
         if cluster is None:
             self._remove_network()  # a start that failed before its cluster existed
+            labs.remove(self)
             return
         pids = self._local_pids()
         pgids = self._guard.pgids()
@@ -253,8 +261,8 @@ class Lab:
         self._guard.end_all(pgids, pids)  # trust the processes, not the call
         self._world = None
         self._remove_network()
-        _live.discard(self)
-        registry.forget(self)
+        labs.remove(self)
+        self._tell("stopped")
 
     def _remove_network(self) -> None:
         """The nodes, switch and links go (after the processes in them), and the lab's folder."""
@@ -265,7 +273,7 @@ class Lab:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def __enter__(self) -> Lab:
+    def __enter__(self) -> Any:
         if not self.running:
             self.start()
         return self
@@ -346,7 +354,7 @@ class Lab:
         link = config.node_link()
         self._network.set_link(link)
         self.config = config
-        registry.publish(self)
+        self._tell("changed")
         return link
 
     def link_bytes(self) -> dict[int, int]:
@@ -364,36 +372,6 @@ class Lab:
                 "(%dist start -n 4 --nodes 2 --link 1gbit)"
             )
 
-    def push(self, ranks: str | int | Iterable[int] | None = None, **names: Any) -> None:
-        """Copy names into the namespace of the given ranks (all by default)."""
-        self._require_running()
-        if not names:
-            raise LabUsageError("nothing to push: name the values, like lab.push(lr=0.1)")
-        selected = self.ranks(ranks)
-        targets = [self.table[r].engine_id for r in selected]
-        get(self._client.direct_view(targets).push(names, block=False), self.timeout, "pushing to the ranks")
-        self._history.append(Pushed(tuple(names), self._subset(selected)))
-
-    def pull(self, name: str, ranks: str | int | Iterable[int] | None = None) -> dict[int, Any]:
-        """{rank: value of ``name``} from the given ranks (all by default)."""
-        import ipyparallel as ipp
-
-        self._require_running()
-        if not isinstance(name, str) or not name.isidentifier():
-            raise LabUsageError(f"pull takes one variable name, like lab.pull('loss') (got {name!r})")
-        pending = {r: self._client[self.table[r].engine_id].pull(name, block=False) for r in self.ranks(ranks)}
-        values, failures = {}, {}
-        for rank, ar in pending.items():
-            try:
-                values[rank] = ar.get(timeout=self.timeout)
-            except ipp.error.RemoteError as exc:
-                failures[rank] = RankFailure(rank, exc.ename, exc.evalue)
-            except ipp.error.TimeoutError:
-                failures[rank] = RankFailure(rank, "TimeoutError", f"no answer within {self.timeout:g} s")
-        if failures:
-            raise RankError(failures)
-        return values
-
     def kill(self, rank: int) -> None:
         """Fault injection: hard-kill one rank's engine process (SIGKILL), as a crash would."""
         self._require_running()
@@ -406,179 +384,7 @@ class Lab:
         else:
             self._client.send_signal(signal.SIGKILL, targets=[info.engine_id], block=True)
 
-    # ------------------------------------------------------------------------ cells
-
-    def run(
-        self,
-        code: str,
-        ranks: str | int | Iterable[int] | None = None,
-        timeout: float | None = None,
-        stream: bool = True,
-        want: str = "value",
-        record: bool = True,
-    ) -> RunResult:
-        """Run ``code`` on the given ranks (all by default) and wait for it.
-
-        Each rank's output is printed as it arrives, labelled by rank. Returns {rank: value of the
-        last expression}. If any rank fails, raises RankError naming the ranks, with identical
-        failures grouped; ranks still running are stopped, and a broken process group is rebuilt.
-        ``timeout`` (seconds) bounds the whole cell; Ctrl-C / kernel interrupt stops it on every rank.
-        A cell that succeeds is kept for :meth:`export`; ``record=False`` leaves it out (code run for
-        distlab's own purposes, such as a quiz's check).
-        """
-        from .. import checks
-
-        self._require_running()
-        if not isinstance(code, str):
-            raise LabUsageError(f"code must be a string of Python, got {type(code).__name__}")
-        if timeout is not None:
-            checks.positive("timeout", timeout, example="timeout=30")
-        checks.choice("want", want, ("value", "repr"))
-        checks.flag("record", record)
-        selected = self.ranks(ranks)
-        result = self._run_on(selected, timeout, stream, lambda engine, rank: rpc.run_cell(engine, code, rank, want))
-        if record:
-            self._history.append(CellRan(code, self._subset(selected)))
-        return result
-
-    def run_script(
-        self, path: str | os.PathLike[str], args: Iterable[str] = (), timeout: float | None = None, stream: bool = True
-    ) -> RunResult:
-        """Run a script written for torchrun on every rank, as ``__main__``, unchanged: ``%dist run``.
-
-        So that code written for torchrun runs in the lab as it is: ``sys.argv`` is ``[path, *args]``,
-        ``os.environ`` has torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, ...), the script's
-        ``init_process_group`` joins the lab's group and its ``destroy_process_group()`` leaves it up.
-        The file is read here and its text sent, so the ranks need not share this machine's files.
-        Output streams labelled by rank; a failure raises RankError as a cell's does, its traceback
-        naming the script's lines. Afterwards the names the script defined are the ranks' own.
-        Returns {rank: None}, with each rank's output (``.stdout``, ``.stderr``).
-        """
-        from .. import checks
-
-        self._require_running()
-        if timeout is not None:
-            checks.positive("timeout", timeout, example="timeout=30")
-        name, text = read_script(path)
-        argv = [name, *script_args(args)]
-        full = os.path.abspath(name)  # the file's name on the ranks, in tracebacks and __file__
-        result = self._run_on(
-            self.ranks(), timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full
-        )
-        self._history.append(ScriptRan(tuple(argv)))
-        return result
-
-    def export(self, path: str | os.PathLike[str]) -> str:
-        """Write the cells run so far on every rank as a script torchrun runs as it is; return its path.
-
-        So that what was built in the lab leaves it as a torchrun script: ``torchrun --standalone
-        --nproc_per_node=N path`` runs the cells that succeeded, in order, on ranks that start with
-        what a lab's rank has. What the script cannot carry (names pushed with :meth:`push`, cells run
-        on some ranks only, lines only IPython runs) is said in its comments and in a UserWarning.
-        """
-        self._require_running()
-        name = export_path(path)
-        on_gpus = self.backend != "nccl" and any(r.device.startswith("cuda") for r in self.table)
-        script = build_script(self._history, self.world_size, self.backend, name, on_gpus)
-        if script.cells == 0:
-            raise LabUsageError("no cell has run on every rank yet: there is nothing to export")
-        try:
-            with open(name, "w", encoding="utf-8") as out:
-                out.write(script.text)
-        except OSError as exc:
-            raise LabUsageError(f"cannot write {name}: {exc.strerror}") from None
-        if script.notes:
-            warnings.warn(f"{name}: " + "; ".join(script.notes), UserWarning, stacklevel=2)
-        return name
-
-    def postmortem(self, rank: int | None = None) -> Postmortem:
-        """A failed rank's frames, the failing one last, each with its locals summarised: ``print(lab.postmortem())``.
-
-        Read from the rank's own traceback, which it keeps from a failed cell until its next cell
-        starts: tensors by shape, dtype, device and statistics (min, max, mean, norm, nan/inf),
-        modules by class and parameter count, containers by type and length, the rest by a short
-        repr. With no ``rank``, the first rank that failed in the lab's last cell (one that raised
-        by itself before one distlab stopped). A rank that keeps nothing (its cell succeeded, its
-        process died, the world was restarted) raises DistlabError saying which; ``%dist debug``.
-        """
-        from .. import checks
-
-        self._require_running()
-        if rank is None:
-            rank = first_failed(self._last_cell)
-        else:
-            checks.whole("rank", rank, example="lab.postmortem(1)")
-            (rank,) = parse_ranks(rank, self.world_size)
-        why = gone(rank, self._last_cell)
-        if why:
-            raise DistlabError(why)
-        info = self.table[rank]
-        if info.engine_id not in set(self._client.ids):
-            raise DistlabError(
-                f"rank {rank} kept no failure: its process has died, and what it held went with it; "
-                "%dist restart (lab.restart()) brings a full world back"
-            )
-        data = get(
-            rpc.postmortem(self._client[info.engine_id], MAX_FRAMES, MAX_LOCALS), self.timeout,
-            f"reading rank {rank}'s kept failure",
-        )
-        if data is None:
-            raise DistlabError(nothing_kept(rank, self._last_cell))
-        return Postmortem(rank, data)
-
-    def _subset(self, selected: list[int]) -> tuple[int, ...] | None:
-        """None for every rank of the world, else the ranks."""
-        return None if selected == list(range(self.world_size)) else tuple(selected)
-
-    def _run_on(
-        self, selected: list[int], timeout: float | None, stream: bool, send: Send, filename: str | None = None
-    ) -> RunResult:
-        """Send the work to the selected ranks, stream their output, and recover from a failure."""
-        registered = set(self._client.ids)
-        gone = [r for r in selected if self.table[r].engine_id not in registered]
-        if gone:
-            # The others would only wait for them in the first collective: run the cell nowhere.
-            raise RankError(
-                {r: RankFailure(r, "EngineError", "the rank's process has died") for r in gone},
-                notes=["the cell ran on no rank: %dist restart (lab.restart()) brings a full world back"],
-            )
-        ctx = self._cell_context()
-        cell = CellRun(ctx, selected, send, filename)
-        printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
-        from ..dashboard.progress import CellProgress
-
-        progress = CellProgress() if stream else None  # the ranks' tqdm bars: one widget in the output
-        if progress is not None:
-            self._listeners.append(progress.on_poll)
-        try:
-            outcome = cell.run(timeout, printer)
-        finally:
-            if progress is not None:
-                self._listeners.remove(progress.on_poll)
-                progress.finish()  # the bars' last state, as text
-        if outcome.failures:
-            world = self._world
-            recovery.diagnose(outcome, ctx, selected)
-            recovery.recover(outcome, ctx, rebuild_group=self._rebuild_group, restart=self.restart)
-            self._last_cell = LastCell.of(selected, outcome, restarted=self._world is not world)
-            raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
-        self._last_cell = LastCell.of(selected, outcome, restarted=False)
-        return cell.result()
-
-    def _cell_context(self) -> CellContext:
-        return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll)
-
-    def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
-        # The telemetry store reads what the ranks published before any listener looks at it, even
-        # a store made during this cell (by a listener, or anew after a restart at another size).
-        if self._telemetry is not None:
-            self._telemetry.on_poll(pending, final)
-        for listener in self._listeners:
-            listener(pending, final)
-
-    def _rebuild_group(self) -> None:
-        assert self._world is not None
-        form_group(self._client, self._world, self.timeout, self.debug, rebuild=True)
+    # -------------------------------------------------------------- views, from outside
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(pending, final)`` on every poll of a running cell, in the caller's thread.
@@ -595,61 +401,39 @@ class Lab:
         with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
 
+    def observe(self, observer: LabObserver) -> None:
+        """Tell ``observer`` when this lab starts, restarts, changes and stops, and wrap each cell
+        in its ``cell`` context (``labs.LabObserver``): how views attach to a lab."""
+        self._observers.append(observer)
+
+    def _tell(self, event: str) -> None:
+        for observer in list(self._observers):
+            getattr(observer, event)(self)
+
+    # ---------------------------------------------------- for distlab's own code (graders)
+
     @property
-    def telemetry(self) -> Any:
-        """What ``distlab.watch(model)`` publishes on the ranks: ``lab.telemetry.records()``.
+    def whole(self) -> bool:
+        """Whether every rank's engine is still registered with the controller."""
+        if not self.running:
+            return False
+        registered = set(self._client.ids)
+        return all(info.engine_id in registered for info in self.table)
 
-        A ``distlab.dashboard.TelemetryStore``, made and fed from the first use on; it also picks up
-        what earlier cells of this lab published.
-        """
-        if self._telemetry is None:
-            from ..dashboard.store import TelemetryStore
-
-            store = TelemetryStore(self.world_size)
-            if self._client is not None:
-                store.backfill(list(self._client.metadata.values()))
-            self._telemetry = store
-        return self._telemetry
-
-    def dashboard(self) -> Any:
-        """The live dashboard of this lab's telemetry (ipywidgets + plotly); one per lab."""
-        from ..dashboard.view import dashboard_for
-
-        return dashboard_for(self.telemetry)
-
-
-def start(
-    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False,
-    nodes: int | None = None, link: str | None = None, latency: str | float | None = None, subnet: str | None = None,
-) -> Lab:
-    """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
-
-    ``debug=True`` turns on torch's collective checking on every rank (TORCH_DISTRIBUTED_DEBUG=DETAIL):
-    mismatched collectives fail at once, named; everything runs slower.
-
-    ``nodes=2, link="1gbit"`` spreads the ranks over emulated nodes: network namespaces on this
-    machine, each with its own address, joined to a switch by links shaped to ``link`` both ways
-    (``latency="200us"`` adds delay where the kernel has netem). Ranks on one node talk over its
-    loopback, ranks on different nodes over the links. Needs root (CAP_NET_ADMIN).
-    """
-    return Lab(
-        ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
-        nodes=nodes, link=link, latency=latency, subnet=subnet,
-    ).start()
+    def companion(self, name: str, ranks: int, backend: str = "gloo") -> LabCore:
+        """A lab of ``ranks`` ranks this one keeps for its own purposes (an exercise's grader): started
+        on first use, restarted at another size or when one of its ranks died, stopped with this lab.
+        A plain core: no panel entry, no dashboard, no progress bars."""
+        self._require_running()
+        lab = self._companions.get(name)
+        if lab is None or not lab.running:
+            lab = LabCore(ranks=ranks, backend=backend, timeout=self.config.timeout).start()
+            self._companions[name] = lab
+        elif lab.world_size != ranks or not lab.whole:
+            lab.restart(ranks=ranks)
+        return lab
 
 
 def _local_gpus(backend: str) -> int | None:
     # Only NCCL needs them; counted from the driver, never by torch (cluster/gpus.py says why).
     return local_gpus() if backend == "nccl" else 0
-
-
-def _stop_at_exit(lab: Lab) -> None:
-    atexit.unregister(_stop_all)  # registered once, however many labs start
-    atexit.register(_stop_all)
-    _live.add(lab)
-
-
-def _stop_all() -> None:
-    for lab in list(_live):
-        with contextlib.suppress(Exception):
-            lab.stop()

@@ -24,6 +24,7 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 
 from .. import checks
 from ..errors import LabUsageError
+from . import labs
 from .config import LabConfig
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
@@ -185,6 +186,7 @@ class DistMagics(Magics):
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
         self.lab = lab
+        labs.set_current(lab, self.shell)  # what %exercise and %quiz find: labs.current()
         where = ""
         if config.nodes:
             where = f" on {config.nodes} nodes (link {config.node_link() or 'not shaped'})"
@@ -372,16 +374,12 @@ def register(ipython: Any) -> DistMagics:
 
 
 def current_lab() -> Any:
-    """The lab that %dist started in this IPython session (None if none is running)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    magics = _registered.get(id(shell)) if shell is not None else None
-    lab = magics.lab if magics is not None else None
-    return lab if lab is not None and lab.running else None
+    """The lab that %dist started in this IPython session (None if none is running): ``labs.current``."""
+    return labs.current()
 
 
 def unregister(ipython: Any) -> None:
     magics = _registered.pop(id(ipython), None)
+    labs.set_current(None, ipython)
     if magics is not None and magics.lab is not None:
         magics.lab.stop()

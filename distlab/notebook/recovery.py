@@ -1,7 +1,7 @@
 """After a failed cell: say what happened (who never reached a collective), then make the world usable.
 
     diagnose(outcome, ctx, selected)   # a note naming the ranks that never arrived, and where the others waited
-    recover(outcome, ...)              # rebuild the group, or restart the world, or say how to
+    repair = decide(outcome, ctx)      # rebuild the group, or restart the world, or say how to: the lab does it
 
 Diagnosis reads each live rank's flight recorder (``rank.flight``) and compares them
 (``errors.diagnose_collectives``). Recovery rebuilds the process group in place when it was torn
@@ -15,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from ..errors import ABSENT, FAILED, FINISHED, STUCK, DistlabError, RankError, diagnose_collectives, format_ranks
+from ..errors import ABSENT, FAILED, FINISHED, STUCK, diagnose_collectives, format_ranks
 from . import rpc
 from .cell import CellContext, CellOutcome
 
-__all__ = ["diagnose", "group_problem", "recover"]
+__all__ = ["Repair", "decide", "diagnose", "group_problem", "rebuild_failed"]
 
 # How long a health check's tiny all-reduce may take, and how long ranks get to send their traces.
 HEALTH_TIMEOUT_S = 2.0
@@ -65,35 +65,37 @@ def diagnose(outcome: CellOutcome, ctx: CellContext, selected: list[int]) -> Non
         outcome.notes.insert(0, note)
 
 
-def recover(
-    outcome: CellOutcome, ctx: CellContext, rebuild_group: Callable[[], None], restart: Callable[[], None]
-) -> None:
-    """Make the world usable again after a failed cell, and add to ``outcome.notes`` what was done."""
+@dataclass(frozen=True)
+class Repair:
+    """What the lab should do after a failed cell, and the note that says it was done.
+
+    ``action``: "none" (nothing, or only ``note`` to say), "rebuild" (the process group, in place:
+    ranks keep their namespaces) or "restart" (the world, with new processes)."""
+
+    action: Literal["none", "rebuild", "restart"] = "none"
+    note: str = ""
+
+
+def decide(outcome: CellOutcome, ctx: CellContext) -> Repair:
+    """How to make the world usable again after a failed cell (the lab carries it out)."""
     if outcome.killed:
-        restart()
-        outcome.notes.append("the world was restarted: rank namespaces are fresh")
-        return
+        return Repair("restart", "the world was restarted: rank namespaces are fresh")
     dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
     if dead:
-        outcome.notes.append(
+        return Repair("none", (
             f"rank {format_ranks(dead)} died; the others were stopped and keep their namespaces: "
             "%dist restart (lab.restart()) brings a full world back"
-        )
-        return
+        ))
     reason = "its group was torn down to release stuck ranks" if outcome.group_aborted else group_problem(ctx)
     if not reason:
-        return
-    try:
-        rebuild_group()
-    except (RankError, DistlabError) as exc:
-        # A group that cannot be rebuilt in place is rebuilt with the processes.
-        restart()
-        first = str(exc).splitlines()[0]
-        outcome.notes.append(
-            f"the process group could not be rebuilt ({first}): the world was restarted; rank namespaces are fresh"
-        )
-        return
-    outcome.notes.append(f"process group rebuilt ({reason}); objects built on the old group must be rebuilt too")
+        return Repair()
+    return Repair("rebuild", f"process group rebuilt ({reason}); objects built on the old group must be rebuilt too")
+
+
+def rebuild_failed(exc: BaseException) -> str:
+    """The note when a rebuild in place failed and the world was restarted instead."""
+    first = str(exc).splitlines()[0]
+    return f"the process group could not be rebuilt ({first}): the world was restarted; rank namespaces are fresh"
 
 
 def group_problem(ctx: CellContext) -> str | None:

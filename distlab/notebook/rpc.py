@@ -1,7 +1,8 @@
 """Calls from the notebook to the ranks: the one module that names rank-side functions.
 
 Each function here sends one call to one engine (or a view of several) and returns ipyparallel's
-``AsyncResult``; its parameters after ``target`` are exactly those of the rank-side function it
+``AsyncResult``, typed as ``Pending[T]``: what its ``get`` returns is the rank-side function's
+result, as ``wire`` declares it; its parameters after ``target`` are exactly those of the rank-side function it
 names in ``RANK_FUNCTIONS`` (``tests/test_rpc.py`` holds the two together, so a rename or a
 changed signature fails a test, not a lab). The rank side is named as text so that the notebook
 never imports it: it imports torch.
@@ -9,13 +10,14 @@ never imports it: it imports torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 from ..rank.dispatch import on_rank
-from ..wire import GroupSpec
+from ..wire import CellReply, CollectiveEntry, EngineIdentity, GroupSpec, RankJoined
 
 __all__ = [
     "RANK_FUNCTIONS",
+    "Pending",
     "abort_group",
     "case_names",
     "check_group",
@@ -51,72 +53,94 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Pending(Protocol[T_co]):
+    """ipyparallel's ``AsyncResult`` of one rank-side call, as the notebook uses it: ``get`` gives
+    the call's result (typed), the rest is what a running cell reads while it waits."""
+
+    def get(self, timeout: float | None = None) -> T_co: ...
+    def ready(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def wait_for_output(self, timeout: float = -1) -> bool: ...
+
+    @property
+    def data(self) -> Any: ...
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+    @property
+    def outputs(self) -> list[dict[str, Any]]: ...
+
+
 def _call(target: Any, wrapper: str, *args: Any) -> Any:
     module, name = RANK_FUNCTIONS[wrapper]
     return target.apply_async(on_rank, module, name, *args)
 
 
-def describe(target: Any, controller_ip: str) -> Any:
-    """-> ``wire.EngineIdentity`` (a list of them from a view)."""
-    return _call(target, "describe", controller_ip)
+def describe(target: Any, controller_ip: str) -> Pending[list[EngineIdentity]]:
+    """What each engine of a view says of itself (``rank.identity.describe``)."""
+    return cast("Pending[list[EngineIdentity]]", _call(target, "describe", controller_ip))
 
 
-def open_store(target: Any, host: str, timeout_s: float) -> Any:
+def open_store(target: Any, host: str, timeout_s: float) -> Pending[int]:
     """On rank 0's engine: the rendezvous store's port."""
-    return _call(target, "open_store", host, timeout_s)
+    return cast("Pending[int]", _call(target, "open_store", host, timeout_s))
 
 
-def init_rank(target: Any, spec: GroupSpec) -> Any:
-    return _call(target, "init_rank", spec)
+def init_rank(target: Any, spec: GroupSpec) -> Pending[RankJoined]:
+    return cast("Pending[RankJoined]", _call(target, "init_rank", spec))
 
 
-def rebuild_group(target: Any, master_port: int) -> Any:
-    return _call(target, "rebuild_group", master_port)
+def rebuild_group(target: Any, master_port: int) -> Pending[RankJoined]:
+    return cast("Pending[RankJoined]", _call(target, "rebuild_group", master_port))
 
 
-def check_group(target: Any, timeout_s: float) -> Any:
+def check_group(target: Any, timeout_s: float) -> Pending[str]:
     """-> "ok", or why the group cannot complete a tiny all-reduce."""
-    return _call(target, "check_group", timeout_s)
+    return cast("Pending[str]", _call(target, "check_group", timeout_s))
 
 
-def abort_group(target: Any) -> Any:
-    return _call(target, "abort_group")
+def abort_group(target: Any) -> Pending[bool]:
+    """-> whether the rank had a group to tear down."""
+    return cast("Pending[bool]", _call(target, "abort_group"))
 
 
-def serve_release(target: Any) -> Any:
-    """The rank answers ``release.RELEASE_REQUEST`` on its control channel from now on."""
-    return _call(target, "serve_release")
+def serve_release(target: Any) -> Pending[None]:
+    """The rank answers ``wire.RELEASE_REQUEST`` on its control channel from now on."""
+    return cast("Pending[None]", _call(target, "serve_release"))
 
 
-def collective_trace(target: Any, last: int) -> Any:
-    return _call(target, "collective_trace", last)
+def collective_trace(target: Any, last: int) -> Pending[list[CollectiveEntry]]:
+    return cast("Pending[list[CollectiveEntry]]", _call(target, "collective_trace", last))
 
 
-def run_cell(target: Any, code: str, rank: int, want: str) -> Any:
-    """-> ``wire.CellReply``."""
-    return _call(target, "run_cell", code, rank, want)
+def run_cell(target: Any, code: str, rank: int, want: str) -> Pending[CellReply]:
+    return cast("Pending[CellReply]", _call(target, "run_cell", code, rank, want))
 
 
-def run_script(target: Any, text: str, path: str, argv: list[str], rank: int) -> Any:
-    """-> ``wire.CellReply``: the script run as ``__main__`` with ``sys.argv = argv`` (``%dist run``)."""
-    return _call(target, "run_script", text, path, argv, rank)
+def run_script(target: Any, text: str, path: str, argv: list[str], rank: int) -> Pending[CellReply]:
+    """The script run as ``__main__`` with ``sys.argv = argv`` (``%dist run``)."""
+    return cast("Pending[CellReply]", _call(target, "run_script", text, path, argv, rank))
 
 
-def postmortem(target: Any, max_frames: int, max_locals: int) -> Any:
+def postmortem(target: Any, max_frames: int, max_locals: int) -> Pending[dict[str, Any] | None]:
     """-> the rank's kept failure (its frames, their locals summarised) as plain data, or None."""
-    return _call(target, "postmortem", max_frames, max_locals)
+    return cast("Pending[dict[str, Any] | None]", _call(target, "postmortem", max_frames, max_locals))
 
 
-def pack_definitions(target: Any, names: list[str]) -> Any:
-    """-> ``wire.CellReply`` whose value is ``{"blob": bytes}``, ``{"missing": [...]}`` or ``{"unpicklable": why}``."""
-    return _call(target, "pack_definitions", names)
+def pack_definitions(target: Any, names: list[str]) -> Pending[CellReply]:
+    """A reply whose value is ``{"blob": bytes}``, ``{"missing": [...]}`` or ``{"unpicklable": why}``."""
+    return cast("Pending[CellReply]", _call(target, "pack_definitions", names))
 
 
-def case_names(target: Any, exercise: str, world_size: int, seed: int) -> Any:
-    """-> ``wire.CellReply`` whose value is the names of the exercise's cases at ``world_size``."""
-    return _call(target, "case_names", exercise, world_size, seed)
+def case_names(target: Any, exercise: str, world_size: int, seed: int) -> Pending[CellReply]:
+    """A reply whose value is the names of the exercise's cases at ``world_size``."""
+    return cast("Pending[CellReply]", _call(target, "case_names", exercise, world_size, seed))
 
 
-def grade_case(target: Any, exercise: str, blob: bytes, seed: int, index: int, rank: int) -> Any:
-    """-> ``wire.CellReply`` whose value is the rank's outcome of one case (``rank.exercise.passed``/``failed``)."""
-    return _call(target, "grade_case", exercise, blob, seed, index, rank)
+def grade_case(target: Any, exercise: str, blob: bytes, seed: int, index: int, rank: int) -> Pending[CellReply]:
+    """A reply whose value is the rank's outcome of one case (``rank.exercise.passed``/``failed``)."""
+    return cast("Pending[CellReply]", _call(target, "grade_case", exercise, blob, seed, index, rank))

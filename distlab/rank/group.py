@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..wire import GroupSpec
+from ..wire import GroupSpec, RankJoined
 from . import namespace, progress, torchcompat, torchrun
 from .identity import interface_of
 from .release import shutdown_peer_connections
@@ -51,20 +51,25 @@ def open_store(host: str, timeout_s: float) -> int:
         listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError:
         listener = None
-    _store = dist.TCPStore(
-        host,
-        listener.getsockname()[1] if listener else 0,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-        # The store takes the descriptor over (and closes it when it goes): detach it from the socket
-        # object, or closing that object later would close whatever reuses the number.
-        **({"master_listen_fd": listener.detach()} if listener else {}),
-    )
+    port = listener.getsockname()[1] if listener else 0
+    # The store takes the descriptor over (and closes it when it goes): detach it from the socket
+    # object, or closing that object later would close whatever reuses the number. Until the store
+    # exists the descriptor is ours: a store that fails to start must not leak it.
+    fd = listener.detach() if listener else None
+    try:
+        _store = dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s),
+            **({"master_listen_fd": fd} if fd is not None else {}),
+        )
+    except BaseException:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
     return int(_store.port)
 
 
-def init_rank(spec: GroupSpec) -> dict[str, Any]:
+def init_rank(spec: GroupSpec) -> RankJoined:
     """Bind the device, join the process group, prove it with one all-reduce, fill the namespace.
 
     The rank also gets torchrun's variables, and ``init_process_group`` joins this group from now
@@ -146,7 +151,7 @@ def _bind_device(backend: str, local_rank: int, device: str = "") -> torch.devic
     return torch.device("cuda", index)
 
 
-def rebuild_group(master_port: int) -> dict[str, Any]:
+def rebuild_group(master_port: int) -> RankJoined:
     """Join a fresh process group of the same world on a new rendezvous port."""
     if _spec is None:
         raise RuntimeError("this rank never joined a process group: there is nothing to rebuild")

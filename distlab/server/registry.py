@@ -7,8 +7,10 @@ lives in (its connection file), the rank table and the latest training rate.
 ``distlab.server.handlers`` reads these files for the side panel; files of processes that are gone
 are removed by the reader.
 
-The process that runs labs also keeps them by id, so that the side panel's Stop and Restart reach
-any of them (``act``), however it was started: ``%dist start`` or ``distlab.start()``.
+The writing half is :class:`PanelFile`, an observer every ``Lab`` is given (``notebook.lab``); the
+lab knows nothing of it. The side panel's Stop and Restart reach any running lab of the kernel's
+process by its id (``act``, through ``notebook.labs``), however it was started: ``%dist start``
+or ``distlab.start()``.
 
 This module is imported by every Lab: it must stay light (no Jupyter server, no tornado), and
 nothing in it may break a lab: every write swallows its errors.
@@ -29,9 +31,11 @@ from typing import Any
 
 from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
+from ..notebook import labs
+from ..notebook.labs import Observer, id_of
 
 __all__ = [
-    "ACTIONS", "WRITE_EVERY_S", "act", "forget", "id_of", "publish", "read_labs", "registry_dir", "track",
+    "ACTIONS", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish", "read_labs", "registry_dir", "track",
 ]
 
 #: While a cell runs, the lab's file is rewritten at most this often.
@@ -46,10 +50,6 @@ ACTIONS = ("stop", "restart")
 # lab -> (when its file was last written, what it said: busy ranks, telemetry version, rank pids)
 _last_write: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
 _listening: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
-# The running labs of this process, by id. Held strongly, from start to stop: a lab the user no
-# longer names (``distlab.start()`` in a cell of its own) still runs ranks, and the panel must
-# still be able to stop it.
-_running: dict[str, Any] = {}
 
 
 def registry_dir() -> Path:
@@ -58,9 +58,21 @@ def registry_dir() -> Path:
     return Path(jupyter_runtime_dir()) / "distlab"
 
 
-def id_of(lab: Any) -> str:
-    """The lab's id, its file's name: unique among the live labs of this machine."""
-    return f"lab-{os.getpid()}-{id(lab):x}"
+class PanelFile(Observer):
+    """A lab's observer: its state file, written at start, restart and a change of link, kept
+    current while cells run, and removed at stop."""
+
+    def started(self, lab: Any) -> None:
+        track(lab)
+
+    def restarted(self, lab: Any) -> None:
+        publish(lab)
+
+    def changed(self, lab: Any) -> None:
+        publish(lab)
+
+    def stopped(self, lab: Any) -> None:
+        forget(lab)
 
 
 def _path(lab: Any) -> Path:
@@ -75,7 +87,6 @@ def track(lab: Any) -> None:
 
     The Lab feeds its telemetry store before any listener added here, so ``on_poll`` reads the
     poll's own data (not the previous poll's) without touching ``lab.telemetry`` first."""
-    _running[id_of(lab)] = lab
     if lab not in _listening:  # a lab started again after a stop keeps its one listener
         _listening.add(lab)
 
@@ -107,7 +118,6 @@ def publish(lab: Any, busy: set[int] | None = None, ask: bool = True) -> None:
 
 def forget(lab: Any) -> None:
     """The lab has stopped: remove its file."""
-    _running.pop(id_of(lab), None)
     _last_write.pop(lab, None)
     with contextlib.suppress(OSError):
         _path(lab).unlink()
@@ -119,9 +129,9 @@ def act(lab_id: str, action: str) -> str:
     (ValueError) or lab (LookupError) raises one line saying what is wrong, and changes nothing."""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r} for a lab: use one of {', '.join(ACTIONS)}")
-    lab = _running.get(lab_id)
+    lab = labs.get(lab_id)
     if lab is None or not lab.running:
-        known = ", ".join(sorted(_running)) or "none"
+        known = ", ".join(sorted(id_of(lab) for lab in labs.running())) or "none"
         raise LookupError(f"no running lab {lab_id!r} in process {os.getpid()} (its running labs: {known})")
     if action == "stop":
         lab.stop()
@@ -200,7 +210,7 @@ def _connection_file() -> str | None:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")  # created 0600
     try:
         with os.fdopen(fd, "w") as f:
@@ -210,6 +220,17 @@ def _write(path: Path, data: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _private_dir(folder: Path) -> None:
+    """The folder, made 0700 if new; one that exists is made 0700 too when it is ours (mkdir's mode
+    applies only to a folder it creates), and refused when it is another user's."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"{folder} belongs to another user: the labs' state files are not written there")
+    if info.st_mode & 0o077:
+        folder.chmod(0o700)
 
 
 # ---------------------------------------------------------------------------- reading (in the server)
