@@ -10,12 +10,17 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 __all__ = [
+    "CELL_FILE",
     "LEARNER_FILE",
     "PROGRESS_KEY",
+    "RELEASE_REPLY",
+    "RELEASE_REQUEST",
     "CellError",
     "CellReply",
     "EngineIdentity",
     "GroupSpec",
+    "RankJoined",
+    "CollectiveEntry",
     "ProgressBar",
     "ProgressPublish",
 ]
@@ -23,6 +28,16 @@ __all__ = [
 #: The file name a learner's code carries on an exercise's grading ranks (``rank.exercise``): the
 #: notebook finds the learner's frames in a traceback by it.
 LEARNER_FILE = "<your code>"
+
+#: The file name a rank's cell runs under (``rank.cell``, ``.format(rank=N)``): the notebook takes the
+#: rank out of it to group identical tracebacks across ranks (``errors``).
+CELL_FILE = "<rank {rank} cell>"
+
+#: The control message that asks a stuck rank to cut its connections to its peers
+#: (``notebook.release`` sends it, ``rank.release`` serves it), and the rank's answer. Both travel on
+#: ipyparallel's control channel, which an engine serves while its main thread waits in C++.
+RELEASE_REQUEST = "distlab_release_request"
+RELEASE_REPLY = "distlab_release_reply"
 
 
 class EngineIdentity(TypedDict):
@@ -64,6 +79,24 @@ class GroupSpec:
     ranks_on_node: int = 0
     #: The device the rank binds ("cuda:1", "cpu"); "" for the backend's own (NCCL: ``cuda:<local_rank>``).
     device: str = ""
+
+
+class RankJoined(TypedDict):
+    """A rank's answer to ``init_rank`` / ``rebuild_group``: its device and how long joining took."""
+
+    device: str
+    init_s: float
+
+
+class CollectiveEntry(TypedDict):
+    """One collective of a rank's flight recorder (``rank.flight.collective_trace``)."""
+
+    #: The group's count of collectives (or, for send and recv, of point-to-point operations), from 1.
+    seq: int
+    op: str
+    shapes: list[list[int]]
+    dtypes: list[str]
+    p2p: bool
 
 
 class CellError(TypedDict):
