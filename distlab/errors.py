@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .wire import CELL_FILE
+
 from .wire import CollectiveEntry
 
 __all__ = [
@@ -159,7 +161,7 @@ def diagnose_collectives(
 def _normalise_traceback(text: str, rank: int) -> str:
     # The cell's file name carries the rank ("<rank 3 cell>"); without this, identical
     # failures on different ranks would never group.
-    return text.replace(f"<rank {rank} cell>", "<rank cell>")
+    return text.replace(CELL_FILE.format(rank=rank), "<rank cell>")
 
 
 def _indent(text: str, prefix: str = "    ") -> str:

@@ -49,11 +49,3 @@ def test_the_notebook_side_never_imports_torch_or_the_rank_side():
     printed = python_lines(code, timeout_s=600)
     # Nor, outside a kernel (nothing can show a dashboard there), the dashboard's plotting modules.
     assert printed[-1] == "[] False", printed
-
-
-def test_the_release_request_is_named_alike_on_both_sides():
-    # The notebook names the control message as text (it never imports the rank side).
-    from distlab.notebook import release as notebook_side
-    from distlab.rank import release as rank_side
-
-    assert notebook_side.RELEASE_REQUEST == rank_side.RELEASE_REQUEST

@@ -8,12 +8,13 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ipyparallel as ipp
 
+from .. import ipycompat
 from ..errors import DistlabError
 from .allocator import engine_environment
 from .nodes import Network
@@ -92,9 +93,10 @@ def controller_address(cluster: ipp.Cluster) -> str:
     if ip not in ("*", "0.0.0.0"):
         return ip
     location = None
-    with contextlib.suppress(OSError, ValueError, KeyError, AttributeError, TypeError):
-        with open(cluster.controller.connection_files["engine"]) as f:
-            location = json.load(f).get("location")
+    path = ipycompat.controller_connection_file(cluster, "engine")
+    # Not written yet, half written, or not a dict: the other sources below say where.
+    with contextlib.suppress(OSError, ValueError, AttributeError), open(path) as f:
+        location = json.load(f).get("location")
     return location or cluster.controller_location or socket.gethostname()
 
 
@@ -130,25 +132,18 @@ def guard_iopub(client: ipp.Client, timeout_s: float = 5.0) -> None:
     """
     from IPython import get_ipython
 
-    dispatch = client._dispatch_iopub
+    def guarded(dispatch: Callable[[Any], None]) -> Callable[[Any], None]:
+        def on_recv(parts: Any) -> None:
+            try:
+                dispatch(parts)
+            except AttributeError:
+                shell = get_ipython()
+                if shell is None or hasattr(shell, "kernel"):
+                    raise
 
-    def on_recv(parts: Any) -> None:
-        try:
-            dispatch(parts)
-        except AttributeError:
-            shell = get_ipython()
-            if shell is None or hasattr(shell, "kernel"):
-                raise
+        return on_recv
 
-    swapped = threading.Event()
-
-    def swap() -> None:  # on the client's IO thread, which owns the stream
-        client._iopub_stream.on_recv(on_recv, copy=False)
-        swapped.set()
-
-    client._io_loop.add_callback(swap)
-    if not swapped.wait(timeout_s):
-        raise DistlabError(f"the ipyparallel client's IO thread did not answer within {timeout_s:g} s")
+    ipycompat.wrap_iopub_dispatch(client, guarded, timeout_s)
 
 
 def link_client_sockets(cluster: ipp.Cluster, folder: str, timeout_s: float) -> None:
@@ -157,7 +152,7 @@ def link_client_sockets(cluster: ipp.Cluster, folder: str, timeout_s: float) -> 
     ipyparallel 9's controller binds ``ipc://PATH-PORT`` and its client connects to
     ``ipc://PATH:PORT``; a link under the client's name joins the two.
     """
-    path = cluster.controller.connection_files["client"]
+    path = ipycompat.controller_connection_file(cluster, "client")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -166,7 +161,9 @@ def link_client_sockets(cluster: ipp.Cluster, folder: str, timeout_s: float) -> 
             break
         except (OSError, ValueError):  # not there yet, or half written
             if time.monotonic() > deadline:
-                raise DistlabError(f"the controller wrote no connection file within {timeout_s:g} s: raise --timeout") from None
+                raise DistlabError(
+                    f"the controller wrote no connection file within {timeout_s:g} s: raise --timeout"
+                ) from None
             time.sleep(0.02)
     base = os.path.join(folder, _CLIENT_SOCKET)
     for key in ("registration", "control", "mux", "task", "iopub", "notification", "broadcast"):

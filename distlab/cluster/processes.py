@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .. import ipycompat
+
 __all__ = ["ProcessGuard", "kill_group", "machine_id", "pid_alive", "reap", "terminate", "wait_for"]
 
 
@@ -87,10 +89,14 @@ def terminate(pids: Iterable[int], grace_s: float = 5.0) -> None:
     wait_for(lambda: not any(pid_alive(pid) for pid in pids), grace_s, poll_s=0.01)
 
 
+def _dead(pid: int) -> bool:
+    return not pid_alive(pid)
+
+
 def reap(pids: Iterable[int], seconds: float = 5.0) -> None:
     """Wait for each process to end; kill what is still there after ``seconds``."""
     for pid in pids:
-        if not wait_for(lambda pid=pid: not pid_alive(pid), seconds):
+        if not wait_for(functools.partial(_dead, pid), seconds):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -122,27 +128,25 @@ class ProcessGuard:
 
     def pgids(self) -> list[int]:
         """Every process group of the cluster: controller, engine sets, engines, their helpers."""
-        cluster = self._cluster
-        pids: list[int] = []
-        if cluster is not None:
-            launchers: list[Any] = [cluster.controller] if cluster.controller is not None else []
-            for engine_set in cluster.engines.values():
-                launchers.append(engine_set)
-                launchers.extend(getattr(engine_set, "launchers", {}).values())
-            for launcher in launchers:
-                pid = getattr(launcher, "pid", None) or getattr(getattr(launcher, "process", None), "pid", None)
-                if isinstance(pid, int) and pid > 0:
-                    pids.append(pid)
+        pids = ipycompat.launcher_pids(self._cluster) if self._cluster is not None else []
         return sorted(set(pids) | self._helpers)
 
     def update(self) -> None:
         """Rewrite the watchdog's list (after engines started or stopped)."""
         if self._pgid_file is None:
             return
-        tmp = self._pgid_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write("\n".join(str(p) for p in self.pgids()))
-        os.replace(tmp, self._pgid_file)
+        # The file lives in the shared temporary folder: a fixed "<file>.tmp" name could be a link
+        # another user planted there, which open() would follow. mkstemp makes a new file (0600,
+        # O_EXCL) under a name nobody can guess; os.replace swaps it in whole, for the reaper.
+        fd, tmp = tempfile.mkstemp(prefix=".distlab-", suffix=".pgids.tmp", dir=os.path.dirname(self._pgid_file))
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(str(p) for p in self.pgids()))
+            os.replace(tmp, self._pgid_file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def adopt_engine_helpers(self, engine_pids: Iterable[int]) -> None:
         """Each engine starts a nanny (it reports the engine's death at once) in a session of its own;

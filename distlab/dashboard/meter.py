@@ -13,24 +13,17 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from .. import ipycompat
+
 __all__ = ["MessageWindow", "Metered", "MeteredHTML", "MeteredLabel", "sent"]
 
 
-class Metered:
-    """Mixed into a widget class (before it): counts the messages the widget sends.
+class Metered(ipycompat.CountedSends):
+    """Mixed into a widget class (before it): counts the messages the widget sends (at ipywidgets'
+    private ``_send``, which ``ipycompat`` checks this ipywidgets has).
 
     plotly is not imported here: the progress bars (``progress_view``) count theirs too.
     """
-
-    #: Messages this widget has sent to the front end since its comm opened (the opening one not counted).
-    _messages_sent = 0
-
-    def _send(self, msg: Any, buffers: Any = None) -> None:
-        # ipywidgets' own test: nothing goes out before the comm opens, nor on a comm without a kernel.
-        comm = getattr(self, "comm", None)
-        if comm is not None and getattr(comm, "kernel", True) is not None:
-            self._messages_sent += 1
-        super()._send(msg, buffers)  # type: ignore[misc]
 
 
 class MeteredLabel(Metered, widgets.Label):
@@ -43,7 +36,7 @@ class MeteredHTML(Metered, widgets.HTML):
 
 def sent(widget: Any) -> int:
     """Messages ``widget`` (a metered one) has sent so far."""
-    return int(widget._messages_sent)
+    return ipycompat.widget_messages_sent(widget)
 
 
 class MessageWindow:

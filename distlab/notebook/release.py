@@ -14,13 +14,13 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+from .. import ipycompat
+from ..wire import RELEASE_REQUEST
 from . import rpc
 from .world import RankInfo
 
-__all__ = ["RELEASE_REQUEST", "Releaser"]
+__all__ = ["Releaser"]
 
-#: The control message a stuck rank answers (``rank.release.RELEASE_REQUEST``; tests/test_rpc.py holds them equal).
-RELEASE_REQUEST = "distlab_release_request"
 # How long the stuck ranks get to cut their connections and say so.
 RELEASE_WAIT_S = 1.0
 
@@ -46,10 +46,9 @@ class Releaser:
         targets = [r.engine_id for r in ranks if r.engine_id in alive]
         if not targets:
             return
-        with contextlib.suppress(Exception):
-            # ipyparallel sends its own control requests (signals, aborts) this way; ours has its own type.
-            answers = client._send_control_request(targets=targets, msg_type=RELEASE_REQUEST, content={}, block=False)
-            answers.result(timeout=RELEASE_WAIT_S)
+        # No answer in time (or a rank gone meanwhile) is no error: the caller kills what is still stuck.
+        # An ipyparallel whose control request changed raises here, rather than silently freeing nothing.
+        ipycompat.control_request(client, targets, RELEASE_REQUEST, {}, RELEASE_WAIT_S)
 
     def abort_on_free_ranks(self, client: Any, table: Sequence[RankInfo], stuck: Sequence[int]) -> bool:
         """Tear down the group on every live rank not in ``stuck``; True if any rank did."""

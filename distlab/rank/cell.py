@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ..wire import LEARNER_FILE, CellError, CellReply
+from ..wire import CELL_FILE, LEARNER_FILE, CellError, CellReply
 from . import postmortem
 from .namespace import LAB_NAMES, user_namespace
 
@@ -59,7 +59,7 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
     from IPython import get_ipython
 
     shell = get_ipython()
-    filename = f"<rank {rank} cell>"
+    filename = CELL_FILE.format(rank=rank)
 
     def prepare() -> Callable[[], Any]:
         source = shell.transform_cell(code) if shell is not None else code

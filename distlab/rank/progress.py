@@ -317,9 +317,7 @@ def install(rank: int, send: Sender | None = None) -> bool:
     """
     global _reporter, _finder
     if send is None:
-        if "ipyparallel.engine.kernel" not in sys.modules:
-            return False  # every engine has imported its kernel: not one (and no import of it to learn so)
-        from ..telemetry.publish import engine_sender
+        from ..telemetry.publish import engine_sender  # None off an engine, found without importing ipyparallel
 
         send = engine_sender()  # type: ignore[assignment]
         if send is None:

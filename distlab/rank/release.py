@@ -22,16 +22,14 @@ import os
 import socket
 from typing import Any
 
+from .. import ipycompat
+from ..wire import RELEASE_REPLY, RELEASE_REQUEST
+
 __all__ = [
-    "RELEASE_REQUEST",
     "remember_controller_connections",
     "serve_release",
     "shutdown_peer_connections",
 ]
-
-#: The control-channel message the notebook sends (``notebook.release``); the engine answers with
-#: ``distlab_release_reply``.
-RELEASE_REQUEST = "distlab_release_request"
 
 # Remote endpoints of the connections the engine had before any process group: ipyparallel's.
 _controller_endpoints: set[tuple[str, int]] | None = None
@@ -77,18 +75,11 @@ def serve_release() -> bool:
     when done: the notebook rebuilds the group only after that, so a late release can never cut
     the new group's connections.
     """
-    from IPython import get_ipython
 
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
-        return False
-
-    def handle(stream: Any, ident: Any, parent: Any) -> None:
+    def answer() -> dict[str, Any]:
         closed = 0
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # whatever failed, the notebook hears back and goes on
             closed = shutdown_peer_connections()
-        kernel.session.send(stream, "distlab_release_reply", {"status": "ok", "closed": closed}, parent, ident=ident)
+        return {"status": "ok", "closed": closed}
 
-    kernel.control_handlers[RELEASE_REQUEST] = handle
-    return True
+    return ipycompat.serve_control_request(RELEASE_REQUEST, RELEASE_REPLY, answer)

@@ -28,13 +28,9 @@ _SEND_WAIT_S = 2.0
 
 def engine_sender() -> Sender | None:
     """ipyparallel's ``publish_data`` when this process is an ipyparallel engine, else None."""
-    try:
-        from IPython import get_ipython
-        from ipyparallel.engine.kernel import IPythonParallelKernel
-    except ImportError:
-        return None
-    shell = get_ipython()
-    if not isinstance(getattr(shell, "kernel", None), IPythonParallelKernel):
+    from .. import ipycompat
+
+    if not ipycompat.on_engine():
         return None
     from ipyparallel.datapub import publish_data
 

@@ -1,0 +1,270 @@
+"""Every private or undocumented ipyparallel, ipykernel and ipywidgets API distlab uses, in one place.
+
+distlab reaches into these packages where they offer no public way to do what it needs: send a
+control message of its own to an engine (releasing a stuck rank), answer it on the engine, keep the
+client's IOPub stream alive, find the processes a cluster started, count a widget's messages.
+Private APIs change between releases without notice, so each is used here and nowhere else, with a
+comment saying what it does and why no public API does it: a new release is checked against this
+one file (the model is ``rank/torchcompat.py``).
+
+Each function checks the version of the package it reaches into, on its first use: outside the
+versions really run (``KNOWN_GOOD``, which ``pyproject.toml``'s bounds match) it raises a
+:class:`~distlab.errors.DistlabError` with one line naming the package, its version and what to
+install. Within them, a missing attribute raises the same way. Never a silent no-op: a rename
+upstream would otherwise make, say, releasing stuck ranks quietly do nothing.
+
+Imported on both sides (the notebook and the ranks), so it imports neither torch nor either side,
+and the packages themselves only when a function needs them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import re
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .errors import DistlabError
+
+__all__ = [
+    "KNOWN_GOOD",
+    "CountedSends",
+    "check_version",
+    "control_request",
+    "controller_connection_file",
+    "launcher_pids",
+    "on_engine",
+    "serve_control_request",
+    "version_problem",
+    "widget_messages_sent",
+    "wrap_iopub_dispatch",
+]
+
+#: {package: ((major, minor) of the first release run, (major, minor) one past the last)}: the
+#: releases distlab is run with (CI and the GPU machines). pyproject.toml's bounds say the same.
+KNOWN_GOOD: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
+    "ipyparallel": ((9, 2), (9, 3)),
+    "ipykernel": ((7, 4), (7, 5)),
+    "ipywidgets": ((8, 1), (8, 2)),
+}
+
+_checked: set[str] = set()
+
+
+# --------------------------------------------------------------------------------------- versions
+
+
+def version_problem(package: str, version: str) -> str | None:
+    """None for a ``package`` version in ``KNOWN_GOOD``, else the one line that says what to do."""
+    low, high = KNOWN_GOOD[package]
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and low <= (int(found.group(1)), int(found.group(2))) < high:
+        return None
+    spec = f"{package}>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    return (
+        f"distlab is known to work with {package} {low[0]}.{low[1]} to {high[0]}.{high[1] - 1}, "
+        f"and this is {package} {version}: install one of those (pip install '{spec}'); "
+        f"a newer release must first be checked against distlab/ipycompat.py"
+    )
+
+
+def check_version(package: str, version: str) -> None:
+    """Refuse (:class:`DistlabError`, one line) a ``package`` version outside ``KNOWN_GOOD``."""
+    problem = version_problem(package, version)
+    if problem is not None:
+        raise DistlabError(problem)
+
+
+def _package(name: str) -> Any:
+    """The imported package ``name``, its version checked (once per process)."""
+    module = importlib.import_module(name)
+    if name not in _checked:
+        check_version(name, str(getattr(module, "__version__", "unknown")))
+        _checked.add(name)
+    return module
+
+
+def _attribute(obj: Any, name: str, package: str, what: str) -> Any:
+    """``obj.name``, or one line saying that this release of ``package`` lacks what distlab needs."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        version = getattr(sys.modules.get(package), "__version__", "unknown")
+        owner = obj.__name__ if isinstance(obj, type) else type(obj).__name__
+        raise DistlabError(
+            f"{package} {version} has no {owner}.{name}, which distlab uses to {what}: "
+            f"install {package} {'.'.join(map(str, KNOWN_GOOD[package][0]))}.x "
+            f"or report it (see distlab/ipycompat.py)"
+        ) from None
+
+
+# ---------------------------------------------------------------------------- ipyparallel client
+
+
+def control_request(client: Any, targets: list[int], msg_type: str, content: dict[str, Any],
+                    timeout_s: float) -> list[dict[str, Any]] | None:
+    """Send ``msg_type`` on the control channel of the engines ``targets``; their replies, or None
+    when not all came within ``timeout_s`` or a target is no longer registered.
+
+    ``Client._send_control_request``: how ipyparallel sends its own control requests
+    (``signal_request``, ``clear_request``, ``abort_request``); it has no public call for a message
+    type of one's own, and the control channel is the one an engine serves while its main thread is
+    stuck in C++.
+    """
+    ipp = _package("ipyparallel")
+    send = _attribute(client, "_send_control_request", "ipyparallel", "send a control request to an engine")
+    try:
+        replies = send(targets=targets, msg_type=msg_type, content=content, block=False)
+        return list(replies.result(timeout=timeout_s))
+    except concurrent.futures.TimeoutError:
+        return None  # a rank that does not answer in time is killed by the caller
+    except (KeyError, IndexError, ipp.error.NoEnginesRegistered):
+        return None  # an engine unregistered since the caller listed the live ones
+
+
+def wrap_iopub_dispatch(client: Any, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],
+                        timeout_s: float) -> None:
+    """Make the client's IOPub stream call ``wrap(ipyparallel's own handler)`` for each message.
+
+    ``Client._dispatch_iopub`` (the handler), ``_iopub_stream`` (its ZMQStream) and ``_io_loop``
+    (the client's IO thread, which owns the stream): ipyparallel offers no hook on the messages its
+    client receives, and an exception in its handler stops the stream for good.
+    """
+    _package("ipyparallel")
+    what = "guard the client's IOPub stream"
+    dispatch = _attribute(client, "_dispatch_iopub", "ipyparallel", what)
+    stream = _attribute(client, "_iopub_stream", "ipyparallel", what)
+    loop = _attribute(client, "_io_loop", "ipyparallel", what)
+    handler = wrap(dispatch)
+    swapped = threading.Event()
+
+    def swap() -> None:  # on the client's IO thread, which owns the stream
+        stream.on_recv(handler, copy=False)
+        swapped.set()
+
+    loop.add_callback(swap)
+    if not swapped.wait(timeout_s):
+        raise DistlabError(f"the ipyparallel client's IO thread did not answer within {timeout_s:g} s")
+
+
+# --------------------------------------------------------------------------- ipyparallel cluster
+
+
+def controller_connection_file(cluster: Any, kind: str) -> str:
+    """The path of the controller's ``kind`` ("client" or "engine") connection file.
+
+    ``ControllerLauncher.connection_files``: undocumented; where the controller writes the
+    addresses engines and clients connect to (distlab reads the engines' location and links the
+    client's UNIX sockets from it).
+    """
+    _package("ipyparallel")
+    controller = _attribute(cluster, "controller", "ipyparallel", "find the controller's connection files")
+    files = _attribute(controller, "connection_files", "ipyparallel", "find the controller's connection files")
+    return str(files[kind])
+
+
+def launcher_pids(cluster: Any) -> list[int]:
+    """The pids of every process the cluster's launchers started on this machine (each leads a group).
+
+    ``LocalProcessLauncher.pid`` and ``LocalEngineSetLauncher.launchers`` (one launcher per engine):
+    ipyparallel keeps its processes there and says nothing public about them. Launchers that start
+    nothing here (a batch system's) have none. An unexpected layout raises rather than returning
+    nothing, which would leave a lab's processes running after it stopped.
+    """
+    _package("ipyparallel")
+    from ipyparallel.cluster import launcher as launchers
+
+    local, engine_set = launchers.LocalProcessLauncher, launchers.LocalEngineSetLauncher
+    found: list[Any] = [cluster.controller] if cluster.controller is not None else []
+    for each in cluster.engines.values():
+        found.append(each)
+        if isinstance(each, engine_set):
+            found.extend(_attribute(each, "launchers", "ipyparallel", "find the engines' processes").values())
+    pids = []
+    for launcher in found:
+        if isinstance(launcher, local):
+            pid = _attribute(launcher, "pid", "ipyparallel", "find the processes a cluster started")
+            if isinstance(pid, int) and pid > 0:
+                pids.append(pid)
+    return pids
+
+
+# ------------------------------------------------------------------------------ engine (ranks)
+
+
+def on_engine() -> bool:
+    """True when this process is an ipyparallel engine; never imports ipyparallel to find out.
+
+    ``ipyparallel.engine.kernel.IPythonParallelKernel``: the engine's kernel class, in a module that
+    is no documented API. Every engine has imported it before it runs anything of distlab's.
+    """
+    module = sys.modules.get("ipyparallel.engine.kernel")
+    if module is None:
+        return False
+    _package("ipyparallel")
+    kernel_class = _attribute(module, "IPythonParallelKernel", "ipyparallel", "tell an engine from other processes")
+    from IPython import get_ipython
+
+    return isinstance(getattr(get_ipython(), "kernel", None), kernel_class)
+
+
+def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], dict[str, Any]]) -> bool:
+    """Answer ``msg_type`` on this kernel's control channel with ``reply_type`` and ``answer()``'s
+    content, from the kernel's control thread; False outside a kernel.
+
+    ``Kernel.control_handlers``: the table ipykernel dispatches control messages on,
+    ``{msg_type: handler(stream, idents, parent)}``; it has no public way to add a message type. The
+    reply goes out through the kernel's session (jupyter_client's public ``Session.send``).
+    """
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return False
+    _package("ipykernel")
+    handlers = _attribute(kernel, "control_handlers", "ipykernel", "answer a control request")
+    session = _attribute(kernel, "session", "ipykernel", "answer a control request")
+    if not isinstance(handlers, dict):
+        raise DistlabError(f"ipykernel {_package('ipykernel').__version__}'s control_handlers is no dict: "
+                           "install ipykernel 7.4.x or report it (see distlab/ipycompat.py)")
+
+    def handle(stream: Any, ident: Any, parent: Any) -> None:
+        session.send(stream, reply_type, answer(), parent, ident=ident)
+
+    handlers[msg_type] = handle
+    return True
+
+
+# ------------------------------------------------------------------------------------ ipywidgets
+
+
+class CountedSends:
+    """Mixed into an ipywidgets widget class (before it): counts the messages the widget sends.
+
+    ``Widget._send``: the one call every message after a widget's opening one goes through; no
+    public hook sees them. A class that mixes this in checks, as it is made, that ipywidgets still
+    has it: otherwise nothing would be counted, silently.
+    """
+
+    #: Messages this widget has sent to the front end since its comm opened (the opening one not counted).
+    _messages_sent = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        widgets = _package("ipywidgets")
+        _attribute(widgets.Widget, "_send", "ipywidgets", "count the messages a widget sends")
+
+    def _send(self, msg: Any, buffers: Any = None) -> None:
+        # ipywidgets' own test: nothing goes out before the comm opens, nor on a comm without a kernel.
+        comm = getattr(self, "comm", None)
+        if comm is not None and getattr(comm, "kernel", True) is not None:
+            self._messages_sent += 1
+        super()._send(msg, buffers)  # type: ignore[misc]
+
+
+def widget_messages_sent(widget: Any) -> int:
+    """Messages ``widget`` (a :class:`CountedSends` one) has sent so far."""
+    return int(widget._messages_sent)
