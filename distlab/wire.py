@@ -11,11 +11,8 @@ from typing import Any, TypedDict
 
 __all__ = [
     "CELL_FILE",
-    "CELL_FILE",
     "LEARNER_FILE",
     "PROGRESS_KEY",
-    "RELEASE_REPLY",
-    "RELEASE_REQUEST",
     "RELEASE_REPLY",
     "RELEASE_REQUEST",
     "CellError",
@@ -31,16 +28,6 @@ __all__ = [
 #: The file name a learner's code carries on an exercise's grading ranks (``rank.exercise``): the
 #: notebook finds the learner's frames in a traceback by it.
 LEARNER_FILE = "<your code>"
-
-#: The file name a rank's cell runs under (``rank.cell``, ``.format(rank=N)``): the notebook takes the
-#: rank out of it to group identical tracebacks across ranks (``errors``).
-CELL_FILE = "<rank {rank} cell>"
-
-#: The control message that asks a stuck rank to cut its connections to its peers
-#: (``notebook.release`` sends it, ``rank.release`` serves it), and the rank's answer. Both travel on
-#: ipyparallel's control channel, which an engine serves while its main thread waits in C++.
-RELEASE_REQUEST = "distlab_release_request"
-RELEASE_REPLY = "distlab_release_reply"
 
 #: The file name a rank's cell runs under (``rank.cell``, ``.format(rank=N)``): the notebook takes the
 #: rank out of it to group identical tracebacks across ranks (``errors``).
