@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CellTimeout, LabUsageError, RankError, RankFailure
 from ..notebook import rpc
+from ..notebook.script import CellRan
 from ..wire import LEARNER_FILE
 from .catalog import EXERCISES, get
 from .model import Exercise
@@ -66,7 +67,7 @@ def check(
     stopped = False
     for size in _in_order(exercise.world_sizes, learner_lab):
         world = grading_lab(learner_lab, size)
-        names = _ask(world, lambda engine, rank, size=size: rpc.case_names(engine, exercise.name, size, seed))
+        names = _ask(world, _case_names(exercise, size, seed))
         for index, case_name in enumerate(names):
             if stopped:
                 cases.append(
@@ -151,6 +152,10 @@ def _definitions(lab: LabCore, exercise: Exercise) -> bytes:
     return blob
 
 
+def _case_names(exercise: Exercise, size: int, seed: int) -> Send:
+    return lambda engine, rank: rpc.case_names(engine, exercise.name, size, seed)
+
+
 def _ask(lab: LabCore, send: Send) -> Any:
     """Rank 0's answer to a quick call, under a deadline."""
     return lab.call(send, ranks=[0], timeout=_ASK_TIMEOUT_S)[0]
@@ -164,31 +169,31 @@ def _run_case(
     def send(engine: Any, rank: int) -> Any:
         return rpc.grade_case(engine, exercise.name, blob, seed, index, rank)
 
-    base = {"index": index, "world_size": size, "name": case_name}
+    base = (index, size, case_name)
     try:
         outcomes = world.call(send, timeout=exercise.case_timeout_s)
     except CellTimeout as exc:
         message = _stuck(exc.failures, exercise.case_timeout_s, quote)
-        return CaseResult(**base, passed=False, message=message, rank=min(exc.failures)), True
+        return CaseResult(*base, passed=False, message=message, rank=min(exc.failures)), True
     except RankError as exc:
         dead = sorted(rank for rank, failure in exc.failures.items() if failure.ename == "EngineError")
         if dead:
             # The world cannot run the next cases: they are not run. The next check gets it whole
             # (``companion`` restarts a lab whose rank died).
-            return CaseResult(**base, passed=False, message=_died(dead), rank=dead[0]), True
+            return CaseResult(*base, passed=False, message=_died(dead), rank=dead[0]), True
         rank, failure = _first_cause(exc.failures)
-        return CaseResult(**base, passed=False, message=_raised(failure, quote), rank=rank), False
+        return CaseResult(*base, passed=False, message=_raised(failure, quote), rank=rank), False
     wrong = [(rank, outcome) for rank, outcome in sorted(outcomes.items()) if not outcome["passed"]]
     if wrong:
         rank, outcome = wrong[0]
         others = [r for r, _ in wrong[1:]]
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} too)" if others else ""
         case = CaseResult(
-            **base, passed=False, message=outcome["message"] + also, rank=rank, measured=outcome["measured"]
+            *base, passed=False, message=outcome["message"] + also, rank=rank, measured=outcome["measured"]
         )
         return case, False
     first = outcomes[min(outcomes)]
-    return CaseResult(**base, passed=True, message=first["message"], measured=first["measured"]), False
+    return CaseResult(*base, passed=True, message=first["message"], measured=first["measured"]), False
 
 
 def _died(ranks: list[int]) -> str:
@@ -232,7 +237,7 @@ def _quoter(lab: LabCore) -> Quote:
     A line number in ``<your code>`` counts within the cell that defined the function; the cell is
     the latest in the lab's history that defines a function of that name.
     """
-    cells = [event.code for event in reversed(lab.history) if isinstance(getattr(event, "code", None), str)]
+    cells = [event.code for event in reversed(lab.history) if isinstance(event, CellRan)]
 
     def quote(function: str, line: int) -> str:
         for code in cells:
