@@ -312,8 +312,8 @@ for kind in KINDS:
 #
 # The checks below hold the two effects of the theory that are far larger than the spread of the
 # repeats (the table's min-max, a few points): the bubble at `m = 2` against `m = 8` (22 points apart in
-# theory for GPipe and 1F1B, 14 to 18 measured) and interleaved against 1F1B at `m = 2` (13 points in
-# theory, about 10 measured). Each compares the two settings round by round (they ran one after the
+# theory for GPipe and 1F1B, 12 to 18 measured) and interleaved against 1F1B at `m = 2` (13 points in
+# theory, 8 to 10 measured). Each compares the two settings round by round (they ran one after the
 # other in every round) and takes the median of the 5 rounds, so load on the machine that slows a round
 # slows both sides of its comparison. How far the measurement sits from theory is shown above, not
 # checked: it grows with the messages' cost, which other work on the cores raises (interleaved's own
