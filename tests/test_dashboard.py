@@ -16,9 +16,9 @@ from distlab.dashboard.view import DashboardConfig
 
 pytestmark = pytest.mark.cluster
 
-# A small DDP model; rank 1 starts each backward late, LAGS_S[step % 2] late, so rank 0 waits for it
-# in every all-reduce: 0.1 s and 0.3 s, far longer than the all-reduce of a few hundred floats and
-# than a busy scheduler keeps a process off a core.
+# A small DDP model; rank 1 starts each backward LAGS_S[step % 2] late (0.1 s on even steps, 0.3 s on
+# odd ones), so rank 0 waits for it in every all-reduce: both far longer than the all-reduce of a few
+# hundred floats, and than a busy scheduler keeps a process off a core.
 LATE_RANK = r"""
 import time, torch
 from torch.nn.parallel import DistributedDataParallel as DDP
