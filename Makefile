@@ -3,6 +3,7 @@
 #   make test   same set-up, then every test
 #
 # The tests in tiers (tests/conftest.py says how a test gets its tier):
+#   make lint           ruff and mypy (test-fast and test run it first)
 #   make test-fast      no process started; seconds
 #   make test-cluster   real clusters, process groups, kernels and servers
 #   make test-e2e       the notebooks (nbval), the browser, Binder, the soak
@@ -18,7 +19,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.distlab-installed
 PORT ?= 8888
 
-.PHONY: lab test test-fast test-cluster test-e2e system-deps clean
+.PHONY: lab lint test test-fast test-cluster test-e2e system-deps clean
 
 $(STAMP): pyproject.toml Makefile extension/package.json $(wildcard extension/src/* extension/style/*)
 	$(PYTHON) -m venv $(VENV)
@@ -51,10 +52,15 @@ system-deps:
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
 
-test: system-deps $(STAMP)
+# ruff, then mypy (strict on distlab/; pyproject.toml lists the modules still pending): both before any test.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check distlab tests benchmarks scripts
+	$(PY) -m mypy
+
+test: system-deps $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider -m "not cluster and not e2e"
 
 test-cluster: system-deps $(STAMP)

@@ -10,20 +10,18 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .wire import CELL_FILE
-
-from .wire import CollectiveEntry
+from .wire import CELL_FILE, CollectiveEntry
 
 __all__ = [
+    "ABSENT",
+    "FAILED",
+    "FINISHED",
+    "STUCK",
     "CellTimeout",
     "DistlabError",
     "LabUsageError",
     "RankError",
     "RankFailure",
-    "ABSENT",
-    "FAILED",
-    "FINISHED",
-    "STUCK",
     "diagnose_collectives",
     "format_ranks",
     "parse_ranks",

@@ -6,6 +6,7 @@ import collections
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -166,7 +167,7 @@ def test_loading_never_runs_code_from_the_file(tmp_path):
             return (os.mkdir, (str(marker),))
 
     torch.save({"format": checkpoint.FORMAT, "version": 1, "x": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match="not written by distlab.checkpoint.save") as exc:
+    with pytest.raises(CheckpointError, match=re.escape("not written by distlab.checkpoint.save")) as exc:
         checkpoint.load(tmp_path / "evil.pt", model=torch.nn.Linear(1, 1))
     _one_line(exc)
     assert not marker.exists()

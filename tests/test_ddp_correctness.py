@@ -65,5 +65,5 @@ def test_ddp_replicas_are_identical_and_match_single_process_training(world, lab
 
 def _initial_parameters() -> list[torch.Tensor]:
     namespace: dict = {}
-    exec(TRAIN.split("model = DDP")[0], namespace)
+    exec(TRAIN.split("model = DDP")[0], namespace)  # noqa: S102 - the cell's own definitions, for their weights
     return [p.detach() for p in namespace["make_model"]().parameters()]

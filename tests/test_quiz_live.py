@@ -135,7 +135,9 @@ def test_the_widget_includes_live_questions_when_given_a_lab_and_grades_them():
 
 def test_a_lab_failure_during_check_is_shown_in_the_widget_not_raised():
     class _BrokenLab(_TableLab):
-        def run(self, code: str, ranks: Any = None, timeout: float | None = None, record: bool = True) -> dict[int, Any]:
+        def run(
+            self, code: str, ranks: Any = None, timeout: float | None = None, record: bool = True
+        ) -> dict[int, Any]:
             raise RuntimeError("rank 1 died")
 
     widget = quiz.show("pitfalls", lab=_BrokenLab(2, lambda rank: None), seed=0)

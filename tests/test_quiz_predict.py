@@ -101,7 +101,10 @@ def test_reveal_refuses_what_is_not_a_measurement():
         ({"theory": "speedup", "tolerance": 0, "time_one_worker_s": 1, "time_n_workers_s": 1}, "tolerance"),
         ({"choices": {"a": "A"}, "answer": "b"}, "one of the choices"),
         ({"choices": {"a": "A"}, "answer": "a", "theory": "speedup"}, "not both"),
-        ({"theory": "speedup", "answer": "a", "time_one_worker_s": 1, "time_n_workers_s": 1}, "answer= goes with choices="),
+        (
+            {"theory": "speedup", "answer": "a", "time_one_worker_s": 1, "time_n_workers_s": 1},
+            "answer= goes with choices=",
+        ),
     ],
 )
 def test_bad_arguments_get_one_line(kwargs, message):

@@ -274,7 +274,8 @@ def test_strong_scaling_divides_compute_and_adds_communication_and_weak_scaling_
     assert theory.strong_scaling_speedup(0.2, 0.01, 2) == pytest.approx(0.2 / 0.11)
     assert theory.strong_scaling_speedup(0.2, 0.01, 2, overlap_fraction=1.0) == pytest.approx(2)
     # Its efficiency is the expected efficiency of one worker's share of the job.
-    assert theory.strong_scaling_speedup(0.2, 0.01, 2) / 2 == pytest.approx(theory.expected_scaling_efficiency(0.1, 0.01))
+    efficiency = theory.strong_scaling_speedup(0.2, 0.01, 2) / 2
+    assert efficiency == pytest.approx(theory.expected_scaling_efficiency(0.1, 0.01))
     assert theory.weak_scaling_efficiency(100, 125) == pytest.approx(0.8)
 
 
@@ -408,7 +409,10 @@ def test_text_where_a_number_belongs_points_to_parse_quantity():
         (lambda: theory.global_batch_size(8, 0), "devices must be >= 1"),
         (lambda: theory.memory_per_device_bytes(1e9, zero_stage=4), "zero_stage must be 0 \\(plain DDP\\), 1, 2 or 3"),
         (lambda: theory.bytes_per_parameter("fp8"), "unknown precision 'fp8': choose one of fp32, mixed"),
-        (lambda: theory.bytes_per_parameter("mixed", "lamb"), "unknown optimizer 'lamb': choose one of adam, momentum, sgd"),
+        (
+            lambda: theory.bytes_per_parameter("mixed", "lamb"),
+            "unknown optimizer 'lamb': choose one of adam, momentum, sgd",
+        ),
         (lambda: theory.pipeline_bubble_fraction(0, 4), "stages must be >= 1"),
         (lambda: theory.expected_scaling_efficiency(0.1, 0.1, overlap_fraction=80), "a fraction: give a value from 0"),
         (lambda: theory.synchronous_step_time_s([]), "non-empty list"),

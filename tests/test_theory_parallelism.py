@@ -57,7 +57,8 @@ def test_ring_phases_send_n_minus_1_over_n_and_all_reduce_twice_that():
         moved = theory.collective_bytes(op, s, n)
         assert (moved.sent_bytes, moved.received_bytes) == (pytest.approx(7 / 8 * s), pytest.approx(7 / 8 * s))
     assert theory.collective_bytes("all_reduce", s, n).sent_bytes == pytest.approx(2 * 7 / 8 * s)
-    assert theory.collective_bytes("all_reduce", s, n).sent_bytes == pytest.approx(theory.ring_allreduce_sent_bytes(s, n))
+    sent = theory.collective_bytes("all_reduce", s, n).sent_bytes
+    assert sent == pytest.approx(theory.ring_allreduce_sent_bytes(s, n))
     assert theory.collective_bytes("all_gather", s, 1) == theory.CollectiveBytes(0.0, 0.0)
 
 
@@ -140,7 +141,9 @@ def _torch_gpt2(shape):
     [
         theory.TransformerShape(layers=2, hidden=64, heads=4, seq_len=32, vocab=101),
         theory.TransformerShape(layers=3, hidden=48, heads=3, seq_len=16, vocab=57, tied_embeddings=False),
-        theory.TransformerShape(layers=1, hidden=32, heads=2, seq_len=8, vocab=50, ffn_hidden=80, learned_positions=False),
+        theory.TransformerShape(
+            layers=1, hidden=32, heads=2, seq_len=8, vocab=50, ffn_hidden=80, learned_positions=False
+        ),
         theory.TransformerShape(layers=2, hidden=40, heads=4, seq_len=8, vocab=30, head_dim=6),
     ],
 )
@@ -202,7 +205,8 @@ def test_sequence_parallel_with_selective_recompute_cuts_activations_about_5x():
 def test_selective_recompute_saves_70_percent_for_gpt3_and_65_for_mt_nlg(heads, hidden, saved):
     # Korthikanti et al. 2022, section 5: 70% less activation memory for GPT-3, 65% for MT-NLG (530B).
     shape = {"seq_len": 2048, "micro_batch": 1, "hidden": hidden, "heads": heads}
-    kept = theory.activation_bytes_per_layer(**shape, recompute="selective") / theory.activation_bytes_per_layer(**shape)
+    selective = theory.activation_bytes_per_layer(**shape, recompute="selective")
+    kept = selective / theory.activation_bytes_per_layer(**shape)
     assert round(1 - kept, 2) == saved
 
 
@@ -334,7 +338,10 @@ def test_interleaving_fewer_micro_batches_than_stages_idles_longer_than_the_pape
 def test_1f1b_holds_p_minus_stage_micro_batches_where_gpipe_holds_all():
     assert [theory.in_flight_micro_batches(s, 4, 8, "1f1b") for s in range(4)] == [4, 3, 2, 1]
     assert [theory.in_flight_micro_batches(s, 4, 8, "gpipe") for s in range(4)] == [8] * 4
-    assert theory.pipeline_schedule(2, 3, "1f1b") == [["F0", "F1", "B0", "F2", "B1", "B2"], ["F0", "B0", "F1", "B1", "F2", "B2"]]
+    assert theory.pipeline_schedule(2, 3, "1f1b") == [
+        ["F0", "F1", "B0", "F2", "B1", "B2"],
+        ["F0", "B0", "F1", "B1", "F2", "B2"],
+    ]
 
 
 def _torch_order(schedule_class, method, stages, micro_batches, chunks=1):

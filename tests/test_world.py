@@ -127,7 +127,9 @@ def test_a_labs_own_nodes_come_first_in_order_whichever_engine_registered_first(
 
 
 def test_ranks_on_emulated_nodes_of_one_machine_share_its_cores_together():
-    ids = {i: dict(identity(f"node{i // 2}", 10 + i, addr=f"198.18.0.{i // 2 + 1}"), machine="boot-a") for i in range(4)}
+    ids = {
+        i: dict(identity(f"node{i // 2}", 10 + i, addr=f"198.18.0.{i // 2 + 1}"), machine="boot-a") for i in range(4)
+    }
     world = plan_world(ids, 4, "gloo", host_order=["node0", "node1"])
     assert [world.local_world_size(r.host) for r in world.table] == [2, 2, 2, 2]  # local_rank counts per node
     assert [world.sharing_cores(r) for r in world.table] == [4, 4, 4, 4]  # threads split over the machine

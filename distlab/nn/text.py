@@ -118,7 +118,9 @@ class TokenBatches:
         try:
             self.device = torch.device(device) if device is not None else tokens.device
         except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device must name a torch device, like device=device or 'cuda:0' (got {device!r})") from exc
+            raise ValueError(
+                f"device must name a torch device, like device=device or 'cuda:0' (got {device!r})"
+            ) from exc
         self._windows = tokens[: self.windows * self.seq_len + 1].to(self.device)
         self._offsets = torch.arange(self.seq_len + 1, device=self.device)
         self._order: tuple[int, torch.Tensor] | None = None

@@ -131,7 +131,8 @@ def build_script(history: list[Event], world_size: int, backend: str, name: str,
     uses_distlab = any(
         isinstance(e, CellRan) and e.ranks is None and re.search(r"\bdistlab\b", e.code) for e in history
     )
-    text = "\n".join(_header(world_size, backend, name, notes, uses_distlab, on_gpus) + body + ["dist.destroy_process_group()", ""])
+    header = _header(world_size, backend, name, notes, uses_distlab, on_gpus)
+    text = "\n".join([*header, *body, "dist.destroy_process_group()", ""])
     return Script(text, written, notes)
 
 
@@ -178,7 +179,8 @@ def _left_out(number: int, cell: CellRan) -> list[str]:
     ranks = _ranks(cell.ranks)
     lines = [
         f"# %%ddp -r {ranks} cell {number}: ran on rank {ranks} only, so it is left out (every rank runs this script;",
-        f"# to keep it, put it under `if rank in {set(cell.ranks)}:` where no other rank waits in a collective). Its code:",
+        f"# to keep it, put it under `if rank in {set(cell.ranks)}:` where no other rank waits in a collective)."
+        " Its code:",
     ]
     lines += [f"#     {line}".rstrip() for line in cell.code.rstrip("\n").splitlines()]
     return [*lines, ""]
@@ -269,7 +271,9 @@ def read_script(path: Any) -> tuple[str, str]:
     """
     name = _path_text(path, "lab.run_script('train.py')")
     if os.path.isdir(name):
-        raise LabUsageError(f"{name} is a folder, not a script: give a Python file, like {os.path.join(name, 'train.py')}")
+        raise LabUsageError(
+            f"{name} is a folder, not a script: give a Python file, like {os.path.join(name, 'train.py')}"
+        )
     try:
         with tokenize.open(name) as source:
             text = source.read()

@@ -144,7 +144,10 @@ def plan_world(
                 )
     # One host: everyone reaches rank 0 on loopback. Several: at rank 0's address toward the controller.
     master_addr = "127.0.0.1" if len(per_host) == 1 else table[0].addr
-    note = _sharing_note({names[m]: g for m, g in gpus_of.items()}, {names[m]: r for m, r in ranks_of.items()}) if shared else ""
+    note = (
+        _sharing_note({names[m]: g for m, g in gpus_of.items()}, {names[m]: r for m, r in ranks_of.items()})
+        if shared else ""
+    )
     return World(tuple(table), backend, master_addr, note)
 
 

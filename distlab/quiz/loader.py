@@ -201,7 +201,7 @@ def _options(raws: Iterable[Mapping[str, Any]]) -> tuple[Option, ...]:
 def _param(name: str, raw: Mapping[str, Any]) -> ParamSpec:
     unit = raw.get("unit", "")
     theory.unit_dimension(unit)  # an unknown unit raises with the list of units
-    values = [raw["value"]] if "value" in raw else list(raw.get("choices", [])) + [raw.get("min"), raw.get("max")]
+    values = [raw["value"]] if "value" in raw else [*raw.get("choices", []), raw.get("min"), raw.get("max")]
     numbers = [v for v in values if v is not None and not isinstance(v, str)]
     named, measured = theory.dimension_of(name), theory.unit_dimension(unit)
     if numbers and named != measured:
@@ -286,7 +286,7 @@ def _tolerance(raw: Mapping[str, float]) -> Tolerance:
 def _check_signature(function: Any, names: list[str]) -> None:
     signature = inspect.signature(function)
     try:
-        signature.bind(**{name: None for name in names})
+        signature.bind(**dict.fromkeys(names))
     except TypeError as error:
         expected = ", ".join(signature.parameters)
         raise ValueError(f"the parameters do not fit {function.__name__}({expected}): {error}") from None

@@ -198,7 +198,7 @@ def predict(
     elif callable(theory):
         function, source = theory, f"{getattr(theory, '__name__', 'the model')}"
     else:
-        raise ValueError("predict needs theory= (a distlab.theory function name) or choices= with answer=")  # noqa: TRY004
+        raise ValueError("predict needs theory= (a distlab.theory function name) or choices= with answer=")
     _theory.unit_dimension(unit)  # raises with the list of units
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 10:
         raise ValueError(f"tolerance is a relative margin such as 0.25 (25%), got {tolerance!r}")

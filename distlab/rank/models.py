@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 if TYPE_CHECKING:
-    from typing_extensions import TypeIs
-
     from torch.distributed.optim import ZeroRedundancyOptimizer
+    from typing_extensions import TypeIs
 
 from . import torchcompat
 

@@ -1,6 +1,6 @@
 """Communication cost: ring all-reduce (whole, bucketed, and overlapped with backward), algorithm and bus
-bandwidth, the parameter server, synchronous and asynchronous runs and their staleness, and the fit of the ring model's latency and bandwidth
-to measured timings."""
+bandwidth, the parameter server, synchronous and asynchronous runs and their staleness, and the fit of
+the ring model's latency and bandwidth to measured timings."""
 
 from __future__ import annotations
 

@@ -60,7 +60,9 @@ def _interleaved_warmup(stage: int, stages: int, micro_batches: int, chunks: int
     return min(warmup, micro_batches * chunks)
 
 
-def in_flight_micro_batches(stage: int, stages: int, micro_batches: int, schedule: str = "1f1b", chunks: int = 1) -> float:
+def in_flight_micro_batches(
+    stage: int, stages: int, micro_batches: int, schedule: str = "1f1b", chunks: int = 1
+) -> float:
     """The most micro-batches whose activations stage ``stage`` (0 is the first) holds at once.
 
     * ``"gpipe"``: all m, every forward runs before the first backward;

@@ -144,8 +144,8 @@ def check_plan(
     (:func:`memory_breakdown` plus the activations of the per-device batch) fits with the job's
     headroom; the run sees ``job.samples`` within the time budget (compute per step from the device's
     rate, :func:`communication_per_step_s` on top, no overlap: a pessimistic model); the learning rate
-    is the linear rule's from the recipe (:func:`scaled_learning_rate`) within 10%; three distinct metrics that watch both the run's
-    health and its speed (:data:`METRICS`).
+    is the linear rule's from the recipe (:func:`scaled_learning_rate`) within 10%; three distinct
+    metrics that watch both the run's health and its speed (:data:`METRICS`).
     """
     job = job or TrainingJob()
     stage = _stage(parallelism)
@@ -217,5 +217,7 @@ def _stage(parallelism: str) -> int:
 
 def _metric_list(metrics: Sequence[str]) -> list[str]:
     if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
-        raise ValueError(f"metrics must be a list of names, like ['loss', 'throughput', 'peak_memory'], got {metrics!r}")
+        raise ValueError(
+            f"metrics must be a list of names, like ['loss', 'throughput', 'peak_memory'], got {metrics!r}"
+        )
     return list(metrics)
