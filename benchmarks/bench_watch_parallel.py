@@ -29,7 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
 from distlab.telemetry import Watch, WatchConfig
-from distlab.telemetry.publish import engine_sender
+from distlab.rank.publish import engine_sender
 
 if len(os.sched_getaffinity(0)) >= world_size:
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})

@@ -11,9 +11,10 @@ and ``tqdm.notebook``; ``tqdm.std.tqdm`` stays the base class. Modules already i
 patched at once, the others as they are imported, so a rank that never uses tqdm pays nothing.
 
 ipyparallel keeps only the latest value of each key on the client, so each publish carries all the
-bars this rank shows in the cell. A daemon thread sends at most one per ``PUBLISH_INTERVAL_S``
-(tqdm itself redraws at most every ``mininterval``); the cell's end sends the final state
-(:func:`flush`, from ``rank.cell``), and starts the next cell with no bars.
+bars this rank shows in the cell. They publish through the rank's one publisher (``rank/publish.py``,
+shared with a watch's telemetry): at most one publish per ``PUBLISH_INTERVAL_S`` (tqdm itself redraws
+at most every ``mininterval``); the cell's end sends the final state (:func:`flush`), and starts the
+next cell with no bars.
 """
 
 from __future__ import annotations
@@ -23,24 +24,19 @@ import importlib.abc
 import itertools
 import sys
 import threading
-import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
+from .publish import PUBLISH_INTERVAL_S, Publisher, Sender, rank_publisher
 from . import hooks
 
 __all__ = ["PUBLISH_INTERVAL_S", "flush", "install", "installed", "uninstall"]
 
-#: Seconds between two publishes of one rank, at least: ten a second at most, however many bars.
-PUBLISH_INTERVAL_S = 0.1
 #: Bars one rank shows at most: all the open ones, then the latest closed ones that still fit
 #: (nested loops that leave every inner bar would otherwise add a row per epoch).
 MAX_BARS = 8
-#: How long a cell's end waits for a publish in progress before giving up on its own.
-_SEND_WAIT_S = 2.0
 
 #: The names made distlab's, per module: (bar class names, range function names).
 _NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -49,9 +45,6 @@ _NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tqdm.autonotebook": (("tqdm",), ("trange",)),
     "tqdm.notebook": (("tqdm", "tqdm_notebook"), ("trange", "tnrange")),
 }
-
-Sender = Callable[[dict[str, ProgressPublish]], None]
-
 
 @dataclass
 class _Entry:
@@ -64,21 +57,16 @@ class _Entry:
 
 
 class _Reporter:
-    """This rank's bars, those of the running cell shown, and the thread that publishes them."""
+    """This rank's bars, those of the running cell shown; they publish as a source of the rank's publisher."""
 
-    def __init__(self, rank: int, send: Sender, interval_s: float) -> None:
+    def __init__(self, rank: int, publisher: Publisher) -> None:
         self.rank = rank
-        self._send = send
-        self._interval_s = interval_s
         # Reentrant: a bar closed by the garbage collector reports from whatever this thread was doing.
         self._lock = threading.RLock()
-        self._sending = threading.Lock()  # one publish at a time: the thread's, or a flush
         self._bars: dict[int, _Entry] = {}  # by id: in the order the bars were made
-        self._dirty = threading.Event()
         self._seq = 0
-        self._last_sent = float("-inf")
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None
+        self.publisher = publisher
+        self._source = publisher.source(PROGRESS_KEY, self._build, PUBLISH_INTERVAL_S)
 
     def report(self, bar: Any, state: ProgressBar, shown: bool = True) -> None:
         """A bar changed (``shown`` False: it closed and does not stay)."""
@@ -88,10 +76,7 @@ class _Reporter:
                 self._bars[state["id"]] = _Entry(state, shown, weakref.ref(bar))
             else:
                 entry.state, entry.shown, entry.active = state, shown, True
-            self._dirty.set()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="distlab-progress", daemon=True)
-                self._thread.start()
+        self._source.notify()
 
     def payload(self) -> ProgressPublish:
         with self._lock:
@@ -102,25 +87,23 @@ class _Reporter:
         self._seq += 1
         return {"rank": self.rank, "seq": self._seq, "bars": [s for s in shown if s["id"] not in dropped]}
 
-    def _loop(self) -> None:
-        while True:
-            self._dirty.wait()
-            wait_s = self._last_sent + self._interval_s - time.monotonic()
-            if wait_s > 0:
-                time.sleep(wait_s)
-            with self._sending:
-                if self._dirty.is_set():  # else a cell's end has just sent it
-                    self._dirty.clear()
-                    self._publish()
+    def _build(self, final: bool) -> ProgressPublish | None:
+        """What a publish carries: the shown bars; at the cell's end (final) their last state, then none.
 
-    def _publish(self) -> None:
-        if self.error is not None:
-            return
-        try:
-            self._send({PROGRESS_KEY: self.payload()})
-        except Exception as exc:  # noqa: BLE001 - a progress bar must never break training: stop publishing
-            self.error = f"{type(exc).__name__}: {exc}"
-        self._last_sent = time.monotonic()
+        Nothing (None) at a cell's end when no bar moved in the cell: the cost of every cell's end.
+        """
+        if not final:
+            return self.payload()
+        if not self._catch_up():
+            return None
+        payload = self.payload()
+        with self._lock:  # the next cell starts with none: a bar left open comes back when it moves
+            for key, entry in list(self._bars.items()):
+                if entry.state["closed"] or entry.bar() is None:
+                    del self._bars[key]
+                else:
+                    entry.active = False
+        return payload
 
     def _catch_up(self) -> bool:
         """Read the open bars once more (tqdm draws, and so reports, at most every ``mininterval``: a
@@ -137,25 +120,16 @@ class _Reporter:
             return any(e.active for e in self._bars.values())
 
     def flush(self) -> None:
-        """The cell is ending: send its bars' last state now (before the reply); the next cell
-        starts with none (a bar left open comes back when it moves)."""
-        if not self._bars:
-            return  # tqdm never used on this rank: the cost of every cell's end
-        if not self._sending.acquire(timeout=_SEND_WAIT_S):
-            return  # a send that never returns: the thread's publish carries what it can
-        try:
-            if not self._catch_up():
-                return
-            self._dirty.clear()
-            self._publish()
-            with self._lock:
-                for key, entry in list(self._bars.items()):
-                    if entry.state["closed"] or entry.bar() is None:
-                        del self._bars[key]
-                    else:
-                        entry.active = False
-        finally:
-            self._sending.release()
+        """The cell is ending: send its bars' last state now (before the reply); a send in the way that
+        never returns leaves it to the publishes of the bars' next moves."""
+        if self._bars:  # else tqdm was never used on this rank
+            self._source.flush()
+
+    def close(self) -> None:
+        """Publish nothing more (sending the last state first); a publisher made for these bars alone stops."""
+        self._source.close()
+        if self.publisher is not rank_publisher():
+            self.publisher.close()
 
 
 def _moved(before: ProgressBar, now: ProgressBar) -> bool:
@@ -312,20 +286,18 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 def install(rank: int, send: Sender | None = None) -> bool:
     """Make tqdm's bars on this rank report to the notebook; True if they do.
 
-    Only on an ipyparallel engine (``send`` defaults to its ``publish_data``): elsewhere (a script
-    that torchrun runs) tqdm is left as it is. Called again (a rebuilt group), it only updates ``rank``.
+    Only on an ipyparallel engine (the bars publish through its one publisher, ``rank_publisher``;
+    ``send``: through a publisher of their own instead): elsewhere (a script that torchrun runs) tqdm
+    is left as it is. Called again (a rebuilt group), it only updates ``rank``.
     """
     global _reporter, _finder
-    if send is None:
-        from ..telemetry.publish import engine_sender  # None off an engine, found without importing ipyparallel
-
-        send = engine_sender()  # type: ignore[assignment]
-        if send is None:
-            return False
+    publisher = Publisher(send) if send is not None else rank_publisher()  # None off an engine
+    if publisher is None:
+        return False
     if _reporter is not None and _finder is not None:
         _reporter.rank = rank
         return True
-    _reporter = _Reporter(rank, send, PUBLISH_INTERVAL_S)
+    _reporter = _Reporter(rank, publisher)
     for name in _NAMES:
         module = sys.modules.get(name)
         if module is not None:
@@ -352,6 +324,8 @@ def uninstall() -> None:
     global _reporter, _finder
     if _finder is not None:
         sys.meta_path.remove(_finder)
+    if _reporter is not None:
+        _reporter.close()
     for name in _hooked_modules:
         sys.modules.pop(name, None)
         parent, _, child = name.rpartition(".")

@@ -29,13 +29,13 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..rank import hooks, models, torchcompat, torchcompat_dispatch
-from ..records import Layout, Publish, StepRecord, WatchMeta
+from ..rank.publish import Publisher, Sender, rank_publisher
+from ..records import PUBLISH_KEY, Layout, Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
 from .memory import LiveTensors, model_memory
 from .ops import CollectiveTiming, OpObserver
 from .parallelism import describe
-from .publish import Publisher, Sender, engine_sender
 from .stats import LayerIndex
 
 __all__ = ["Watch", "active", "flush", "log", "watch"]
@@ -54,7 +54,7 @@ def watch(model: torch.nn.Module, *, config: WatchConfig | None = None, **option
     settings = make_config(config, options)
     for previous in list(_active):
         previous.close()
-    return Watch(model, settings, engine_sender() if settings.publish else None)
+    return Watch(model, settings, rank_publisher() if settings.publish else None)
 
 
 def log(**values: Any) -> None:
@@ -105,7 +105,8 @@ class _Step:
 class Watch:
     """One rank's telemetry of one model. Made by :func:`watch`; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, config: WatchConfig, sender: Sender | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, config: WatchConfig, sender: Publisher | Sender | None = None) -> None:
+        """``sender``: the rank's publisher (:func:`watch` passes it), or a ``publish_data`` of its own (tests)."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() takes a torch.nn.Module (or a DDP-wrapped one), got {type(model).__name__}")
         self.config = config
@@ -152,7 +153,11 @@ class Watch:
             model.register_forward_pre_hook(self._on_forward, prepend=True),
             register_optimizer_step_post_hook(self._on_optimizer_step),
         ]
-        self._publisher = Publisher(self._payload, sender, config.publish_interval_s) if sender else None
+        publisher = sender if isinstance(sender, Publisher) or sender is None else Publisher(sender)
+        self._own_publisher = publisher if publisher is not sender else None  # stopped with this watch
+        # keep_final: a cell's end that cannot send the whole buffer at once is owed it, sent later.
+        self._publisher = (publisher.source(PUBLISH_KEY, self._payload, config.publish_interval_s, keep_final=True)
+                           if publisher is not None else None)
         if self._timer is not None:
             self._timer.timings = []
             self._timer.enabled = True
@@ -183,6 +188,8 @@ class Watch:
             _active.remove(self)
         if self._publisher is not None:
             self._publisher.close()
+            if self._own_publisher is not None:
+                self._own_publisher.close()
             if self._publisher.error:
                 self.notes.append(f"publishing stopped: {self._publisher.error}")
 
