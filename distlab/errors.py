@@ -53,14 +53,21 @@ class RankFailure:
 class RankError(DistlabError):
     """A cell failed on one or more ranks.
 
-    ``failures`` maps rank -> RankFailure; ``str(err)`` groups ranks whose failures are identical.
+    ``failures`` maps rank -> RankFailure; ``str(err)`` groups ranks whose failures are identical,
+    each distinct traceback shown once under its headline (:meth:`render`), for outside IPython the
+    message is all a script's user or a log sees; ``summary`` is the headlines alone.
     ``notes`` carries what distlab did afterwards (e.g. "process group rebuilt").
     """
 
     def __init__(self, failures: Mapping[int, RankFailure], notes: Iterable[str] = ()):
         self.failures = dict(sorted(failures.items()))
         self.notes = list(notes)
-        super().__init__(self._render(with_tracebacks=False))
+        super().__init__(self._render(with_tracebacks=True))
+
+    @property
+    def summary(self) -> str:
+        """One line per group of identical failures, then the notes: the report without its tracebacks."""
+        return self._render(with_tracebacks=False)
 
     @property
     def ranks(self) -> list[int]:

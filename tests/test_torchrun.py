@@ -14,6 +14,7 @@ The tests without a lab (the checks, the script's text) are in the fast tier; th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,35 @@ def test_a_call_that_cannot_mean_the_labs_group_says_what_differs_and_what_to_ch
 
     problem = mismatch(backend, world_size, rank, lab)
     assert problem is not None and fragment in problem and "\n" not in problem
+
+
+def test_a_rank_the_cell_rebound_is_named_as_the_cause_of_the_mismatch():
+    from distlab.rank.torchrun import mismatch
+
+    problem = mismatch("gloo", 2, 1, _spec(rank=0), rebound=["rank"])
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith("init_process_group(rank=1) but this is rank 0 of the lab (this cell rebound distlab's "
+                              "rank to 1, as a launcher's loop `for rank in range(size)` does")
+    assert "rebound" not in (mismatch("gloo", 2, 1, _spec(rank=0)) or "")  # not said when it was not so
+
+
+def test_what_torchrun_refuses_or_hangs_on_is_named_with_what_to_change():
+    import torch
+
+    from distlab.rank.torchrun import torchrun_differences
+
+    lab, environ = _spec(), {"MASTER_PORT": "41234"}
+    for device_id in (torch.device("cpu"), torch.device("cuda")):
+        said = torchrun_differences({"device_id": device_id}, lab, environ)
+        assert len(said) == 1 and "under torchrun torch raises ValueError (device_id must be an accelerator with " \
+            "an index): leave device_id out on the CPU" in said[0]
+    assert torchrun_differences({"device_id": torch.device("cuda", 0), "backend": "gloo"}, lab, environ) == []
+    fixed = torchrun_differences({}, lab, {"MASTER_PORT": "12355"})
+    assert len(fixed) == 1 and fixed[0].startswith(
+        "MASTER_PORT is 12355 here, set by this code (the lab's is 41234): under torchrun every process would wait "
+        "on port 12355 for a store nobody serves there")
+    assert "os.environ.setdefault('MASTER_PORT', '12355')" in fixed[0] and "\n" not in fixed[0]
+    assert torchrun_differences({"init_method": "tcp://10.0.0.1:1"}, lab, {"MASTER_PORT": "12355"}) == []
 
 
 def test_torchruns_variables_name_the_ranks_node(monkeypatch):
@@ -254,14 +284,31 @@ def test_every_rank_has_torchruns_variables_for_the_labs_world(lab):
     'dist.init_process_group(backend="cpu:gloo,cuda:nccl", init_method="env://", world_size=2, device_id=device)',
     'from torch.distributed import init_process_group\ninit_process_group("gloo", init_method="tcp://10.9.9.9:1")',
 ])
-def test_init_process_group_in_a_cell_joins_the_labs_group_with_one_note(lab, capsys, call):
+def test_init_process_group_in_a_cell_joins_the_labs_group(lab, capsys, call):
     lab.run(call)
     out = capsys.readouterr().out
-    assert out == (
-        "[rank 0] distlab: the lab's process group is already initialised (gloo, world size 2); "
-        "init_process_group joined it\n"
-    )
+    assert out in ("", JOINED + "\n")  # said once in each group (the test below)
     assert _group_works(lab)
+
+
+JOINED = ("[rank 0] distlab: the lab's process group is already initialised (gloo, world size 2); "
+          "init_process_group joined it")
+LEFT = ("[rank 0] distlab: destroy_process_group() left the lab's process group up for the next cells; "
+        "%dist stop ends it")
+
+
+@cluster
+def test_the_joined_and_left_notes_are_said_once_in_each_group(lab, capsys):
+    lab.restart(ranks=2)  # a fresh group: nothing said in it yet
+    capsys.readouterr()
+    for _ in range(3):  # a tutorial's setup() and cleanup() in three cells
+        lab.run('dist.init_process_group("gloo")\ndist.destroy_process_group()')
+    assert capsys.readouterr().out.splitlines() == [JOINED, LEFT]
+    lab.restart(ranks=2)
+    capsys.readouterr()
+    lab.run('dist.init_process_group("gloo")')
+    lab.run('dist.init_process_group("gloo")')
+    assert capsys.readouterr().out.splitlines() == [JOINED]
 
 
 @cluster
@@ -286,10 +333,7 @@ def test_a_call_that_cannot_join_fails_in_one_clear_error_and_the_group_stays(la
 @cluster
 def test_destroy_process_group_leaves_the_labs_group_but_really_destroys_a_subgroup(lab, capsys):
     lab.run("sub = dist.new_group([0, 1])\ndist.destroy_process_group(sub)\ndist.destroy_process_group()")
-    assert capsys.readouterr().out == (
-        "[rank 0] distlab: destroy_process_group() left the lab's process group up for the next cells; "
-        "%dist stop ends it\n"
-    )
+    assert capsys.readouterr().out in ("", LEFT + "\n")  # said once in each group
     with pytest.raises(RankError, match="KeyError"):
         lab.run("dist.get_process_group_ranks(sub)", stream=False)  # torch no longer knows the subgroup
     assert _group_works(lab)
@@ -308,13 +352,8 @@ def test_dist_run_runs_a_torchrun_script_on_every_rank_with_its_arguments(shell,
     lines = capsys.readouterr().out.splitlines()
     for rank in (0, 1):
         assert f"[rank {rank}] rank {rank} of 2: sum 3, argv ['--epochs', '2', '-v'], local rank {rank}" in lines
-    joined = [line for line in lines if "distlab:" in line]
-    assert joined == [
-        ("[rank 0] distlab: the lab's process group is already initialised (gloo, world size 2); "
-         "init_process_group joined it"),
-        ("[rank 0] distlab: destroy_process_group() left the lab's process group up for the next cells; "
-         "%dist stop ends it"),
-    ]
+    said = [line for line in lines if "distlab:" in line]
+    assert set(said) <= {JOINED, LEFT} and len(said) == len(set(said))  # each at most once in a group
     assert _group_works(lab)
     # the names the script defined are the ranks' now, as IPython's %run leaves them
     assert _everywhere(lab, "(callable(setup), callable(main))") == (True, True)
@@ -470,3 +509,146 @@ def test_torchruns_variables_follow_a_restart_at_another_size(lab, tmp_path):
     result = lab.run_script(script, stream=False)
     for r in range(3):
         assert f"rank {r} of 3: sum 6, argv [], local rank {r}" in result.stdout[r].splitlines()
+
+
+# ------------------------------------------------------------------------------ real code from elsewhere
+
+
+@cluster
+def test_a_second_dist_run_gets_its_own_folders_helper_and_an_edited_one_afresh(lab, tmp_path):
+    # Two examples side by side, each with its own utils.py: torchrun gives each a fresh process.
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "utils.py").write_text(f"WHO = {name!r}\n")
+        (tmp_path / name / "main.py").write_text("import utils\nprint(f'utils of {utils.WHO}')\n")
+    seen = [lab.run_script(tmp_path / name / "main.py", stream=False).stdout for name in ("first", "second")]
+    assert seen == [{0: "utils of first\n", 1: "utils of first\n"}, {0: "utils of second\n", 1: "utils of second\n"}]
+    (tmp_path / "first" / "utils.py").write_text("WHO = 'first, edited'\n")
+    assert lab.run_script(tmp_path / "first" / "main.py", stream=False).stdout[1] == "utils of first, edited\n"
+
+
+LAUNCHER = textwrap.dedent("""\
+    import torch.multiprocessing as mp
+    size = 2
+    processes = []
+    for rank in range(size):
+        p = mp.get_context("{method}").Process(target=init_process, args=(rank, size, run))
+        p.start()
+        processes.append(p)
+    for p in processes:
+        p.join()
+""")
+
+TUTORIAL_FUNCTIONS = textwrap.dedent("""\
+    import os
+
+    def run(rank, size):
+        pass
+
+    def init_process(rank, size, fn, backend="gloo"):
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = "29500"
+        dist.init_process_group(backend, rank=rank, world_size=size)
+        fn(rank, size)
+""")
+
+
+@cluster
+def test_a_pasted_launcher_loop_gives_the_lab_its_rank_back_and_says_so_once_a_cell(lab, capsys):
+    lab.run("for rank in range(3):\n    pass\ndel world_size")
+    out = capsys.readouterr().out.splitlines()
+    for r in (0, 1):
+        assert f"[rank {r}] distlab: this cell rebound rank (to 2), world_size (deleted), a name distlab gives every " \
+               f"cell; it is this rank's again (rank = {r}, world_size = 2): give your own variables other names " \
+               "(for r in range(size): ...)" in out
+    assert len(out) == 2
+    assert dict(lab.run("(rank, world_size)", stream=False)) == {0: (0, 2), 1: (1, 2)}
+    lab.run("rank = dist.get_rank()\ndevice = 'cpu'")  # the same values again: nothing to say
+    assert capsys.readouterr().out == ""
+    # in the cell that rebound it, init_process_group names the loop as the cause
+    with pytest.raises(RankError) as info:
+        lab.run("for rank in range(2):\n    pass\ndist.init_process_group('gloo', rank=rank, world_size=2)",
+                stream=False)
+    assert info.value.ranks == [0]  # rank 1's loop ended on 1: by chance its own
+    assert info.value.summary.splitlines()[0] == (
+        "rank 0: ValueError: init_process_group(rank=1) but this is rank 0 of the lab (this cell rebound distlab's "
+        "rank to 1, as a launcher's loop `for rank in range(size)` does; in a lab every rank is already one process "
+        "of the world: drop the loop, or name its variable otherwise): pass rank=int(os.environ['RANK']) (distlab "
+        "sets it as torchrun does), or leave rank out"
+    )
+    assert dict(lab.run("rank", stream=False)) == {0: 0, 1: 1}
+    assert _group_works(lab)
+
+
+@cluster
+def test_what_torchrun_refuses_or_hangs_on_joins_the_lab_with_a_warning_once(lab, capsys):
+    lab.restart(ranks=2)  # a fresh group: nothing said in it yet
+    capsys.readouterr()
+    cell = ("import os\nport = os.environ['MASTER_PORT']\nos.environ['MASTER_PORT'] = '12355'\ntry:\n"
+            "    dist.init_process_group('gloo', device_id=torch.device('cpu'))\nfinally:\n"
+            "    os.environ['MASTER_PORT'] = port\n")
+    lab.run(cell)
+    lab.run(cell)
+    said = capsys.readouterr()
+    warnings = said.err.splitlines()
+    assert len(warnings) == 2 and all(w.startswith("[rank 0] distlab: warning: ") for w in warnings), said.err
+    assert "init_process_group(device_id=device(type='cpu')) joined the lab's group, but under torchrun torch " \
+           "raises ValueError" in warnings[0]
+    assert "MASTER_PORT is 12355 here, set by this code" in warnings[1]
+    assert said.out.splitlines() == [JOINED]
+    assert _group_works(lab)
+
+
+@cluster
+def test_torchrun_really_refuses_device_id_on_the_cpu_and_waits_on_a_port_the_script_fixed(tmp_path):
+    # What the lab's warnings say torchrun does, checked on the torch installed here.
+    script = tmp_path / "torchrun_claims.py"
+    script.write_text(textwrap.dedent("""\
+        import datetime
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        try:
+            dist.init_process_group("gloo", device_id=torch.device("cpu"))
+        except ValueError as exc:
+            print(f"refused: {exc}", flush=True)
+        os.environ["MASTER_PORT"] = "1"  # nobody serves it
+        try:
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+        except Exception as exc:  # noqa: BLE001 - torch's store error, whichever it is
+            print(f"waited: {type(exc).__name__}", flush=True)
+    """))
+    code, out = _torchrun(script)
+    assert code == 0, out
+    assert out.count("refused: init_process_group device_id parameter must be an accelerator with an index") == 2, out
+    assert out.count("waited: ") == 2, out
+
+
+@cluster
+def test_a_cell_whose_child_processes_failed_fails_naming_each_child_and_where_it_started(lab, capsys):
+    with pytest.raises(RankError) as info:
+        lab.run(TUTORIAL_FUNCTIONS + LAUNCHER.format(method="spawn"), stream=False)  # the tutorial's block, as pasted
+    assert info.value.ranks == [0, 1]
+    for rank, failure in info.value.failures.items():
+        assert failure.ename == "ChildProcessFailed"
+        assert re.fullmatch(
+            r"2 child processes this cell started failed: pid \d+ \(target init_process\) exited with code 1; "
+            r"pid \d+ \(target init_process\) exited with code 1 \(their own errors are on the rank's stderr\)\. "
+            r"On a lab every rank is already one of the world's processes: call the target on each rank instead of "
+            r"starting processes, e.g\. run\(rank, world_size\)", failure.evalue), failure.evalue
+        assert f'File "<rank {rank} cell>", line 16, in <module>\n    p.start()' in failure.traceback
+    assert dict(lab.run("rank", stream=False)) == {0: 0, 1: 1}  # the loop's rank was given back
+    # children that succeed, or that the cell itself stops, say nothing
+    result = lab.run("import multiprocessing as mp, time\nok = mp.get_context('fork').Process(target=int)\n"
+                     "slow = mp.get_context('fork').Process(target=time.sleep, args=(60,))\nok.start(); slow.start()\n"
+                     "slow.kill(); ok.join(); slow.join()\n(ok.exitcode, slow.exitcode)", stream=False)
+    assert dict(result) == {0: (0, -9), 1: (0, -9)}
+    with pytest.raises(RankError) as info:
+        lab.run("import os, signal\n"
+                "child = mp.get_context('fork').Process(target=lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
+                "child.start(); child.join()", ranks=1, stream=False)
+    assert re.search(r"a child process this cell started failed: pid \d+ \(target <lambda>\) was killed by SIGKILL",
+                     info.value.failures[1].evalue)
+    assert _group_works(lab)

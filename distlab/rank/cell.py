@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import contextlib
 import linecache
 import os
 import signal
@@ -15,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire import CELL_FILE, LEARNER_FILE, CellError, CellReply
-from . import postmortem
-from .namespace import LAB_NAMES, user_namespace
+from . import children, hooks, postmortem
+from .namespace import LAB_NAMES, restore_lab_names, user_namespace
+from .script import as_script
 
 __all__ = ["run_cell", "run_script"]
 
@@ -72,8 +72,13 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
         namespace = user_namespace()
 
         def run() -> Any:
-            exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell is the point
-            return eval(compile(last, filename, "eval"), namespace) if last is not None else None
+            try:
+                exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell is the point
+                return eval(compile(last, filename, "eval"), namespace) if last is not None else None
+            finally:
+                said = restore_lab_names()  # a pasted launcher loop (for rank in range(size)) rebinds rank
+                if said is not None:
+                    print(said, flush=True)
 
         return run
 
@@ -86,7 +91,8 @@ def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
     So that code written for torchrun runs in the lab as it is (``%dist run``): it runs as
     ``__main__`` (``if __name__ == "__main__":`` holds, ``sys.modules["__main__"]`` is its module,
     so what it defines pickles), with ``sys.argv = argv``, ``__file__ = path`` and the script's
-    folder first on ``sys.path``; ``sys.exit()`` or ``sys.exit(0)`` is a success. Its
+    folder first on ``sys.path``, its modules imported afresh (``rank/script.py``: as in the new
+    process torchrun would start); ``sys.exit()`` or ``sys.exit(0)`` is a success. Its
     ``init_process_group`` joins the lab's group (``rank.torchrun``). The text comes from the
     notebook, so the ranks need not share its files; it is compiled under ``path`` so that
     tracebacks name the script and its lines. Afterwards the names the script defined are the
@@ -102,22 +108,13 @@ def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
         module.__file__ = path
 
         def run() -> None:
-            saved_argv, saved_main = sys.argv, sys.modules.get("__main__")
-            folder = os.path.dirname(path)
-            sys.argv = list(argv)
-            sys.modules["__main__"] = module
-            sys.path.insert(0, folder)
             try:
-                exec(code, vars(module))  # noqa: S102 - running the user's script is the point
+                with as_script(module, path, argv):
+                    exec(code, vars(module))  # noqa: S102 - running the user's script is the point
             except SystemExit as exc:
                 if exc.code not in (None, 0):
                     raise
             finally:
-                sys.argv = saved_argv
-                if saved_main is not None:
-                    sys.modules["__main__"] = saved_main
-                with contextlib.suppress(ValueError):
-                    sys.path.remove(folder)
                 defined = vars(module).items()
                 user_namespace().update((k, v) for k, v in defined if not k.startswith("__") and k not in LAB_NAMES)
 
@@ -148,7 +145,9 @@ def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) 
             _cell_phase = "running"
             if _interrupt_pending:
                 raise KeyboardInterrupt
-            value = run()
+            with children.watching():
+                value = run()
+                children.check()  # a child process the cell started failed: so did the cell
         finally:
             _cell_phase = "ending"
         if want == "repr":
@@ -161,28 +160,12 @@ def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) 
         _cell_phase = "ending"
         sys.stdout.flush()
         sys.stderr.flush()
-        _flush_telemetry()
-        _flush_progress()
-
-
-def _flush_progress() -> None:
-    """Send the last state of the cell's tqdm bars before its reply (nothing when it made none)."""
-    progress = sys.modules.get("distlab.rank.progress")  # not imported: not a lab's rank
-    if progress is not None:
-        with contextlib.suppress(Exception):  # a progress bar never turns a cell's result into an error
-            progress.flush()
-
-
-def _flush_telemetry() -> None:
-    """Send what open watches recorded before the cell's reply, so the notebook has their last steps."""
-    watch = sys.modules.get("distlab.telemetry.watch")  # never imported: nothing is watched
-    if watch is not None:
-        with contextlib.suppress(Exception):  # telemetry never turns a cell's result into an error
-            watch.flush()
+        hooks.cell_ended()  # open watches' last steps, tqdm bars' last state: sent before the reply
 
 
 def _describe_failure(exc: BaseException, filename: str) -> CellError:
-    frames = traceback.extract_tb(exc.__traceback__)
+    # A failed child is the cell's failure where the cell started it, not where distlab noticed it.
+    frames = exc.stack if isinstance(exc, children.ChildProcessFailed) else traceback.extract_tb(exc.__traceback__)
     # Drop distlab's own frames above the user's code; keep everything from the cell down.
     start = next((i for i, f in enumerate(frames) if f.filename in (filename, LEARNER_FILE)), len(frames))
     trimmed = frames[start:] if start < len(frames) else frames[-1:]
