@@ -414,11 +414,15 @@ class LabCore(RunsCells):
 
     @property
     def whole(self) -> bool:
-        """Whether every rank's engine is still registered with the controller."""
+        """Whether every rank is alive: registered with the controller and, on this machine, its process
+        there (a killed rank is gone at once; the controller notices at its next missed heartbeats)."""
         if not self.running:
             return False
         registered = set(self._client.ids)
-        return all(info.engine_id in registered for info in self.table)
+        return all(
+            info.engine_id in registered and (not self._on_this_machine(info) or pid_alive(info.pid))
+            for info in self.table
+        )
 
     def companion(self, name: str, ranks: int, backend: str = "gloo") -> LabCore:
         """A lab of ``ranks`` ranks this one keeps for its own purposes (an exercise's grader): started

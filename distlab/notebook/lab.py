@@ -57,7 +57,10 @@ class Lab(LabCore):
                 # The client's metadata keeps every message since it connected, those of engines of
                 # an earlier world too: only this world's engines' count.
                 engines = {info.engine_id for info in self.table}
-                store.backfill([md for md in self._client.metadata.values() if md.get("engine_id") in engines])
+                store.backfill(
+                    md for md in list(self._client.metadata.values())
+                    if hasattr(md, "get") and md.get("engine_id") in engines
+                )
             self._telemetry, self._store_size = store, self.world_size
         return self._telemetry
 
