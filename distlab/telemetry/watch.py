@@ -15,7 +15,6 @@ final when the next step begins. Everything a hook does is cheap except on sampl
 
 from __future__ import annotations
 
-import gc
 import itertools
 import os
 import threading
@@ -34,9 +33,10 @@ from ..records import PUBLISH_KEY, Layout, Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
 from .memory import LiveTensors, model_memory
-from .ops import CollectiveTiming, OpObserver
+from .ops import OpObserver
 from .parallelism import describe
 from .stats import LayerIndex
+from .steps import Step, metric_fields, metric_value, wrapped_by_zero
 
 __all__ = ["Watch", "active", "flush", "log", "watch"]
 
@@ -84,24 +84,6 @@ def flush() -> None:
         open_watch.flush()
 
 
-class _Step:
-    __slots__ = ("begin", "collectives", "gap_s", "live_at_begin", "metrics", "number", "record", "resident",
-                 "timings", "version", "wall")
-
-    def __init__(self, number: int, gap_s: float | None, version: int) -> None:
-        self.number = number
-        self.version = version  # of the weights when the step began: a change means an update
-        self.begin = time.perf_counter()
-        self.wall = time.time()
-        self.gap_s = gap_s
-        self.timings: list[comm.BucketTiming] = []
-        self.collectives: list[CollectiveTiming] = []
-        self.resident = 0  # parameter, gradient and optimizer bytes when the step began
-        self.live_at_begin = 0  # what the live-tensor count said then (CPU)
-        self.metrics: dict[str, float] = {}
-        self.record: StepRecord | None = None  # set when the step closes
-
-
 class Watch:
     """One rank's telemetry of one model. Made by :func:`watch`; see the module docstring."""
 
@@ -125,7 +107,7 @@ class Watch:
         self._latest: StepRecord | None = None
         self._marks: deque[int] = deque(maxlen=2)  # newest finished step in each of the last 2 publishes
         self._seq = 0
-        self._open: _Step | None = None
+        self._open: Step | None = None
         self._last_end: float | None = None
         self._owns_cache: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._param_ids = {id(p) for p in self.layers.params}
@@ -319,7 +301,7 @@ class Watch:
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         owns = self._owns_cache.get(optimizer)
         if owns is None:
-            owns = not _wrapped_by_zero(optimizer) and any(
+            owns = not wrapped_by_zero(optimizer) and any(
                 id(p) in self._param_ids for group in optimizer.param_groups for p in group["params"]
             )
             self._owns_cache[optimizer] = owns
@@ -333,7 +315,7 @@ class Watch:
         return sum(torchcompat.version_counter(p) for p in self.layers.params)
 
     def _begin(self, number: int, gap_s: float | None) -> None:
-        step = _Step(number, gap_s, self._weights_version())
+        step = Step(number, gap_s, self._weights_version())
         self._open = step
         if self._timer is not None:
             self._timer.timings = step.timings
@@ -350,36 +332,13 @@ class Watch:
                 self._observer.timings = step.collectives
             self._start_observing()
 
-    def _close(self, step: _Step) -> None:
+    def _close(self, step: Step) -> None:
         """The update is done: measure the step and make its record."""
         self._stop_observing()
         end = time.perf_counter()
         self._last_end = end
-        step_time_s = end - step.begin
-        buckets, comm_s = comm.summarize(step.timings, step.begin, self.world_size)
-        collectives, in_flight_s = comm.summarize_collectives(step.collectives, step.begin)
-        comm_s = min(comm_s + in_flight_s, step_time_s)
         n, cfg = step.number, self.config
-        record: StepRecord = {
-            "rank": self.rank,
-            "step": n,
-            "t": step.wall,
-            "epoch": None,
-            "loss": None,
-            "metrics": {},
-            "step_time_s": step_time_s,
-            "compute_s": step_time_s - comm_s,
-            "comm_s": comm_s,
-            "idle_s": step.gap_s,
-            "allreduce": buckets,
-            "collectives": collectives,
-            "memory": self._memory(step) if cfg.track_memory else None,
-            "grad_norm": {},
-            "weight_norm": {},
-            "update_ratio": {},
-            "checksum": None,
-            "layer_checksums": None,
-        }
+        record = step.new_record(self.rank, self.world_size, end, self._memory(step) if cfg.track_memory else None)
         if cfg.stats_every and n % cfg.stats_every == 0:
             record["grad_norm"] = self.layers.grad_norms()
             record["weight_norm"] = self.layers.weight_norms()
@@ -392,7 +351,7 @@ class Watch:
             sums = self._replica_checksums()
             record["layer_checksums"] = sums
             record["checksum"] = sum(sums.values()) if sums else None
-        record.update(_metric_fields(step.metrics))  # type: ignore[typeddict-item]
+        record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]
         step.record = record
         with self._lock:
             self._latest = record
@@ -409,7 +368,7 @@ class Watch:
         held["optimizer_bytes"] = sum(model_memory([], opt)["optimizer_bytes"] for opt in list(self._optimizers))
         return held
 
-    def _memory(self, step: _Step) -> Any:
+    def _memory(self, step: Step) -> Any:
         """The step's memory record: model state now, and the step's peak (see ``records.MemoryUse``)."""
         if self._cuda is not None:
             made = torch.cuda.max_memory_allocated(self._cuda) - step.live_at_begin
@@ -417,7 +376,7 @@ class Watch:
             made = self._live.peak - step.live_at_begin if self._live is not None else 0
         return {**self._model_memory(), "peak_bytes": step.resident + max(0, made)}
 
-    def _finish(self, step: _Step) -> None:
+    def _finish(self, step: Step) -> None:
         """The record is final: keep it in the buffer."""
         if step.record is None:
             return
@@ -434,10 +393,10 @@ class Watch:
             self._begin(0, None)
         step = self._open
         assert step is not None
-        step.metrics.update({k: _number(k, v) for k, v in values.items()})
+        step.metrics.update({k: metric_value(k, v) for k, v in values.items()})
         if step.record is not None:
             # Copy-on-write: the publisher thread may be reading the old dict.
-            record = cast(StepRecord, {**step.record, **_metric_fields(step.metrics)})
+            record = cast(StepRecord, {**step.record, **metric_fields(step.metrics)})
             step.record = record
             with self._lock:
                 self._latest = record
@@ -469,38 +428,3 @@ class Watch:
 
 def _nothing() -> None:
     pass
-
-
-def _wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
-    """True for the local optimizer inside a ZeroRedundancyOptimizer.
-
-    Its step ends before the wrapper broadcasts the updated shards: closing the step there would
-    take checksums of half-updated replicas (and flag a divergence that is not there). The
-    wrapper's own step, which ends after the broadcast, closes it instead. Checked once per optimizer.
-    """
-    for ref in gc.get_referrers(optimizer):
-        if isinstance(ref, dict):  # the wrapper's __dict__, holding it as .optim
-            if any(models.is_zero_optimizer(o) and getattr(o, "__dict__", None) is ref
-                   for o in gc.get_referrers(ref)):
-                return True
-    return False
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"log({name}=...) takes a number or a one-element tensor, got shape {tuple(value.shape)}")
-        return float(value.item())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"log({name}=...) takes a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _metric_fields(metrics: dict[str, float]) -> dict[str, Any]:
-    """The record's fields that ``distlab.log`` sets: metrics, and loss and epoch when logged."""
-    fields: dict[str, Any] = {"metrics": {k: v for k, v in metrics.items() if k not in ("loss", "epoch")}}
-    if "loss" in metrics:
-        fields["loss"] = metrics["loss"]
-    if "epoch" in metrics:
-        fields["epoch"] = int(metrics["epoch"])
-    return fields

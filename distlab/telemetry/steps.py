@@ -1,0 +1,103 @@
+"""A watched step while it runs, and what closes it and fills its record (``telemetry/watch.py``).
+
+:class:`Step` holds what a step gathers between its first forward and its update (timings, the
+memory it began with, what ``distlab.log`` gave); :func:`wrapped_by_zero` tells the optimizer whose
+step does not close one; :func:`metric_value` and :func:`metric_fields` turn logged values into the
+record's fields.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import torch
+
+from ..rank import models
+from ..records import StepRecord
+from . import comm
+from .ops import CollectiveTiming
+
+__all__ = ["Step", "metric_fields", "metric_value", "wrapped_by_zero"]
+
+
+class Step:
+    """One training step of a watch, from its first forward to its update (and its record, once made)."""
+
+    __slots__ = ("begin", "collectives", "gap_s", "live_at_begin", "metrics", "number", "record", "resident",
+                 "timings", "version", "wall")
+
+    def __init__(self, number: int, gap_s: float | None, version: int) -> None:
+        self.number = number
+        self.version = version  # of the weights when the step began: a change means an update
+        self.begin = time.perf_counter()
+        self.wall = time.time()
+        self.gap_s = gap_s
+        self.timings: list[comm.BucketTiming] = []
+        self.collectives: list[CollectiveTiming] = []
+        self.resident = 0  # parameter, gradient and optimizer bytes when the step began
+        self.live_at_begin = 0  # what the live-tensor count said then (CPU)
+        self.metrics: dict[str, float] = {}
+        self.record: StepRecord | None = None  # set when the step closes
+
+    def new_record(self, rank: int, world_size: int, end: float, memory: Any) -> StepRecord:
+        """The step's record, its update done at ``end`` (``perf_counter``): its times, its timed
+        collectives and ``memory``; the watch adds the sampled norms and checksums, and the metrics."""
+        step_time_s = end - self.begin
+        buckets, comm_s = comm.summarize(self.timings, self.begin, world_size)
+        collectives, in_flight_s = comm.summarize_collectives(self.collectives, self.begin)
+        comm_s = min(comm_s + in_flight_s, step_time_s)  # what was still in flight counts as exposed
+        return {
+            "rank": rank,
+            "step": self.number,
+            "t": self.wall,
+            "epoch": None,
+            "loss": None,
+            "metrics": {},
+            "step_time_s": step_time_s,
+            "compute_s": step_time_s - comm_s,
+            "comm_s": comm_s,
+            "idle_s": self.gap_s,
+            "allreduce": buckets,
+            "collectives": collectives,
+            "memory": memory,
+            "grad_norm": {},
+            "weight_norm": {},
+            "update_ratio": {},
+            "checksum": None,
+            "layer_checksums": None,
+        }
+
+
+def wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """True for the local optimizer inside a ZeroRedundancyOptimizer.
+
+    Its step ends before the wrapper broadcasts the updated shards: closing the step there would
+    take checksums of half-updated replicas (and flag a divergence that is not there). The
+    wrapper's own step, which ends after the broadcast, closes it instead. Checked once per optimizer.
+    """
+    # A dict referring to it may be the wrapper's __dict__, holding it as .optim.
+    return any(isinstance(ref, dict) and any(models.is_zero_optimizer(o) and getattr(o, "__dict__", None) is ref
+                                             for o in gc.get_referrers(ref))
+               for ref in gc.get_referrers(optimizer))
+
+
+def metric_value(name: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"log({name}=...) takes a number or a one-element tensor, got shape {tuple(value.shape)}")
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"log({name}=...) takes a number, got {type(value).__name__}")
+    return float(value)
+
+
+def metric_fields(metrics: dict[str, float]) -> dict[str, Any]:
+    """The record's fields that ``distlab.log`` sets: metrics, and loss and epoch when logged."""
+    fields: dict[str, Any] = {"metrics": {k: v for k, v in metrics.items() if k not in ("loss", "epoch")}}
+    if "loss" in metrics:
+        fields["loss"] = metrics["loss"]
+    if "epoch" in metrics:
+        fields["epoch"] = int(metrics["epoch"])
+    return fields
