@@ -79,7 +79,8 @@ def check() -> None:
     parts = [f"pid {child.process.pid} (target {child.target}) {_how(code)}" for child, code in failed]
     noun = "a child process" if len(failed) == 1 else f"{len(failed)} child processes"
     raise ChildProcessFailed(
-        f"{noun} this cell started failed: {'; '.join(parts)} (their own errors are on the rank's stderr). "
+        f"{noun} this cell started failed: {'; '.join(parts)} "
+        f"({'its own error is' if len(failed) == 1 else 'their own errors are'} on the rank's stderr). "
         "On a lab every rank is already one of the world's processes: call the target on each rank "
         "instead of starting processes, e.g. run(rank, world_size)",
         failed[0][0].stack,
