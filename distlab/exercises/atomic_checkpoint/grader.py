@@ -57,7 +57,7 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     out = [round_trip]
     for megabytes, dtypes in ((3, ("float32", "int64")), (7, ("float32", "bfloat16", "float64", "int8"))):
         width = rng.randrange(200, 400)
-        tensors = []
+        tensors: list[list[Any]] = []  # [name, dtype, shape]
         for i, dtype in enumerate(dtypes):
             itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
             rows = megabytes * 2**20 // len(dtypes) // (width * itemsize) + rng.randrange(1, 50)

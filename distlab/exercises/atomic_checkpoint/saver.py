@@ -168,7 +168,7 @@ class _Watch:
 
         # posix too: a function pickled as `posix.replace` (from `from os import replace`) unpickles as this one.
         for module in (os, posix):
-            module.replace, module.rename, module.fsync = replace, rename, fsync  # type: ignore[assignment]
+            module.replace, module.rename, module.fsync = replace, rename, fsync  # type: ignore[attr-defined]
             if real_fdatasync is not None:
                 module.fdatasync = fdatasync  # type: ignore[attr-defined]
 
@@ -233,8 +233,8 @@ def serve() -> None:
     # Outside an engine the rank's names live in a plain dict: fill it, so that Learner rebinds the
     # learner's `rank`, `world_size`, `torch`, ... to this rank's (no process group: `dist` is uninitialised).
     fill(job["rank"], job["world_size"], job["rank"], torch.device("cpu"))
-    with open(os.path.join(root, "learner.blob"), "rb") as f:
-        blob = f.read()
+    with open(os.path.join(root, "learner.blob"), "rb") as packed:
+        blob = packed.read()
     watch = _Watch()
     watch.install()  # before unpickling: a pickled `posix.replace` then resolves to the watched one
     save = Learner(blob)["save_checkpoint"]
