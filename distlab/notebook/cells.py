@@ -11,7 +11,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
 from . import recovery, rpc
@@ -20,9 +20,13 @@ from .config import LabConfig
 from .group import form_group, get
 from .labs import LabObserver
 from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_failed, gone, nothing_kept
+from .release import Releaser
 from .script import CellRan, Event, Pushed, ScriptRan, build_script, export_path, read_script, script_args
 from .streams import RankPrinter
 from .world import RankTable, World
+
+if TYPE_CHECKING:
+    from .core import LabCore
 
 __all__ = ["RunsCells"]
 
@@ -38,6 +42,7 @@ class RunsCells:
     _history: list[Event]
     _last_cell: LastCell | None
     _observers: list[LabObserver]
+    _releaser: Releaser
     _listeners: list[Listener]
 
     if TYPE_CHECKING:  # what LabCore provides
@@ -52,7 +57,6 @@ class RunsCells:
         def ranks(self, spec: str | int | Iterable[int] | None = None) -> list[int]: ...
         def kill(self, rank: int) -> None: ...
         def restart(self, ranks: int | None = None) -> Any: ...
-        def _on_poll(self, pending: dict[int, Any], final: bool) -> None: ...
 
     # ------------------------------------------------------------------------ cells
 
@@ -239,7 +243,7 @@ class RunsCells:
         printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
         with contextlib.ExitStack() as views:  # what observers show while a cell runs (progress bars)
             for observer in list(self._observers):
-                views.enter_context(observer.cell(self, stream))
+                views.enter_context(observer.cell(cast("LabCore", self), stream))
             outcome = cell.run(timeout, printer)
         if outcome.failures:
             world = self._world

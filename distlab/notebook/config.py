@@ -7,10 +7,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import checks
 from ..errors import LabUsageError
+
+if TYPE_CHECKING:
+    from ..cluster.links import Link
 
 __all__ = ["BACKENDS", "LabConfig", "launcher_names", "mpi_spans_hosts"]
 
@@ -149,9 +152,9 @@ class LabConfig:
             return not mpi_spans_hosts(os.environ)
         return self.launcher == "local"
 
-    def node_link(self) -> Any:
-        """The ``cluster.nodes.Link`` between nodes, or None (no nodes, or not shaped)."""
-        from ..cluster.nodes import Link
+    def node_link(self) -> Link | None:
+        """The ``cluster.links.Link`` between nodes, or None (no nodes, or not shaped)."""
+        from ..cluster.links import Link
 
         return None if self.link is None else Link.parse(self.link, self.latency)
 

@@ -354,7 +354,8 @@ class DistMagics(Magics):
                 view = exercises.show(words[0])
                 # The starter becomes the next cell where the front end takes it (JupyterLab does);
                 # the task shows it too, for front ends that do not.
-                self.shell.set_next_input(view.exercise.starter, replace=False)
+                if self.shell is not None:
+                    self.shell.set_next_input(view.exercise.starter, replace=False)
                 return view
         except ValueError as exc:  # LabUsageError too: one line, nothing changed
             raise UsageError(str(exc)) from None

@@ -59,7 +59,7 @@ def open_store(host: str, timeout_s: float) -> int:
     try:
         _store = dist.TCPStore(
             host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s),
-            **({"master_listen_fd": fd} if fd is not None else {}),
+            master_listen_fd=fd,
         )
     except BaseException:
         if fd is not None:
