@@ -67,8 +67,10 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         tree = ast.parse(source, filename=filename)
         last: ast.Expression | None = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+        final = tree.body[-1] if tree.body else None
+        if isinstance(final, ast.Expr):
+            tree.body.pop()
+            last = ast.Expression(final.value)
         namespace = user_namespace()
 
         def run() -> Any:

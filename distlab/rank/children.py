@@ -117,7 +117,7 @@ def _patch() -> None:
         watch = _current
         if watch is not None:
             # Taken before start(), which forgets the target; the stack without this frame.
-            watch.started.append(_Started(self, _target_name(self), traceback.extract_stack()[:-1]))
+            watch.started.append(_Started(self, _target_name(self), traceback.StackSummary.from_list(traceback.extract_stack()[:-1])))
         start(self)
 
     def stopping(original: Callable[[BaseProcess], None]) -> Callable[[BaseProcess], None]:
@@ -132,5 +132,5 @@ def _patch() -> None:
         return stop
 
     BaseProcess.start = noting_start  # type: ignore[method-assign]
-    BaseProcess.terminate = stopping(terminate)  # type: ignore[method-assign]
-    BaseProcess.kill = stopping(kill)  # type: ignore[method-assign]
+    BaseProcess.terminate = stopping(terminate)  # type: ignore[method-assign, assignment]
+    BaseProcess.kill = stopping(kill)  # type: ignore[method-assign, assignment]
