@@ -46,6 +46,13 @@ _PROCESS_FIXTURES = {"lab", "_shared_lab", "lab_factory", "ipython", "jupyter"}
 _E2E_MODULES = {"test_browser.py", "test_browser_ranks.py", "test_binder.py", "test_soak.py"}
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # matplotlib lists the machine's fonts the first time it is imported (running fc-list) and keeps
+    # the list in its cache: done here, once, a fast-tier test that draws a picture on a fresh
+    # machine starts no process.
+    import matplotlib.font_manager  # noqa: F401
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpus = local_gpus()
     for item in items:
