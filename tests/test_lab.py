@@ -81,7 +81,7 @@ def test_output_is_streamed_labelled_by_rank_while_the_cell_runs(lab, capsys, tm
         done.set()
         watcher.join()
     seen += capsys.readouterr().out
-    assert dict(answered) == {0: True, 1: True}, f"the first lines reached the notebook only when the cell ended: {seen!r}"
+    assert dict(answered) == {0: True, 1: True}, f"the first lines reached the notebook only at the end: {seen!r}"
     assert "[rank 0] second 0" in seen and "[rank 1] second 1" in seen, seen
 
 
