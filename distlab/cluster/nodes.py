@@ -53,7 +53,7 @@ __all__ = [
 
 #: Where lab subnets come from by default: reserved for benchmarking networks (RFC 2544), so no
 #: real network this machine could talk to uses them. Each lab takes one /24 of it.
-DEFAULT_POOL = ipaddress.ip_network("198.18.0.0/15")
+DEFAULT_POOL = ipaddress.IPv4Network("198.18.0.0/15")
 _LAB_PREFIX = 24
 
 _NS_PREFIX = "distlab-"
@@ -157,7 +157,7 @@ def _lab_namespaces() -> list[str]:
 
 def _subnets_in_use() -> list[ipaddress.IPv4Network]:
     """The subnets of the labs whose switches exist now (read off each switch's bridge)."""
-    used = []
+    used: list[ipaddress.IPv4Network] = []
     for name in _lab_namespaces():
         if not name.endswith("-sw"):
             continue
@@ -165,7 +165,7 @@ def _subnets_in_use() -> list[ipaddress.IPv4Network]:
             out = _run(["ip", "-n", name, "-4", "-o", "addr", "show", "dev", "br0"], "reading a lab's subnet")
             for word in out.split():
                 if "/" in word and word[0].isdigit():
-                    used.append(ipaddress.ip_interface(word).network)
+                    used.append(ipaddress.IPv4Interface(word).network)  # `-4`: IPv4 addresses only
     return used
 
 
@@ -173,7 +173,7 @@ def check_subnet(value: object, nodes: int, spelling: tuple[str, str] = ("subnet
     """``value`` as an IPv4 network with room for ``nodes`` nodes and the switch."""
     name, example = spelling
     try:
-        net = ipaddress.IPv4Network(value)  # type: ignore[arg-type]
+        net = ipaddress.IPv4Network(value)
     except (ValueError, TypeError):
         raise LabUsageError(f"{name} must be an IPv4 network, like {example} (got {value!r})") from None
     room = max(0, net.num_addresses - 2)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import theory
-from ..records import LayerValues, RecordKey, StepRecord, WatchMeta, record_key
+from ..records import LayerValues, Layout, RecordKey, StepRecord, WatchMeta, record_key
 from .units import rate, rate_unit
 
 __all__ = [
@@ -123,8 +123,8 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
     if len(ranks) < 2:
         return Divergence(False, "one rank: nothing to compare")
     ref = ranks[0]
-    ref_meta = meta.get(ref) or {}
-    if ref_meta.get("layers") and set(ref_meta.get("sharded_layers") or ()) >= set(ref_meta["layers"]):
+    ref_meta = meta.get(ref)
+    if ref_meta and ref_meta.get("layers") and set(ref_meta.get("sharded_layers") or ()) >= set(ref_meta["layers"]):
         return Divergence(False, "weights sharded across ranks (FSDP2, tensor parallel): no replicas to compare")
     by_step: dict[int, dict[int, StepRecord]] = defaultdict(dict)
     for rec in records:
@@ -132,9 +132,10 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
 
     start_layers: set[str] = set()
     start_ranks: set[int] = set()
-    ref_start = (meta.get(ref) or {}).get("initial_checksums")
+    ref_start = ref_meta.get("initial_checksums") if ref_meta else None
     for r in ranks[1:]:
-        theirs = (meta.get(r) or {}).get("initial_checksums")
+        their_meta = meta.get(r)
+        theirs = their_meta.get("initial_checksums") if their_meta else None
         if ref_start and theirs:
             differing = {name for name in ref_start if theirs.get(name) != ref_start[name]}
             if differing:
@@ -164,7 +165,7 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
             mismatches.append(step)
 
     spread = _weight_spread(by_step, ranks)
-    layer_order = list((meta.get(ref) or {}).get("layers") or sorted(bad_layers))
+    layer_order = list(_layers(meta, ref) or sorted(bad_layers))
     layers = [name for name in layer_order if name in bad_layers]
     if not mismatches and not start_ranks:
         if checked == 0:
@@ -175,12 +176,12 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
         )
     if start_ranks:
         cause, first = _CAUSE_START.format(ref=ref), (mismatches[0] if mismatches else None)
-    elif not all((meta.get(r) or {}).get("ddp") for r in ranks):
+    elif not all(m and m.get("ddp") for m in map(meta.get, ranks)):
         cause, first = _CAUSE_NO_AVERAGE, mismatches[0]
     else:
         cause, first = _CAUSE_DDP, mismatches[0]
     when = "from the start" if start_ranks else f"since step {first}"
-    total = len((meta.get(ref) or {}).get("layers") or layers)
+    total = len(_layers(meta, ref) or layers)
     message = (
         f"replicas diverge: rank {_ranks_text(sorted(bad_ranks))} differ{'s' if len(bad_ranks) == 1 else ''} "
         f"from rank {ref} in {len(layers)} of {total} layers ({', '.join(layers[:6])}"
@@ -190,6 +191,12 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
         True, message, checked_steps=checked, first_step=first, ranks=sorted(bad_ranks), layers=layers,
         cause=cause, started_apart=bool(start_ranks), mismatch_steps=mismatches, spread=spread,
     )
+
+
+def _layers(meta: Meta, rank: int) -> list[str]:
+    """The layers ``rank``'s watch named ([] before its first publish)."""
+    mine = meta.get(rank)
+    return (mine.get("layers") if mine else None) or []
 
 
 def _weight_spread(by_step: dict[int, dict[int, StepRecord]], ranks: list[int]) -> dict[int, list[tuple[int, float]]]:
@@ -381,11 +388,17 @@ def memory_by_rank(records: Sequence[StepRecord], meta: Meta) -> list[RankMemory
         rec = latest[rank]
         mem = rec["memory"]
         assert mem is not None
-        layout = (meta.get(rank) or {}).get("layout")
+        layout = _layout(meta, rank)
         predicted = theory.sharded_memory(**layout) if layout else None
         out.append(RankMemory(rank, rec["step"], mem["parameters_bytes"], mem["gradients_bytes"],
                               mem["optimizer_bytes"], mem["peak_bytes"], predicted))
     return out
+
+
+def _layout(meta: Meta, rank: int) -> Layout | None:
+    """The model configuration ``rank``'s watch read (None before its first update)."""
+    mine = meta.get(rank)
+    return mine.get("layout") if mine else None
 
 
 def memory_message(rows: Sequence[RankMemory], meta: Meta) -> str:
@@ -394,7 +407,7 @@ def memory_message(rows: Sequence[RankMemory], meta: Meta) -> str:
     peak = max(rows, key=lambda r: r.peak_bytes)
     text = (f"memory: model state {rows[0].resident_bytes / 1e6:.2f} MB on rank {rows[0].rank}, "
             f"peak {peak.peak_bytes / 1e6:.2f} MB (rank {peak.rank})")
-    layout = (meta.get(rows[0].rank) or {}).get("layout")
+    layout = _layout(meta, rows[0].rank)
     if rows[0].theory is not None and layout:
         error = rows[0].error
         text += (f"; theory ({layout['strategy']}, data x tensor parallel {layout['data_parallel']} x "

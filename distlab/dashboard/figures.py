@@ -44,7 +44,7 @@ _OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce"
 TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
 
 
-class MeteredFigure(Metered, go.FigureWidget):
+class MeteredFigure(Metered, go.FigureWidget):  # type: ignore[misc]  # plotly ships no type hints
     """A plotly FigureWidget that counts the widget messages it sends."""
 
 
@@ -56,7 +56,7 @@ def warm() -> None:
 
 
 def _color(rank: int) -> str:
-    palette = qualitative.Plotly
+    palette: list[str] = qualitative.Plotly  # plotly ships no type hints: its colours are CSS strings
     return palette[rank % len(palette)]
 
 
@@ -81,9 +81,10 @@ def make_loss(world_size: int) -> MeteredFigure:
 def draw_loss(fig: MeteredFigure, records: Sequence[StepRecord], world_size: int) -> None:
     series: dict[int, tuple[list[int], list[float]]] = {r: ([], []) for r in range(world_size)}
     for rec in records:
-        if rec.get("loss") is not None and rec["rank"] in series:
+        loss = rec.get("loss")
+        if loss is not None and rec["rank"] in series:
             series[rec["rank"]][0].append(rec["step"])
-            series[rec["rank"]][1].append(rec["loss"])
+            series[rec["rank"]][1].append(loss)
     with fig.batch_update():
         for r, (xs, ys) in series.items():
             fig.data[r].x, fig.data[r].y = _numbers(xs), _numbers(ys)

@@ -26,11 +26,11 @@ class Metered(ipycompat.CountedSends):
     """
 
 
-class MeteredLabel(Metered, widgets.Label):
+class MeteredLabel(Metered, widgets.Label):  # type: ignore[misc]  # ipywidgets ships no type hints
     """An ipywidgets Label that counts the widget messages it sends."""
 
 
-class MeteredHTML(Metered, widgets.HTML):
+class MeteredHTML(Metered, widgets.HTML):  # type: ignore[misc]  # ipywidgets ships no type hints
     """An ipywidgets HTML that counts the widget messages it sends (one per change)."""
 
 

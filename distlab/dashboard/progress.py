@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..notebook.labs import Observer
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
@@ -281,7 +281,8 @@ def _payload_of(ar: Any) -> ProgressPublish | None:
     except Exception:  # noqa: BLE001 - a dead engine's result may not answer
         return None
     payload = data.get(KEY) if isinstance(data, dict) else None
-    return payload if isinstance(payload, dict) else None  # type: ignore[return-value]
+    # What a rank published under the progress key: a ProgressPublish (merge checks its keys).
+    return cast(ProgressPublish, payload) if isinstance(payload, dict) else None
 
 
 def _in_kernel() -> bool:

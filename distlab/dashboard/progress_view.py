@@ -23,19 +23,19 @@ from .progress import ProgressConfig, Row, bar_info, bar_label
 __all__ = ["ProgressView"]
 
 
-class _Label(Metered, widgets.Label):
+class _Label(Metered, widgets.Label):  # type: ignore[misc]  # ipywidgets ships no type hints
     pass
 
 
-class _IntBar(Metered, widgets.IntProgress):
+class _IntBar(Metered, widgets.IntProgress):  # type: ignore[misc]  # ipywidgets ships no type hints
     pass
 
 
-class _FloatBar(Metered, widgets.FloatProgress):
+class _FloatBar(Metered, widgets.FloatProgress):  # type: ignore[misc]  # ipywidgets ships no type hints
     pass
 
 
-class _Box(Metered, widgets.VBox):
+class _Box(Metered, widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type hints
     pass
 
 

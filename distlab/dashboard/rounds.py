@@ -27,7 +27,7 @@ import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..quiz.model import Question
 from ..records import StepRecord, WatchMeta
@@ -81,7 +81,7 @@ class Snapshot:
 
 
 def _values(metrics: Mapping[str, float], prefix: str) -> tuple[float, ...] | None:
-    found = []
+    found: list[float] = []
     while f"{prefix}{len(found)}" in metrics:
         found.append(float(metrics[f"{prefix}{len(found)}"]))
     return tuple(found) or None
@@ -97,7 +97,10 @@ def _total(values: Mapping[str, float] | None) -> float | None:
     return float(sum(v * v for v in values.values()) ** 0.5)
 
 
-def _agreed(values: Sequence[Any]) -> Any:
+_T = TypeVar("_T")
+
+
+def _agreed(values: Sequence[_T | None]) -> _T | None:
     """The value every rank holds, or None when they differ (or one is missing)."""
     first = values[0] if values else None
     return first if first is not None and all(v == first for v in values) else None
@@ -425,5 +428,5 @@ def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) ->
 
 
 def _start_checksum(meta: WatchMeta | None) -> int | None:
-    sums = (meta or {}).get("initial_checksums")
+    sums = meta.get("initial_checksums") if meta else None
     return int(sum(sums.values())) if sums else None

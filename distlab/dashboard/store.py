@@ -61,7 +61,7 @@ class TelemetryStore:
             data = md.get("data") if hasattr(md, "get") else None
             payload = data.get(KEY) if isinstance(data, dict) else None
             if isinstance(payload, dict):
-                changed |= self.merge(payload)
+                changed |= self.merge(cast(Publish, payload))  # a rank's publish: merge checks its keys
         if changed:
             self._notify(False)
 
@@ -78,7 +78,8 @@ class TelemetryStore:
             return False  # an older publish seen late (backfill): the newer one already covers it
         self._seen[rank] = (run, seq)
         steps = self._steps.get(rank)
-        if steps is None or self._meta.get(rank, {}).get("run") != run:
+        meta = self._meta.get(rank)
+        if steps is None or meta is None or meta.get("run") != run:
             steps = self._steps[rank] = OrderedDict()  # a new watch on this rank starts afresh
         self._meta[rank] = cast(WatchMeta, dict(payload.get("meta") or {}, run=run))
         for record in payload.get("records") or ():
@@ -145,7 +146,8 @@ def _payload_of(ar: Any) -> Publish | None:
     except Exception:  # noqa: BLE001 - a dead engine's result may not answer
         return None
     payload = data.get(KEY) if isinstance(data, dict) else None
-    return payload if isinstance(payload, dict) else None
+    # What a rank published under distlab's key: a Publish (merge checks its keys).
+    return cast(Publish, payload) if isinstance(payload, dict) else None
 
 
 _warned: set[str] = set()

@@ -19,6 +19,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ..records import StepRecord
 from . import analysis, figures, meter
 from .store import TelemetryStore
 
@@ -54,14 +55,14 @@ class _Snapshot:
     @cached_property
     def layers(self) -> list[str]:
         first = self.meta.get(self.ranks[0]) if self.ranks else None
-        return list((first or {}).get("layers") or [])
+        return list((first.get("layers") if first else None) or [])
 
     @cached_property
     def divergence(self) -> analysis.Divergence:
         return analysis.divergence(self.records, self.meta)
 
     @cached_property
-    def timeline(self) -> list[dict[str, Any]]:
+    def timeline(self) -> list[StepRecord]:
         """The records of the steps the all-reduce timeline shows."""
         shown = set(analysis.timed_steps(self.records, self.config.timeline_steps))
         return [rec for rec in self.records if rec["step"] in shown]
@@ -87,7 +88,7 @@ class _Snapshot:
         return f"{len(self.ranks)} ranks, step {last}. {self.divergence.message}"
 
 
-class Dashboard(widgets.VBox):
+class Dashboard(widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type hints
     """Loss, collectives timeline, gradient-norm heatmap, replica divergence, busbw vs the ring model,
     memory per rank vs theory, and the step-by-step trace, live while a cell trains. Made by ``lab.dashboard()``."""
 

@@ -133,7 +133,7 @@ class _Reporter:
 
 
 def _moved(before: ProgressBar, now: ProgressBar) -> bool:
-    return any(before[k] != now[k] for k in ("n", "total", "desc", "postfix"))  # type: ignore[literal-required]
+    return any(before[k] != now[k] for k in ("n", "total", "desc", "postfix"))
 
 
 _reporter: _Reporter | None = None
@@ -164,7 +164,8 @@ def _make_bar_class() -> type:
     ``async for`` works as with ``tqdm.auto``) that reports instead of drawing."""
     from tqdm.asyncio import tqdm_asyncio
 
-    class RankBar(tqdm_asyncio):  # type: ignore[misc, valid-type]
+    # tqdm's classes are generic in its stub only: tqdm_asyncio[Any] would fail at run time.
+    class RankBar(tqdm_asyncio):  # type: ignore[type-arg]
         """tqdm on a distlab rank: drawn in the notebook, one widget for every rank's bars."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -173,7 +174,8 @@ def _make_bar_class() -> type:
             kwargs["file"] = _Nowhere()
             super().__init__(*args, **kwargs)
 
-        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        # True as tqdm's own display returns (its close reads it); the stub says None.
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:  # type: ignore[override]
             if msg != "":  # "" clears a bar that does not stay: its close says so
                 _report(self, closed=False)
             return True
@@ -196,13 +198,14 @@ def _make_bar_class() -> type:
             if rate is None and elapsed > 0:
                 rate = (n - (fd.get("initial") or 0)) / elapsed
             total = fd.get("total")
+            unit_scale = fd.get("unit_scale")
             return {
                 "id": self._distlab_id,
                 "n": n,
                 "total": None if total is None else _number(total),
                 "desc": str(self.desc or ""),
                 "unit": str(fd.get("unit") or "it"),
-                "unit_scale": fd.get("unit_scale") if isinstance(fd.get("unit_scale"), (bool, int, float)) else False,
+                "unit_scale": unit_scale if isinstance(unit_scale, (bool, int, float)) else False,
                 "postfix": str(fd.get("postfix") or ""),
                 "elapsed": elapsed,
                 "rate": None if rate is None else float(rate),

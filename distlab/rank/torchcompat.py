@@ -20,7 +20,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -188,13 +188,25 @@ def set_reducer_group(model: torch.nn.Module, group: Any) -> None:
     model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]
 
 
-def work_from_future(future: torch.futures.Future[Any]) -> Any:
+class _C10dPrivates(Protocol):
+    """What distlab calls in ``torch._C._distributed_c10d`` that torch's stub of it does not list."""
+
+    def _create_work_from_future(self, future: torch.futures.Future[Any], /) -> dist.Work: ...
+
+    def _dump_fr_trace_json(self, include_collectives: bool, only_active: bool, /) -> str: ...
+
+
+#: The C++ module, typed by what it has at run time (each call below says where it comes from).
+_c10d_privates = cast(_C10dPrivates, torch._C._distributed_c10d)
+
+
+def work_from_future(future: torch.futures.Future[Any]) -> dist.Work:
     """A ``Work`` that completes when ``future`` does, for a Python ``ProcessGroup`` to return.
 
     ``torch._C._distributed_c10d._create_work_from_future``: a process group's ``allreduce`` must
     return a ``Work``; the public ``Work`` class cannot be made from a future (or at all) in Python.
     """
-    return torch._C._distributed_c10d._create_work_from_future(future)
+    return _c10d_privates._create_work_from_future(future)
 
 
 # ------------------------------------------------------------------------- process groups
@@ -227,7 +239,8 @@ def forget_process_groups() -> None:
         with contextlib.suppress(Exception):
             getattr(world, table).clear()
     with contextlib.suppress(Exception):
-        c10d._unregister_all_process_groups()  # the C++ registry that resolves groups by name
+        # The C++ registry that resolves groups by name (distributed_c10d imports it from there).
+        torch._C._distributed_c10d._unregister_all_process_groups()
     with contextlib.suppress(Exception):
         reset_group_count()
 
@@ -268,7 +281,7 @@ def flight_recorder_dump() -> dict[str, Any] | None:
     distlab reads it on demand, on gloo too. None where this torch build has no recorder.
     """
     try:
-        dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
+        dump = json.loads(_c10d_privates._dump_fr_trace_json(True, False))
     except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
         return None
     return dump if isinstance(dump, dict) else None

@@ -115,7 +115,9 @@ def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, A
             names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
                      ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
             if names:
-                return int(dist.distributed_c10d._resolve_process_group(names[-1]).size())
+                # distributed_c10d imports it from the C++ module; GroupName is a str at run time.
+                group_name = dist.distributed_c10d.GroupName(names[-1])
+                return int(torch._C._distributed_c10d._resolve_process_group(group_name).size())
     return dist.get_world_size() if dist.is_initialized() else 1
 
 

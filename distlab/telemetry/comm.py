@@ -62,12 +62,18 @@ class TimedGroup(dist.ProcessGroup):
     ``find_unused_parameters``), passed on untimed.
     """
 
-    def __init__(self, inner: Any, timer: CommTimer) -> None:
-        super().__init__(inner.rank(), inner.size())
+    def __init__(self, inner: dist.ProcessGroup, timer: CommTimer) -> None:
+        # torch's stub lists only the (store, rank, size) constructor; pybind's (rank, size) one is the
+        # constructor of a group written in Python.
+        super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]
         self.inner = inner
         self.timer = timer
 
-    def allreduce(self, tensors, opts):  # type: ignore[no-untyped-def]  # called by the C++ reducer
+    # The reducer calls these four with (tensors, [...], opts) only: the other call forms of the base
+    # class's overloads never reach a stand-in (hence the narrowed signatures, [override]).
+    def allreduce(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions
+    ) -> dist.Work:
         timer = self.timer
         if not timer.enabled or len(tensors) != 1 or not tensors[0].is_floating_point():
             return self.inner.allreduce(tensors, opts)
@@ -78,7 +84,7 @@ class TimedGroup(dist.ProcessGroup):
         timer.timings.append(timing)
         work = self.inner.allreduce(tensors, opts)
 
-        def finish(done):  # type: ignore[no-untyped-def]
+        def finish(done: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
             timing.done = time.perf_counter()
             if timing.events is not None:
                 # A CUDA future runs its callbacks on streams that wait for the collective.
@@ -91,16 +97,18 @@ class TimedGroup(dist.ProcessGroup):
 
     # What else a reducer asks of its group: bucket order is broadcast from rank 0 when buckets
     # are rebuilt; the rest is here so nothing reaches the base class, which has no backend.
-    def broadcast(self, tensors, opts):  # type: ignore[no-untyped-def]
+    def broadcast(self, tensors: list[torch.Tensor], opts: object) -> dist.Work:  # type: ignore[override]
         return self.inner.broadcast(tensors, opts)
 
-    def allgather(self, output_tensors, input_tensors, opts):  # type: ignore[no-untyped-def]
+    def allgather(  # type: ignore[override]
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: object
+    ) -> dist.Work:
         return self.inner.allgather(output_tensors, input_tensors, opts)
 
-    def barrier(self, opts):  # type: ignore[no-untyped-def]
+    def barrier(self, opts: object) -> dist.Work:  # type: ignore[override]
         return self.inner.barrier(opts)
 
-    def getBackendName(self):  # type: ignore[no-untyped-def]  # torch's name
+    def getBackendName(self) -> str:  # torch's name
         return self.inner.name()
 
 

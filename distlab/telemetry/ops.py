@@ -142,14 +142,15 @@ def _tensor_bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in torchcompat.tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
-class OpObserver(torchcompat_dispatch.DispatchMode):
+# torch's TorchDispatchMode is untyped: defining a subclass calls its __init_subclass__.
+class OpObserver(torchcompat_dispatch.DispatchMode):  # type: ignore[no-untyped-call]
     """A dispatch mode that times collectives into ``timings`` and counts new tensors into ``memory``.
 
     Either may be None (off). The watch swaps ``timings`` for each step's list.
     """
 
     def __init__(self, memory: LiveTensors | None = None, timings: list[CollectiveTiming] | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode's, untyped
         self.memory = memory
         self.timings = timings
         self._seen: dict[Any, tuple[str | None, bool]] = {}
@@ -161,7 +162,9 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         before, self.label = self.label, label
         return before
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self, func: Any, types: tuple[type, ...], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         if any(_subclass_dispatches(t) for t in types):
             # A DTensor (or another tensor subclass) gets the op first: it runs its own ops on its
             # local tensors, and the collectives it needs (a redistribution inside the op, the

@@ -60,16 +60,16 @@ class LayerIndex:
         values = per_param.cpu().to(dtype)
         out = torch.zeros(len(self.names), dtype=dtype)
         out.index_add_(0, self._owner[which], values)
-        return out.tolist()  # type: ignore[no-any-return]
+        return out.tolist()
 
     def norms(self, tensors: Sequence[torch.Tensor | None]) -> dict[str, float]:
         """{layer: 2-norm of its tensors}, for tensors aligned with ``params`` (None: left out)."""
         which = [i for i, t in enumerate(tensors) if t is not None]
         if not which:
             return {}
-        present = [local_tensor(tensors[i]) for i in which]  # type: ignore[arg-type]
+        present = [local_tensor(t) for t in tensors if t is not None]  # aligned with which
         with torch.no_grad():
-            norms = torchcompat.foreach_norm(present)  # type: ignore[arg-type]
+            norms = torchcompat.foreach_norm(present)
             squares = self._combine(_stack_cpu(norms).double().square(), which, torch.float64)
         layers = set(self._owner[which].tolist())
         return {name: float(squares[i]) ** 0.5 for i, name in enumerate(self.names) if i in layers}
@@ -126,7 +126,9 @@ class LayerIndex:
 
 def _is_sharded(param: torch.Tensor) -> bool:
     placements = getattr(param, "placements", None)  # a DTensor's; plain tensors have none
-    return bool(placements) and any(getattr(p, "is_shard", lambda: False)() for p in placements)
+    if not placements:
+        return False
+    return any(getattr(p, "is_shard", lambda: False)() for p in placements)
 
 
 def _stack_cpu(values: Sequence[torch.Tensor]) -> torch.Tensor:
