@@ -26,18 +26,24 @@ import sys
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..wire import LEARNER_FILE, CellReply
 from .cell import _handle
 from .namespace import LAB_NAMES, user_namespace
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "LEARNER_FILE",
     "Learner",
+    "Tolerance",
+    "backward",
     "case_names",
     "failed",
     "first_difference",
+    "grad_of",
     "grade_case",
     "pack_definitions",
     "passed",
@@ -154,7 +160,8 @@ def grade_case(exercise: str, blob: bytes, seed: int, index: int, rank: int) -> 
 # ---------------------------------------------------------------------------- what a grader returns
 
 
-def passed(message: str = "", **measured: Any) -> dict[str, Any]:
+# ``message`` positional only: the numbers measured (a ``**dict``) can never be taken for it.
+def passed(message: str = "", /, **measured: Any) -> dict[str, Any]:
     """This rank's part of the case is right; ``measured``: numbers shown beside the case."""
     return {"passed": True, "message": message, "measured": measured}
 
@@ -162,6 +169,13 @@ def passed(message: str = "", **measured: Any) -> dict[str, Any]:
 def failed(message: str, **measured: Any) -> dict[str, Any]:
     """This rank's part of the case is wrong: ``message`` says what, where, and the likely mistake."""
     return {"passed": False, "message": message, "measured": measured}
+
+
+class Tolerance(TypedDict, total=False):
+    """How close floats must come (``torch.isclose``'s, ``first_difference``'s keywords); none: exactly."""
+
+    rtol: float
+    atol: float
 
 
 def first_difference(got: Any, expected: Any, rtol: float = 0.0, atol: float = 0.0) -> str | None:
@@ -191,6 +205,22 @@ def first_difference(got: Any, expected: Any, rtol: float = 0.0, atol: float = 0
         f"element {index}: {_number(a[where])}, expected {_number(b[where])} "
         f"({count} of {a.numel()} element{'s' if a.numel() != 1 else ''} wrong)"
     )
+
+
+# ---------------------------------------------------------------------------- the grader's own autograd
+
+
+def backward(output: torch.Tensor, gradient: torch.Tensor | None = None) -> None:
+    """``output.backward(gradient)``, for a grader's own computations."""
+    output.backward(gradient)  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+
+
+def grad_of(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor.grad`` after the grader's own backward, which gives every tensor it reaches one."""
+    grad = tensor.grad
+    if grad is None:
+        raise RuntimeError(f"the grader's backward left a tensor of shape {tuple(tensor.shape)} without a gradient")
+    return grad
 
 
 def _number(value: Any) -> str:

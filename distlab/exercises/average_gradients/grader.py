@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...rank.exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, backward, failed, first_difference, passed
 
 _SHAPES = (
     ("mlp", torch.float32),
@@ -63,8 +63,8 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     x = torch.randn(case["batch"], 5, generator=gen, dtype=dtype)
     y = torch.randn(case["batch"], 3, generator=gen, dtype=dtype)
 
-    nn.functional.mse_loss(reference(x), y).backward()
-    nn.functional.mse_loss(model(x), y).backward()
+    backward(nn.functional.mse_loss(reference(x), y))
+    backward(nn.functional.mse_loss(model(x), y))
     local = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
     learner["average_gradients"](model)
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...rank.exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, backward, failed, first_difference, passed
 
 # (kind, bucket cap: "tiny" smaller than any parameter, "mid" about a third of the model, "huge" one bucket)
 _KINDS = (
@@ -46,7 +46,7 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     out = []
     for kind, cap, dtype in _KINDS:
         width, batch, steps = rng.randrange(4, 17), rng.randrange(1, 9), rng.choice((2, 3))
-        case = {"kind": kind, "dtype": dtype, "width": width, "batch": batch, "steps": steps}
+        case: dict[str, Any] = {"kind": kind, "dtype": dtype, "width": width, "batch": batch, "steps": steps}
         case["seed"] = rng.randrange(2**31)
         sizes = _sizes(case)
         if cap == "tiny":
@@ -85,9 +85,12 @@ def _ready_order(case: dict[str, Any]) -> list[int]:
     order: list[int] = []
     for index, p in enumerate(model.parameters()):
         if p.requires_grad:
-            p.register_post_accumulate_grad_hook(lambda _p, index=index: order.append(index))
+            # torch leaves register_post_accumulate_grad_hook unannotated.
+            p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                lambda _p, index=index: order.append(index)
+            )
     dtype = getattr(torch, case["dtype"])
-    model(torch.zeros(1, 5, dtype=dtype)).sum().backward()
+    backward(model(torch.zeros(1, 5, dtype=dtype)).sum())
     return order
 
 
@@ -171,12 +174,12 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     for step in range(case["steps"]):
         x = torch.randn(case["batch"], 5, generator=gen, dtype=dtype)
         y = torch.randn(case["batch"], 3, generator=gen, dtype=dtype)
-        nn.functional.mse_loss(reference(x), y).backward()
+        backward(nn.functional.mse_loss(reference(x), y))
 
         loss = nn.functional.mse_loss(model(x), y)
         with _recording() as log:
             log["in_backward"] = True
-            loss.backward()
+            backward(loss)
             log["in_backward"] = False
             local = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
             wrapped.finish()
@@ -208,7 +211,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
 
 def _gradients(
     model: nn.Module,
-    reference: nn.Module,
+    reference: nn.parallel.DistributedDataParallel,
     local: dict[str, Any],
     world: int,
     tol: dict[str, float],

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from ...rank.exercise import Learner, failed, passed
 
@@ -84,8 +84,10 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
 
     problem = _problem(case, every, world)
     n, per_rank = case["length"], math.ceil(case["length"] / world)
-    torch_sampler = DistributedSampler(
-        range(n), num_replicas=world, rank=rank, shuffle=case["shuffle"], seed=case["seed"]
+    # The sampler takes only len() of its dataset: the indices themselves stand for one.
+    indices = cast("Dataset[int]", range(n))
+    torch_sampler: DistributedSampler[int] = DistributedSampler(
+        indices, num_replicas=world, rank=rank, shuffle=case["shuffle"], seed=case["seed"]
     )
     torch_sampler.set_epoch(0)
     measured = {

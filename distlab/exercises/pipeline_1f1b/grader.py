@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...rank.exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, backward, failed, first_difference, grad_of, passed
 from ...theory.pipeline import bubble_fraction, pipeline_schedule
 
 _STAGES = 2
@@ -84,9 +84,9 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     for x, y in zip(inputs, targets):
         whole.zero_grad(set_to_none=True)
         loss = loss_fn(whole(x), y)
-        loss.backward()
+        backward(loss)
         losses.append(loss.item())
-        per_micro_batch.append([p.grad.clone() for p in mine_in_whole])
+        per_micro_batch.append([grad_of(p).clone() for p in mine_in_whole])
     reference = [sum(gs) / m for gs in zip(*per_micro_batch)]
     mean_loss = sum(losses) / m
 
@@ -170,10 +170,11 @@ def _record(stage: nn.Module, r: int) -> tuple[list[str], dict[str, float]]:
         order.append(f"F{index}")
         if isinstance(out, torch.Tensor) and out.requires_grad:
             # The gradient reaching this micro-batch's output: its backward through this stage begins.
-            out.register_hook(lambda grad, index=index: order.append(f"B{index}"))
+            # torch leaves Tensor.register_hook unannotated.
+            out.register_hook(lambda grad, index=index: order.append(f"B{index}"))  # type: ignore[no-untyped-call]
         return out
 
-    stage.forward = forward  # type: ignore[method-assign]
+    stage.forward = forward
     depth = 0
 
     def timed(backward: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import random
 import statistics
 import time
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ...rank.exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, Tolerance, failed, first_difference, passed
 from ...theory import ring_allreduce_sent_bytes
 
 # The collectives a learner could reach for instead of building the ring (those this torch has).
@@ -211,7 +212,7 @@ def _collectives_used(watch: _Watch) -> str | None:
     return f"used {names}: build it from send/recv (isend/irecv) alone"
 
 
-def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+def _tolerance(dtype: torch.dtype) -> Tolerance:
     # The ring adds in another order than gloo does: equal within rounding, exactly for integers.
     if dtype == torch.float32:
         return {"rtol": 1e-5, "atol": 1e-5}
@@ -256,7 +257,7 @@ def _wrong_result(
     return f"{_explain(tensor, inputs, me, tol, one_phase)}: {where}"
 
 
-def _explain(tensor: torch.Tensor, inputs: list[torch.Tensor], me: int, tol: dict[str, float], one_phase: bool) -> str:
+def _explain(tensor: torch.Tensor, inputs: list[torch.Tensor], me: int, tol: Tolerance, one_phase: bool) -> str:
     """What the first wrong element is made of (which ranks' inputs it adds up), and the likely mistake."""
     world = len(inputs)
     got = tensor.reshape(-1)
@@ -266,7 +267,7 @@ def _explain(tensor: torch.Tensor, inputs: list[torch.Tensor], me: int, tol: dic
     first = int(wrong.nonzero()[0])
     value = got[first]
     mixes = sorted(itertools.product((0, 1, 2), repeat=world), key=lambda c: (sum(c), max(c), c))
-    mix = next((c for c in mixes if _close(value, sum(k * x[first] for k, x in zip(c, xs)), tol)), None)
+    mix = next((c for c in mixes if _close(value, _mixed(c, xs, first), tol)), None)
     ranks = [r for r in range(world) if mix and mix[r]]
     if mix is None:
         return "a wrong element is no sum of the ranks' inputs (received into the wrong place, or a wrong dtype?)"
@@ -306,7 +307,12 @@ def _explain(tensor: torch.Tensor, inputs: list[torch.Tensor], me: int, tol: dic
     )
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: dict[str, float]) -> Any:
+def _mixed(counts: tuple[int, ...], xs: list[torch.Tensor], index: int) -> torch.Tensor:
+    """Element ``index`` of the sum of ``counts[r]`` times rank r's input (summed as sum() would, without its 0)."""
+    return functools.reduce(operator.add, (k * x[index] for k, x in zip(counts, xs)))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> Any:
     if a.is_floating_point():
         return torch.isclose(a, b, **tol)
     return a == b

@@ -10,6 +10,8 @@ in forward and one in backward.
 
 from __future__ import annotations
 
+import functools
+import operator
 import random
 from typing import Any
 
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...rank.exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, Tolerance, backward, failed, first_difference, grad_of, passed
 
 _KINDS = (
     ("2-D input", "float32"),
@@ -48,11 +50,13 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: Any) -> torch.Tensor:
+def _mlp(
+    x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor | float
+) -> torch.Tensor:
     return F.gelu(x @ w1.T + b1) @ w2.T + b2
 
 
-def _shard_problem(model: Any, shards: dict[str, torch.Tensor], r: int, k: int, tol: dict[str, float]) -> str | None:
+def _shard_problem(model: Any, shards: dict[str, torch.Tensor], r: int, k: int, tol: Tolerance) -> str | None:
     """What is wrong with the shards the learner kept on this rank, in words (None if right)."""
     where = (
         f"rank {r} keeps rows {r * k}:{(r + 1) * k} of w1 and b1, columns {r * k}:{(r + 1) * k} of w2, and all of b2"
@@ -102,17 +106,17 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     w2, b2 = draw(d, hidden, scale=hidden**-0.5), draw(d) + 1.0  # b2 far from 0: added N times shows
     x = draw(*case["shape"])
     grad_y = draw(*case["shape"][:-1], d)
-    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    tol: Tolerance = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
 
     # The unsplit MLP, in this process.
     full = [t.clone().requires_grad_() for t in (x, w1, b1, w2, b2)]
     y_ref = _mlp(*full)
-    y_ref.backward(grad_y)
-    gx_ref, gw1_ref, gb1_ref, gw2_ref, gb2_ref = (t.grad for t in full)
+    backward(y_ref, grad_y)
+    gx_ref, gw1_ref, gb1_ref, gw2_ref, gb2_ref = (grad_of(t) for t in full)
     # This rank's part alone, as a rank computes it before any all-reduce.
     mine = [t.clone().requires_grad_() for t in (x, w1[rows], b1[rows], w2[:, rows])]
-    partial = _mlp(*mine, 0.0)
-    partial.backward(grad_y)
+    partial = _mlp(mine[0], mine[1], mine[2], mine[3], 0.0)
+    backward(partial, grad_y)
     gx_partial = mine[0].grad
 
     model = learner["TPMLP"](w1.clone(), b1.clone(), w2.clone(), b2.clone())
@@ -223,7 +227,7 @@ def _output_mistake(
     rows: slice,
     n: int,
     k: int,
-    tol: dict[str, float],
+    tol: Tolerance,
 ) -> str:
     """The likely mistake behind a wrong output, in words."""
     y = y.detach()
@@ -239,8 +243,9 @@ def _output_mistake(
         )
     blocks = [slice(s * k, (s + 1) * k) for s in range(n)]
     with torch.no_grad():
-        after_gelu = sum(F.gelu(x @ w1[b].T + b1[b]) for b in blocks) @ w2[:, rows].T + b2
-        before_gelu = F.gelu(sum(x @ w1[b].T + b1[b] for b in blocks)) @ w2[:, rows].T + b2
+        # Summed as sum() would, without its 0 to start from (the blocks are never none).
+        after_gelu = functools.reduce(operator.add, (F.gelu(x @ w1[b].T + b1[b]) for b in blocks)) @ w2[:, rows].T + b2
+        before_gelu = F.gelu(functools.reduce(operator.add, (x @ w1[b].T + b1[b] for b in blocks))) @ w2[:, rows].T + b2
     if any(first_difference(y, wrong, **tol) is None for wrong in (after_gelu, before_gelu)):
         return (
             "the all-reduce is in the wrong place: it sums the hidden layer, whose slices hold different features "

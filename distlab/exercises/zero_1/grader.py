@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...rank.exercise import Learner, failed, first_difference, passed
+from ...rank.exercise import Learner, Tolerance, backward, failed, first_difference, grad_of, passed
 from ...theory import memory_breakdown
 
 _BETAS = (0.9, 0.999)
 _EPS = 1e-8
-_TOL = {"rtol": 1e-5, "atol": 1e-6}
+_TOL: Tolerance = {"rtol": 1e-5, "atol": 1e-6}
 
 # (kind, loss scale): 1e-7 makes gradients small enough for eps to matter (see the module's text).
 _KINDS = (("mlp", 1e-7), ("deep", 1.0), ("deep", 1e-7))
@@ -134,14 +134,14 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
         x, y = torch.randn(case["batch"], case["inputs"], generator=gen), torch.randn(case["batch"], 3, generator=gen)
         model.zero_grad(set_to_none=True)
         adam.zero_grad(set_to_none=True)
-        (case["scale"] * nn.functional.mse_loss(reference(x), y)).backward()
-        (case["scale"] * nn.functional.mse_loss(model(x), y)).backward()
+        backward(case["scale"] * nn.functional.mse_loss(reference(x), y))
+        backward(case["scale"] * nn.functional.mse_loss(model(x), y))
         mean = _flat(p.grad for p in reference.parameters())
         dist.all_reduce(mean)  # the grader's own: on every rank, every step
         mean /= world
         offset = 0
         for p in reference.parameters():
-            p.grad.copy_(mean[offset : offset + p.numel()].view_as(p))
+            grad_of(p).copy_(mean[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         before = _flat(params)
         adam.step()
