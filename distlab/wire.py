@@ -17,12 +17,12 @@ __all__ = [
     "RELEASE_REQUEST",
     "CellError",
     "CellReply",
+    "CollectiveEntry",
     "EngineIdentity",
     "GroupSpec",
-    "RankJoined",
-    "CollectiveEntry",
     "ProgressBar",
     "ProgressPublish",
+    "RankJoined",
 ]
 
 #: The file name a learner's code carries on an exercise's grading ranks (``rank.exercise``): the

@@ -171,7 +171,9 @@ def findings(source: str, makers: set[str] | frozenset[str] = SHIPPED_MAKERS) ->
                 why = ".numpy() fails on a CUDA tensor: call .cpu().numpy()"
         cpu = [a for a in [*node.args[:1], *(k.value for k in node.keywords if k.arg in ("device", "device_type"))]
                if isinstance(a, ast.Constant) and a.value == "cpu"]
-        named = name.endswith("init_device_mesh") or name == "torch.device" or any(k.arg == "device" for k in node.keywords)
+        named = (
+            name.endswith("init_device_mesh") or name == "torch.device" or any(k.arg == "device" for k in node.keywords)
+        )
         if not why and cpu and named:
             why = f'{name or "a call"}(..."cpu"...) names the CPU: use device.type or device'
         if why:

@@ -126,7 +126,7 @@ class JupyterLab:
             except psutil.NoSuchProcess:
                 pass
 
-    def __enter__(self) -> JupyterLab:  # noqa: PYI034 - start() returns self
+    def __enter__(self) -> JupyterLab:  # start() returns self
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

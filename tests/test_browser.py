@@ -173,7 +173,7 @@ def _answer_quiz(quiz: Any) -> list[str]:
             verdict = quiz.locator(".widget-html-content", has_text="The answer:")
         try:
             verdicts.append(verdict.first.inner_text(timeout=VERDICT_MS).strip())
-        except Exception as error:  # noqa: BLE001 - playwright's TimeoutError: say what the page showed
+        except Exception as error:  # playwright's TimeoutError: say what the page showed
             raise AssertionError(f"no verdict on the page; the quiz read:\n{quiz.inner_text()}") from error
         before = header.inner_text()
         quiz.locator("button", has_text=re.compile(r"^\s*(Next|Finish)\s*$")).click()

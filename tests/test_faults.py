@@ -55,9 +55,11 @@ def _kill_every_rank_in_turn(lab, rounds: int, every_way: bool = True) -> list[f
                 # Generous: survivors left to wait out the collective timeout would take lab.timeout.
                 # How fast a death is named is measured in benchmarks/bench_faults.py.
                 assert delay < lab.timeout / 2, f"{how}, victim {victim}: the survivors waited {delay:.2f} s"
-                assert [row.health for row in lab.status()] == ["dead" if r == victim else "ok" for r in range(lab.world_size)]
+                health = [row.health for row in lab.status()]
+                assert health == ["dead" if r == victim else "ok" for r in range(lab.world_size)]
                 lab.restart()
-                assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {r: float(lab.world_size) for r in range(lab.world_size)}
+                summed = dict(lab.run(ALL_REDUCE_ONE, stream=False))
+                assert summed == dict.fromkeys(range(lab.world_size), float(lab.world_size))
     return delays
 
 
@@ -116,8 +118,9 @@ def test_ranks_stuck_in_different_collectives_are_all_released_with_their_namesp
         lab.run("if rank == 0:\n    dist.all_reduce(torch.ones(4))\nelse:\n    dist.broadcast(torch.ones(4), 1)\n",
                 timeout=2, stream=False)
     assert time.monotonic() - t0 < lab.timeout / 2  # ended near its deadline, not at the group's timeout
-    assert "the ranks disagree on what it is (rank 0 all_reduce of [4] float32, rank 1 broadcast of [4] float32)" in str(
-        info.value
+    assert (
+        "the ranks disagree on what it is (rank 0 all_reduce of [4] float32, rank 1 broadcast of [4] float32)"
+        in str(info.value)
     )
     assert [row.pid for row in lab.status()] == pids  # released, not killed
     assert dict(lab.run("kept", stream=False)) == {0: 0, 1: 10}
@@ -144,7 +147,8 @@ def test_with_debug_a_shape_mismatch_is_named_on_every_rank_by_the_rank_itself(l
     for rank in (0, 1):
         failure = info.value.failures[rank]
         assert failure.ename != "Stopped", str(info.value)  # each rank found it itself
-        assert "mismatch" in failure.evalue.lower() and "TensorShape=[1]" in failure.evalue and "TensorShape=[2]" in failure.evalue
+        assert "mismatch" in failure.evalue.lower()
+        assert "TensorShape=[1]" in failure.evalue and "TensorShape=[2]" in failure.evalue
     assert dict(lab.run(ALL_REDUCE_ONE, stream=False)) == {0: 2.0, 1: 2.0}
 
 
@@ -223,7 +227,7 @@ def test_restart_at_a_new_size_continues_from_the_last_checkpoint_with_the_data_
     lab.push(CKPT=str(tmp_path))
     lab.run(TRAIN_ONE_EPOCH, stream=False)
     after = lab.run("(world_size, epoch, resumed, seen, step)", stream=False)
-    for rank, (world, epoch, resumed, seen, step) in after.items():
+    for world, epoch, resumed, _seen, step in after.values():
         assert (world, epoch) == (3, 1)
         assert all(torch.equal(a, b) for a, b in zip(resumed, saved[0][1]))  # weights of the last checkpoint
         assert step == 12 + 8  # 24 samples over 3 ranks

@@ -36,7 +36,8 @@ def test_auto_shares_one_gpu_between_two_ranks_over_gloo_and_says_so(lab_factory
     assert [r.device for r in lab.status()] == ["cuda:0", "cuda:0"]
     assert "in turn" in lab.note and "NCCL needs a GPU per rank" in lab.note
     got = lab.run(
-        "t = torch.arange(4.0, device=device) + rank\ndist.all_reduce(t)\n(t.device.type, dist.get_backend(), t.tolist())",
+        "t = torch.arange(4.0, device=device) + rank\ndist.all_reduce(t)\n"
+        "(t.device.type, dist.get_backend(), t.tolist())",
         stream=False,
     )
     assert got == {0: ("cuda", "gloo", [1.0, 3.0, 5.0, 7.0]), 1: ("cuda", "gloo", [1.0, 3.0, 5.0, 7.0])}
@@ -105,7 +106,8 @@ def test_watch_times_buckets_with_cuda_events_as_the_profiler_does(lab_factory):
 def test_memory_of_a_watched_cuda_step_is_read_from_torch_cuda(lab_factory):
     lab = lab_factory(ranks=1, backend="nccl")
     got = lab.run(
-        "model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).to(device)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))"
+        ".to(device)\n"
         "opt = torch.optim.Adam(model.parameters())\n"
         "w = distlab.watch(model, stats_every=0, checksum_every=0)\n"
         "x = torch.randn(256, 1024, device=device)\n"

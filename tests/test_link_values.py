@@ -39,7 +39,9 @@ def test_a_rate_too_small_for_a_token_bucket_is_refused():
         parse_rate("1kbit")
 
 
-@pytest.mark.parametrize("value, seconds", [("200us", 200e-6), ("1ms", 1e-3), ("0.5s", 0.5), (0.002, 0.002), ("0ms", 0.0)])
+@pytest.mark.parametrize(
+    "value, seconds", [("200us", 200e-6), ("1ms", 1e-3), ("0.5s", 0.5), (0.002, 0.002), ("0ms", 0.0)]
+)
 def test_durations_in_us_ms_s_or_seconds(value, seconds):
     assert parse_duration(value) == pytest.approx(seconds)
 

@@ -25,7 +25,10 @@ BAD_BEFORE_START = [
     ("dist", "start -n 2 --nodes 2 --link fast", "--link must be a bandwidth with a unit, like --link 1gbit"),
     ("dist", "start -n 2 --nodes 2 --link 1gbit --latency=-1ms", "--latency must be >= 0"),
     ("dist", "start -n 2 --nodes 2 --link 1gbit --latency soon", "--latency must be a time with a unit"),
-    ("dist", "start -n 2 --link 1gbit", "--link sets the network between nodes: give --nodes too, like --nodes 2 --link"),
+    (
+        "dist", "start -n 2 --link 1gbit",
+        "--link sets the network between nodes: give --nodes too, like --nodes 2 --link",
+    ),
     ("dist", "start -n 2 --nodes 2 --launcher mpi", "--nodes starts the ranks in namespaces"),
     ("dist", "link 1gbit", "no lab is running"),
     ("dist", "launch", "unknown subcommand 'launch'"),

@@ -145,7 +145,7 @@ def test_a_collective_some_ranks_never_reach_is_diagnosed_and_released_across_no
     text = str(info.value)
     assert re.search(r"rank 0,2 waited in it", text) and re.search(r"rank 1,3 never arrived", text), text
     assert [r.pid for r in nodes_lab.status()] == pids  # released, not killed
-    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == dict.fromkeys(range(4), 4.0)
 
 
 def test_interrupting_the_notebook_stops_the_cell_on_every_node(nodes_lab):
@@ -164,7 +164,7 @@ def test_interrupting_the_notebook_stops_the_cell_on_every_node(nodes_lab):
         signal.signal(signal.SIGINT, before)
     assert set(info.value.ranks) == {0, 1, 2, 3}
     assert [r.pid for r in nodes_lab.status()] == pids and all(r.health == "ok" for r in nodes_lab.status())
-    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == dict.fromkeys(range(4), 4.0)
 
 
 def test_ranks_all_stuck_on_two_nodes_are_released_over_the_control_channel(nodes_lab):
@@ -177,7 +177,7 @@ def test_ranks_all_stuck_on_two_nodes_are_released_over_the_control_channel(node
     assert "the ranks disagree on what it is" in str(info.value)
     assert [r.pid for r in nodes_lab.status()] == pids
     assert dict(nodes_lab.run("kept", stream=False)) == {0: 0, 1: 10, 2: 20, 3: 30}
-    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == dict.fromkeys(range(4), 4.0)
 
 
 def test_a_killed_rank_on_another_node_is_named_and_restart_brings_the_nodes_back(nodes_lab):
@@ -189,7 +189,7 @@ def test_a_killed_rank_on_another_node_is_named_and_restart_brings_the_nodes_bac
     nodes_lab.restart()
     assert [r.host for r in nodes_lab.status()] == ["node0", "node0", "node1", "node1"]
     assert nodes_lab._network.subnet == subnet  # the same network: only the engines were replaced
-    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == {r: 4.0 for r in range(4)}
+    assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == dict.fromkeys(range(4), 4.0)
 
 
 def test_watch_publishes_every_ranks_all_reduces_across_nodes(nodes_lab):

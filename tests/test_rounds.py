@@ -158,5 +158,5 @@ def test_a_run_without_checksums_or_steps_is_refused_with_the_fix():
         rec["checksum"] = None
     with pytest.raises(ValueError, match="checksum_every=1"):
         rounds.round_table(records, meta)
-    with pytest.raises(ValueError, match="distlab.watch"):
+    with pytest.raises(ValueError, match=r"distlab.watch"):
         rounds.round_table([], {})

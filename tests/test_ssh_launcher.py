@@ -147,8 +147,7 @@ def _start_sshd(nodes: SshNodes, node: int, host_key: str) -> None:
             MaxStartups 50
             Subsystem sftp internal-sftp
             """))
-    log = open(os.path.join(nodes.folder, f"sshd{node}.log"), "w")
-    with log:
+    with open(os.path.join(nodes.folder, f"sshd{node}.log"), "w") as log:
         # Under the node's prefix: the node's network, and its host name (ssh sessions inherit both).
         nodes.sshd.append(subprocess.Popen(
             [*nodes.net.exec_prefix(node), SSHD, "-D", "-e", "-f", config],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -65,13 +66,13 @@ def _train(model: torch.nn.Module, steps: int, opt: torch.optim.Optimizer | None
 
 
 def test_watch_options_are_checked_and_errors_name_the_fix():
-    with pytest.raises(TypeError, match="unknown option.*stats_evry.*stats_every"):
+    with pytest.raises(TypeError, match=r"unknown option.*stats_evry.*stats_every"):
         watch(_model(), stats_evry=3)
     with pytest.raises(ValueError, match="checksum_every must be >= 0, like checksum_every=10"):
         watch(_model(), checksum_every=-1)
     with pytest.raises(ValueError, match="publish_interval_s must be a number of seconds > 0"):
         watch(_model(), publish_interval_s=0)
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch.nn.Module"):
         watch("not a model")
 
 
@@ -143,7 +144,7 @@ def test_publishes_are_rate_limited_and_carry_overlapping_windows():
     assert 2 <= len(live) <= elapsed / interval + 2
     # Every step reached the client, and consecutive windows overlap: losing one publish loses nothing.
     assert sorted({r["step"] for p in payloads for r in p["records"]}) == list(range(60))
-    for a, b in zip(live, live[1:]):
+    for a, b in itertools.pairwise(live):
         assert {r["step"] for r in a["records"]} & {r["step"] for r in b["records"]}
     assert w.publishes == len(sent)
 

@@ -189,8 +189,9 @@ def test_the_script_holds_the_cells_in_order_and_says_what_it_lacks():
     assert "\ndist.destroy_process_group(g)\n" in text
     assert "\npass  # the group is made at this script's top, destroyed at its end (in the lab, it stayed up): " \
            "dist.destroy_process_group()\n" in text
+    # A comment after it is no code.
     assert "\npass  # the group is made at this script's top, destroyed at its end (in the lab, it stayed up): " \
-           "dist.init_process_group(rank=rank)  # NCCL on GPUs, gloo otherwise\n" in text  # a comment after it is no code
+           "dist.init_process_group(rank=rank)  # NCCL on GPUs, gloo otherwise\n" in text
     assert "import distlab" not in text  # no cell uses it
     assert [note.split(":")[0] for note in script.notes] == [
         "names the lab pushed to the ranks (lab.push) are not defined here",
@@ -440,7 +441,8 @@ def test_an_export_runs_under_torchrun_and_trains_to_the_labs_weights_bit_for_bi
     weights = tmp_path / "weights.pt"
     cells = [
         ("", ("import os\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n\ndef setup():\n"
-             '    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))'
+             '    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), '
+             'world_size=int(os.environ["WORLD_SIZE"]))'
              f"\n\n\nsetup()\nout_path = {str(weights)!r}\n")),
         ("", ("torch.manual_seed(0)\n"
               "model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))\n"

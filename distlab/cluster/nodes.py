@@ -169,7 +169,9 @@ def _subnets_in_use() -> list[ipaddress.IPv4Network]:
     return used
 
 
-def check_subnet(value: object, nodes: int, spelling: tuple[str, str] = ("subnet", 'subnet="198.18.7.0/24"')) -> ipaddress.IPv4Network:
+def check_subnet(
+    value: object, nodes: int, spelling: tuple[str, str] = ("subnet", 'subnet="198.18.7.0/24"')
+) -> ipaddress.IPv4Network:
     """``value`` as an IPv4 network with room for ``nodes`` nodes and the switch."""
     name, example = spelling
     try:
@@ -192,7 +194,9 @@ def pick_subnet(nodes: int, asked: object = None) -> ipaddress.IPv4Network:
         net = check_subnet(asked, nodes)
         clash = next((u for u in used if u.overlaps(net)), None)
         if clash is not None:
-            raise LabUsageError(f"subnet {net} overlaps {clash}, which another lab is using: choose another, or leave it out")
+            raise LabUsageError(
+                f"subnet {net} overlaps {clash}, which another lab is using: choose another, or leave it out"
+            )
         return net
     for net in DEFAULT_POOL.subnets(new_prefix=_LAB_PREFIX):
         if not any(u.overlaps(net) for u in used):
@@ -325,8 +329,8 @@ class Network:
                 half = f"{link.latency_s / 2 * 1e6:.0f}us"
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", half],
                      "delaying a link")
-                _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *_tbf(link.rate_bps)],
-                     "shaping a link")
+                shaper = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"]
+                _run([*shaper, *_tbf(link.rate_bps)], "shaping a link")
             else:
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *_tbf(link.rate_bps)], "shaping a link")
 

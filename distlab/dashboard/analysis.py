@@ -315,8 +315,9 @@ def trace_rows(records: Sequence[StepRecord], ranks: Sequence[int], last_steps: 
             buckets = rec.get("allreduce") or []
             if buckets:
                 size = sum(b["bytes"] for b in buckets)
+                plural = "s" if len(buckets) != 1 else ""
                 rows.append(TraceRow(
-                    step, epoch, rank, f"all-reduce gradients ({len(buckets)} bucket{'s' if len(buckets) != 1 else ''}, {size / 1e6:.2f} MB)",
+                    step, epoch, rank, f"all-reduce gradients ({len(buckets)} bucket{plural}, {size / 1e6:.2f} MB)",
                     f"waited {rec.get('comm_s', 0.0) * 1e3:.1f} ms after backward",
                     f"gradients averaged over {world} ranks",
                 ))

@@ -3,8 +3,9 @@
 On a lab's ranks tqdm draws nothing: each bar reports its state (``rank.progress``), and each rank
 publishes all of its bars under ``wire.PROGRESS_KEY``. :class:`CellProgress` listens to one cell's
 polls (:class:`ProgressBars`, an observer of every ``Lab``, adds one to each cell that streams its
-output, the ``%%ddp`` magic's and ``lab.run``'s): the first time a rank's ``AsyncResult.data`` holds bars, it displays one widget, a
-row per bar (``rank N desc`` | the bar | ``n/total [elapsed<remaining, rate]``; ``progress_view``),
+output, the ``%%ddp`` magic's and ``lab.run``'s): the first time a rank's ``AsyncResult.data`` holds
+bars, it displays one widget, a row per bar (``rank N desc`` | the bar |
+``n/total [elapsed<remaining, rate]``; ``progress_view``),
 and redraws the rows that changed within a message budget. At the cell's end the display becomes
 text (and HTML) of each bar's last state, which is what the saved notebook keeps. Outside a kernel
 (a script driving a lab) that text is printed at the end.

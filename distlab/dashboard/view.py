@@ -113,11 +113,13 @@ class Dashboard(widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type
         }
         self.status = meter.MeteredLabel(value="waiting for telemetry: call distlab.watch(model) on the ranks")
         grid = widgets.GridBox(
-            children=[self.figures[name] for name in ("loss", "divergence", "timeline", "heatmap", "link", "memory", "trace")],
+            children=[
+                self.figures[name] for name in ("loss", "divergence", "timeline", "heatmap", "link", "memory", "trace")
+            ],
             layout=widgets.Layout(grid_template_columns="repeat(2, minmax(0, 1fr))", width="100%"),
         )
         super().__init__(children=[self.status, grid])
-        self._drawn = {name: -1 for name in self.figures}  # store version each figure shows
+        self._drawn = dict.fromkeys(self.figures, -1)  # store version each figure shows
         self._order = list(self.figures)  # least recently drawn first
         self._metered: dict[str, Any] = {**self.figures, "status": self.status}
         self._window = meter.MessageWindow(self.config.max_messages_per_s)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import checks
 from ..errors import LabUsageError
@@ -29,7 +29,8 @@ _SPELLING = {
     },
     "magic": {
         "ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug"),
-        "nodes": ("--nodes", "--nodes 2"), "link": ("--link", "--link 1gbit"), "latency": ("--latency", "--latency 200us"),
+        "nodes": ("--nodes", "--nodes 2"), "link": ("--link", "--link 1gbit"),
+        "latency": ("--latency", "--latency 200us"),
         "subnet": ("--subnet", "--subnet 198.18.7.0/24"), "launcher": ("--launcher", "--launcher local"),
     },
 }
@@ -39,7 +40,9 @@ _SECONDS = "a number of seconds"
 
 
 # Where a batch system or Open MPI is told of more than one host: mpiexec then starts ranks there.
-_HOSTFILE_VARIABLES = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_rmaps_base_hostfile", "PRTE_MCA_prte_default_hostfile")
+_HOSTFILE_VARIABLES = (
+    "OMPI_MCA_orte_default_hostfile", "OMPI_MCA_rmaps_base_hostfile", "PRTE_MCA_prte_default_hostfile"
+)
 _NODE_COUNTS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 _NODE_LISTS = ("PBS_NODEFILE", "LSB_DJOB_HOSTFILE")
 

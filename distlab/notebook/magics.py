@@ -69,7 +69,9 @@ def _start_parser() -> MagicArgumentParser:
     p.add_argument("--timeout", type=_text, default=30.0, help="seconds any wait may take")
     p.add_argument("--launcher", default="local", help="ipyparallel engine launcher: local, mpi, ssh, slurm, ...")
     p.add_argument("--debug", action="store_true", help="torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
-    p.add_argument("--nodes", type=_text, default=None, help="emulated nodes (network namespaces) to spread the ranks over")
+    p.add_argument(
+        "--nodes", type=_text, default=None, help="emulated nodes (network namespaces) to spread the ranks over"
+    )
     p.add_argument("--link", default=None, help="each node's link, both ways, like 1gbit or 100mbit")
     p.add_argument("--latency", default=None, help="one-way delay between nodes, like 200us (needs netem)")
     p.add_argument("--subnet", default=None, help="the nodes' IPv4 subnet (default: a free /24 of 198.18.0.0/15)")
@@ -219,11 +221,15 @@ class DistMagics(Magics):
     def _link(self, args: argparse.Namespace) -> None:
         lab = self._running_lab()
         if lab.config.nodes is None:
-            raise UsageError("%dist link needs a lab on emulated nodes: start one like %dist start -n 4 --nodes 2 --link 1gbit")
+            raise UsageError(
+                "%dist link needs a lab on emulated nodes: start one like %dist start -n 4 --nodes 2 --link 1gbit"
+            )
         try:
             if args.rate is None:
                 if args.latency is not None:
-                    raise LabUsageError("--latency delays a shaped link: give a rate too, like %dist link 1gbit --latency 1ms")
+                    raise LabUsageError(
+                        "--latency delays a shaped link: give a rate too, like %dist link 1gbit --latency 1ms"
+                    )
                 link = lab.link
             else:
                 rate = None if args.rate == "off" else args.rate
@@ -262,7 +268,9 @@ class DistMagics(Magics):
                 path = lab.export(file)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
-        print(f"wrote {path}; torchrun runs it as it is: torchrun --standalone --nproc_per_node={lab.world_size} {path}")
+        print(
+            f"wrote {path}; torchrun runs it as it is: torchrun --standalone --nproc_per_node={lab.world_size} {path}"
+        )
         for warning in caught:
             print(f"note: {warning.message}")  # what the script lacks of what ran
 

@@ -117,7 +117,8 @@ def _patch() -> None:
         watch = _current
         if watch is not None:
             # Taken before start(), which forgets the target; the stack without this frame.
-            watch.started.append(_Started(self, _target_name(self), traceback.StackSummary.from_list(traceback.extract_stack()[:-1])))
+            stack = traceback.StackSummary.from_list(traceback.extract_stack()[:-1])
+            watch.started.append(_Started(self, _target_name(self), stack))
         start(self)
 
     def stopping(original: Callable[[BaseProcess], None]) -> Callable[[BaseProcess], None]:

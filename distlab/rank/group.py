@@ -13,7 +13,6 @@ import socket
 import time
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist

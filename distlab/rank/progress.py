@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
-from .publish import PUBLISH_INTERVAL_S, Publisher, Sender, rank_publisher
 from . import hooks
+from .publish import PUBLISH_INTERVAL_S, Publisher, Sender, rank_publisher
 
 __all__ = ["PUBLISH_INTERVAL_S", "flush", "install", "installed", "uninstall"]
 

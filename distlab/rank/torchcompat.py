@@ -258,7 +258,8 @@ def replace_group_functions(
     """
     c10d = dist.distributed_c10d
     torch_init, torch_destroy = c10d.init_process_group, c10d.destroy_process_group
-    for name, ours, theirs in (("init_process_group", init, torch_init), ("destroy_process_group", destroy, torch_destroy)):
+    replaced = (("init_process_group", init, torch_init), ("destroy_process_group", destroy, torch_destroy))
+    for name, ours, theirs in replaced:
         replacement = _forwarding(ours, theirs)
         setattr(c10d, name, replacement)
         setattr(dist, name, replacement)

@@ -242,7 +242,9 @@ class Watch:
             "grad_bytes": self.layers.grad_bytes,
             "initial_checksums": dict(self.initial_checksums),
             "timed": self._timer is not None or (self._observer is not None and self._observer.timings is not None),
-            "memory": None if not self.config.track_memory else ("cuda" if self._cuda is not None else "cpu: live tensors"),
+            "memory": (
+                None if not self.config.track_memory else ("cuda" if self._cuda is not None else "cpu: live tensors")
+            ),
             "layout": self._layout,
             "config": {
                 "stats_every": self.config.stats_every,
@@ -361,7 +363,9 @@ class Watch:
     def _replica_checksums(self) -> dict[str, int]:
         """Checksums of the layers every rank holds whole: a sharded layer's shards differ by design."""
         sums = self.layers.checksums()
-        return {name: value for name, value in sums.items() if name not in self.layers.sharded} if self.layers.sharded else sums
+        if not self.layers.sharded:
+            return sums
+        return {name: value for name, value in sums.items() if name not in self.layers.sharded}
 
     def _model_memory(self) -> dict[str, int]:
         held = model_memory(self.layers.params)
