@@ -206,9 +206,14 @@ for k in STEPS:
 print(f"the line: T(k) = {fixed_s * 1e3:.0f} ms + k x {step_s * 1e3:.1f} ms; "
       f"theory.training_time_s(1000, step) = {theory.training_time_s(1000, step_s):.0f} s for 1,000 batches")
 
-# %% tags=["nbval-check-output"]
-print("time is linear in the number of batches (every T(k) within 10% of the line):",
-      all(abs(T[k] - line[k]) < 0.10 * T[k] for k in STEPS))
+# %% [markdown]
+# On a quiet machine every T(k) lies within a few percent of the line (at most 2.2% in the runs made
+# while writing this lab). The residuals are shown, not checked: other work that comes and goes on the
+# machine (on 2 shared cores, anything else running) can slow every repeat of one k and spare another,
+# and the fastest of five no longer lands on the line (8% off in a run beside a test suite).
+
+# %%
+print(f"largest residual from the line: {max(abs(T[k] - line[k]) / T[k] for k in STEPS):.1%}")
 
 # %% [markdown]
 # ### Speed-up, efficiency, weak scaling
@@ -262,23 +267,24 @@ print(f"step on 2 ranks: measured {t2 / JOB * 1e3:.0f} ms; cost model {(t1 / JOB
 lab.dashboard()
 
 # %% [markdown]
-# What the checks below hold to: the 2 ranks trained the same model as 1 rank (the same global batch,
-# so the same job, up to float rounding since the sum is taken in a different order); they finished it
-# faster, with a speed-up above 1.3; and the cost model, which leaves out the two effects just
-# measured, is an upper bound: the measured speed-up stays under it (5% allowed for noise) and reaches
-# at least 65% of it (78-91% in the runs made while writing this lab). The weak-scaling efficiency is
-# printed, not checked: on this machine it also pays for the two ranks computing side by side
-# (measured above), which the model, counting only communication, leaves out; with a device per rank
-# it would come closer to the model's.
+# What the check below holds to: the 2 ranks trained the same model as 1 rank (the same global batch,
+# so the same job, up to float rounding since the sum is taken in a different order).
 #
-# On a loaded machine the speed-up drops first: one rank alone has the second core to absorb whatever
-# else runs, two ranks have none.
+# The speed-up is printed above, not checked. In the runs made while writing this lab on a quiet
+# 2-core machine it was 1.4 to 1.6, 78-91% of the cost model's, which leaves out the two effects just
+# measured and so is an upper bound there. On a loaded machine the speed-up drops first: one rank alone
+# has the second core to absorb whatever else runs, two ranks have none. With one other busy process,
+# the single rank still has a core of its own while the two ranks share two cores three ways, and the
+# speed-up can fall to about 1; and load that comes and goes can spare the two-rank runs and slow the
+# one-rank runs, which pushes the measurement up to the model and past it. The weak-scaling efficiency
+# is printed, not checked either: on a quiet machine it also pays for the two ranks computing side by
+# side (measured above), which the model, counting only communication, leaves out, and with a device
+# per rank it would come closer to the model's; beside other work it can even come out above 100%, for
+# the same reason as the speed-up.
 
 # %% tags=["nbval-check-output"]
 print("2 ranks trained the same model as 1 rank:",
       all(torch.allclose(a, b, atol=1e-5) for a, b in zip(w1, w2)))
-print("2 ranks finish the same job faster than 1 (speed-up above 1.3):", speedup > 1.3)
-print("measured speed-up between 65% and 105% of the cost model's:", 0.65 < speedup / predicted < 1.05)
 
 # %% [markdown]
 # ## From 2 to N, with the cost model
