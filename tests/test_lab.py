@@ -161,7 +161,9 @@ def test_ranks_waiting_on_a_failed_rank_are_released_even_when_a_ddp_model_holds
     pids = [row.pid for row in lab.status()]
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
-        lab.run("if rank == 0:\n    raise KeyError('no such batch')\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False)
+        lab.run(
+            "if rank == 0:\n    raise KeyError('no such batch')\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False
+        )
     assert time.monotonic() - t0 < lab.timeout / 2  # released, not left to wait out the timeout
     assert info.value.failures[1].ename == "Stopped"
     assert not any("killed" in note or "restarted" in note for note in info.value.notes)
@@ -191,7 +193,9 @@ def test_interrupting_the_kernel_stops_the_cell_on_every_rank(lab):
     try:
         with pytest.raises(RankError) as info:
             # rank 1 sleeps in Python; rank 0 waits in a gloo all-reduce that rank 1 never joins
-            lab.run("import time\nif rank == 1:\n    time.sleep(60)\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False)
+            lab.run(
+                "import time\nif rank == 1:\n    time.sleep(60)\nt = torch.ones(1)\ndist.all_reduce(t)", stream=False
+            )
     finally:
         signal.signal(signal.SIGINT, before)
     stopped = time.monotonic() - t0 - 1.0
@@ -306,7 +310,7 @@ def test_stop_leaves_no_process_behind(lab_factory):
     engine_pids = [row.pid for row in lab.status()]
     lab.stop()
     assert not lab.running
-    gone, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=5)
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=5)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}"
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in engine_pids)
 
@@ -345,7 +349,7 @@ def test_four_ranks_all_reduce_and_group_by_host(lab_factory):
     lab = lab_factory(ranks=4)
     assert [r.local_rank for r in lab.table] == [0, 1, 2, 3]
     values = lab.run("t = torch.tensor([float(rank)]); dist.all_reduce(t); (world_size, t.item())", stream=False)
-    assert dict(values) == {r: (4, 6.0) for r in range(4)}
+    assert dict(values) == dict.fromkeys(range(4), (4, 6.0))
 
 
 def test_stopping_a_lab_lets_each_rank_exit_as_python_would(lab_factory, tmp_path):

@@ -27,9 +27,9 @@ def grade_notebook(path: str, names: list[str] | None = None, timeout: float = 6
     from nbclient import NotebookClient
 
     # nbformat's read and new_code_cell are unannotated.
-    notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
+    notebook = nbformat.read(path, as_version=4)
     chosen = json.dumps(names)
-    notebook.cells.append(nbformat.v4.new_code_cell(  # type: ignore[no-untyped-call]
+    notebook.cells.append(nbformat.v4.new_code_cell(
         "import json as _json, distlab.exercises as _exercises\n"
         f"print({_MARK!r} + _json.dumps(_exercises.grade_all(names={chosen})))"
     ))

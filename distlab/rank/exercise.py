@@ -212,7 +212,7 @@ def first_difference(got: Any, expected: Any, rtol: float = 0.0, atol: float = 0
 
 def backward(output: torch.Tensor, gradient: torch.Tensor | None = None) -> None:
     """``output.backward(gradient)``, for a grader's own computations."""
-    output.backward(gradient)  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+    output.backward(gradient)
 
 
 def grad_of(tensor: torch.Tensor) -> torch.Tensor:

@@ -143,7 +143,7 @@ def _tensor_bytes(value: Any) -> int:
 
 
 # torch's TorchDispatchMode is untyped: defining a subclass calls its __init_subclass__.
-class OpObserver(torchcompat_dispatch.DispatchMode):  # type: ignore[no-untyped-call]
+class OpObserver(torchcompat_dispatch.DispatchMode):
     """A dispatch mode that times collectives into ``timings`` and counts new tensors into ``memory``.
 
     Either may be None (off). The watch swaps ``timings`` for each step's list.

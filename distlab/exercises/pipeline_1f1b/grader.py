@@ -171,7 +171,7 @@ def _record(stage: nn.Module, r: int) -> tuple[list[str], dict[str, float]]:
         if isinstance(out, torch.Tensor) and out.requires_grad:
             # The gradient reaching this micro-batch's output: its backward through this stage begins.
             # torch leaves Tensor.register_hook unannotated.
-            out.register_hook(lambda grad, index=index: order.append(f"B{index}"))  # type: ignore[no-untyped-call]
+            out.register_hook(lambda grad, index=index: order.append(f"B{index}"))
         return out
 
     stage.forward = forward
