@@ -224,7 +224,11 @@ def test_definitions_unpacked_on_a_rank_see_that_ranks_names_and_are_named_as_th
         where,
     )
     blob = cloudpickle.dumps({"f": where["f"]})
-    monkeypatch.setattr(namespace, "_fallback", {"world_size": 3, "rank": 2, "other": 1})
+    # This rank's namespace, whether or not an earlier test left an IPython shell in this process
+    # (with one, the rank side reads the shell's user_ns, as on an engine).
+    rank_names = {"world_size": 3, "rank": 2, "other": 1}
+    monkeypatch.setattr(namespace, "_fallback", rank_names)
+    monkeypatch.setattr(rank_side, "user_namespace", lambda: rank_names)
     learner = rank_side.Learner(blob)
     assert learner["f"]() == 32  # this rank's world_size and rank, not the learner lab's
     assert learner["f"].__code__.co_filename == "<your code>"
