@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: system-deps $(STAMP) lint
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider --durations=40
 
 test-fast: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider -m "not cluster and not e2e"
