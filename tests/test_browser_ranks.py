@@ -26,6 +26,7 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 NAME = "ranks-show.ipynb"
+SEEN = "dashboard-seen"  # made in the notebooks' folder once the live plot is seen: the training cell may end
 CELL_DEADLINE_MS = 180_000
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
@@ -59,20 +60,29 @@ for v in range(1, 11):
     slider.value = v
     time.sleep(0.3)
 """,
-    # training under the live dashboard
+    # training under the live dashboard: 200 steps, and on until the test has seen the plot in the
+    # page (it makes SEEN_FILE; at most 2 minutes), so a loaded machine cannot end the cell first.
+    # Both ranks agree each step on whether to go on (an all-reduce of the flag), as DDP needs.
     """%%ddp
-import time, torch
+import os, time, torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(torch.nn.Linear(16, 16))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+deadline = time.monotonic() + 120
 with distlab.watch(model):
-    for step in range(200):
+    step, go_on = 0, True
+    while go_on:
         opt.zero_grad()
         loss = model(torch.randn(8, 16)).square().mean()
         loss.backward()
         opt.step()
         distlab.log(loss=loss)
         time.sleep(0.05)
+        step += 1
+        waiting = step < 200 or not (os.path.exists(SEEN_FILE) or time.monotonic() > deadline)
+        flag = torch.tensor([float(waiting)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        go_on = bool(flag.item())
 """,
     # a failure on rank 1, inside a function
     """%%ddp
@@ -95,7 +105,8 @@ def server(tmp_path: Path) -> Iterator[JupyterLab]:
     root.mkdir()
     kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
     notebook = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in CELLS], metadata={"kernelspec": kernel}
+        cells=[nbformat.v4.new_code_cell(c.replace("SEEN_FILE", repr(str(root / SEEN)))) for c in CELLS],
+        metadata={"kernelspec": kernel},
     )
     nbformat.write(notebook, root / NAME)
     jupyter = JupyterLab(root, tmp_path / "jupyter")
@@ -208,6 +219,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
         timeout=60_000,
     )
     _shot(page, "ranks-2-dashboard-live")
+    (server.root / SEEN).touch()
     training = cells.finish(4)
     picture = training.locator(".jp-RenderedImage img")
     picture.wait_for()
