@@ -29,7 +29,6 @@ class Lab(LabCore):
     def _configure(self, config: Any) -> None:
         super()._configure(config)
         self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
-        self._store_size = 0  # the world size the store was made for
         self.observe(PanelFile())  # the side panel's view of this lab
         self.observe(ProgressBars())  # the ranks' tqdm bars: one widget in a cell's output
         self.observe(Prewarm())  # after the ranks are up: the import would compete with their start
@@ -37,7 +36,7 @@ class Lab(LabCore):
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
         # The telemetry store reads what the ranks published before any listener looks at it, even
         # a store made during this cell (by a listener, or anew after a restart at another size).
-        if self._telemetry is not None and self._store_size == self.world_size:
+        if self._telemetry is not None and self._telemetry.world_size == self.world_size:
             self._telemetry.on_poll(pending, final)
         super()._on_poll(pending, final)
 
@@ -49,7 +48,7 @@ class Lab(LabCore):
         what earlier cells of this world published. Telemetry is per world size: after a restart at
         another size, the next use makes a store (and dashboard) of the new size.
         """
-        if self._telemetry is None or self._store_size != self.world_size:
+        if self._telemetry is None or self._telemetry.world_size != self.world_size:
             from ..dashboard.store import TelemetryStore
 
             store = TelemetryStore(self.world_size)
@@ -61,7 +60,7 @@ class Lab(LabCore):
                     md for md in list(self._client.metadata.values())
                     if hasattr(md, "get") and md.get("engine_id") in engines
                 )
-            self._telemetry, self._store_size = store, self.world_size
+            self._telemetry = store
         return self._telemetry
 
     def dashboard(self) -> Any:
