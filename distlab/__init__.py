@@ -72,9 +72,13 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext distlab``: register %dist, %%ddp, %quiz and %exercise."""
+    from .cluster import warm
     from .notebook.magics import register
 
     register(ipython)
+    # The warm-rank template imports torch in the background while the user reads and types:
+    # the first %dist start forks its ranks instead of starting them cold (cluster/warm.py).
+    warm.prewarm()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -34,6 +34,7 @@ RANK = (
     "distlab.checkpoint",
     "distlab.nn",
     "distlab.cluster.engine",  # the engine's own entry point: it imports torch while it registers
+    "distlab.cluster.template",  # the process warm ranks are forked from: it imports what a rank does
 )
 #: In the rank package but imported by the notebook: it names rank modules as text, imports none.
 GLUE = ("distlab.rank.dispatch",)

@@ -16,7 +16,9 @@ import ipyparallel as ipp
 
 from .. import ipycompat
 from ..errors import DistlabError
+from . import warm
 from .allocator import engine_environment
+from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
 from .nodes import Network
 
 __all__ = [
@@ -29,12 +31,14 @@ __all__ = [
     "make_cluster",
 ]
 
-# ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat; at the
-# default 3 s period that is most of a cluster's start-up time (measured: 6.6 s -> 2.2 s for 2
-# engines at 500 ms). At 250 ms, 20 misses still give a busy machine 5 s before an engine is
-# declared dead (the engine answers pings from a C thread, without the GIL).
-HEARTBEAT_MS = 250
-HEARTBEAT_MISSES = 20
+# ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat, one
+# to two periods after the engine answers: at the default 3 s that was most of a cluster's start
+# (measured: 6.6 s -> 2.2 s for 2 engines at 500 ms); with warm ranks, which register in a few
+# tens of ms, 250 ms still cost ~0.4 s of every start and restart, 100 ms ~0.15 s. At 100 ms,
+# 50 misses still give a busy machine 5 s before an engine is declared dead (the engine answers
+# pings from a C thread, without the GIL; a death is reported at once by its nanny).
+HEARTBEAT_MS = 100
+HEARTBEAT_MISSES = 50
 
 # The notebook reaches a controller on emulated nodes through UNIX sockets in the lab's folder.
 _CLIENT_SOCKET = "client"
@@ -60,9 +64,12 @@ def make_cluster(
             "--IPController.client_transport=ipc",
             f"--IPController.client_ip={os.path.join(str(folder), _CLIENT_SOCKET)}",
         ]
+    forked = network is None and launcher == "local" and warm.enabled()
     cluster = ipp.Cluster(
         n=engines,
-        engine_launcher_class=launcher,
+        # Local engines and their controller are forked from the warm-rank template (cluster.warm).
+        engine_launcher_class=ForkedEngineSetLauncher if forked else launcher,
+        controller_launcher_class=ForkedControllerLauncher if forked else "local",
         controller_args=args,
         delay=0,
         # Engines start at once and wait for the controller's connection file, instead of

@@ -1,0 +1,66 @@
+"""ipyparallel's local launchers, with the process forked from the warm-rank template (``cluster.warm``).
+
+ipyparallel follows, signals and stops a forked process exactly as one it started itself (by pid,
+in a session of its own; ``psutil`` waits for it), so the rest of distlab sees no difference:
+
+    ipp.Cluster(engine_launcher_class=ForkedEngineSetLauncher, controller_launcher_class=ForkedControllerLauncher)
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+from ipyparallel.cluster.launcher import (
+    LocalControllerLauncher,
+    LocalEngineLauncher,
+    LocalEngineSetLauncher,
+    LocalProcessLauncher,
+    ProcessStateError,
+)
+
+from . import warm
+
+__all__ = ["ForkedControllerLauncher", "ForkedEngineSetLauncher"]
+
+
+class _Forked(LocalProcessLauncher):
+    """ipyparallel's local launcher, with the process forked from the template instead of started:
+    ipyparallel follows, signals and stops it as one it started (by pid, a session of its own)."""
+
+    entry = "engine"
+
+    def start(self) -> None:
+        if self.state != "before":
+            raise ProcessStateError(f"The process was already started and has state: {self.state}")
+        env = {**os.environ, **self.get_env()}
+        argv = self.args[len(self._command()) :]
+        self.pid = warm.current(env).fork(self.entry, argv, env, self.work_dir, self.output_file)
+        self.process = psutil.Process(self.pid)
+        self.notify_start(self.pid)
+        self._start_waiting()
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+
+class ForkedEngineLauncher(_Forked, LocalEngineLauncher):
+    entry = "engine"
+
+    def _command(self) -> list[str]:
+        return list(self.engine_cmd)
+
+
+class ForkedEngineSetLauncher(LocalEngineSetLauncher):
+    """Engines forked from the template: ``Cluster(engine_launcher_class=...)``."""
+
+    launcher_class = ForkedEngineLauncher
+
+
+class ForkedControllerLauncher(_Forked, LocalControllerLauncher):
+    """The controller forked from the template: ``Cluster(controller_launcher_class=...)``."""
+
+    entry = "controller"
+
+    def _command(self) -> list[str]:
+        return list(self.controller_cmd)

@@ -1,0 +1,167 @@
+"""The template process warm ranks are forked from (``cluster.warm`` starts and talks to it).
+
+    python -m distlab.cluster.template
+
+It imports what a rank imports (torch, torch.distributed, ipyparallel's engine, distlab's rank
+side) once, then forks an engine per request: the engine starts with all of that already in
+memory, so it registers in a fraction of a cold start (benchmarks/RESULTS.md). Nothing here opens
+a socket, starts a Python thread or touches CUDA before a fork (a forked child would inherit a
+socket and lose a thread). Importing torch starts one native thread that sleeps; forking after
+that import is what torch's own DataLoader workers do on Linux.
+
+Requests come on stdin, one JSON line each: ``{"argv": [...], "env": {...}, "cwd": ..., "log": ...}``;
+the answer on stdout is ``{"pid": N}`` (or ``{"error": "..."}``). The template ends when its stdin
+closes: when the process that started it stops it or ends, however it ends. A forked engine is a session of its
+own, as ipyparallel starts engines: the lab that asked for it signals, guards and reaps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+
+# The titles fit in the template's own command line (the only space rewritten): the interpreter's
+# name, not its path.
+_PYTHON = os.path.basename(sys.executable)
+
+
+def _preload() -> None:
+    # A forked process's command line is the template's until it says otherwise: ``ps``, the
+    # tests and the user see "distlab.cluster.engine" as for an engine started cold. Only the
+    # template's own argv space is rewritten (SPT_NOENV): /proc/PID/environ stays readable.
+    os.environ["SPT_NOENV"] = "1"
+    import ipyparallel.controller.app
+    import ipyparallel.engine.app
+    import ipyparallel.engine.nanny  # noqa: F401
+    import setproctitle  # noqa: F401
+
+    import distlab.cluster.engine
+    import distlab.rank.group
+    import distlab.rank.namespace  # noqa: F401
+
+
+def _child(request: dict[str, object]) -> None:
+    """In the forked child: become the engine the request describes; never returns."""
+    code = 1
+    try:
+        os.setsid()  # a session and process group of its own, as ipyparallel's launcher makes
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        os.chdir(str(request["cwd"]))
+        from setproctitle import setproctitle
+
+        # Before the environment is replaced: setproctitle finds the argv space by where the
+        # original environment lies.
+        entry = "ipyparallel.controller" if request.get("entry") == "controller" else "distlab.cluster.engine"
+        setproctitle(f"{_PYTHON} -m {entry}")
+        env = request["env"]
+        assert isinstance(env, dict)
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+        argv = request["argv"]
+        assert isinstance(argv, list)
+        if request.get("entry") == "controller":
+            sys.argv = ["ipcontroller", *map(str, argv)]
+            from ipyparallel.controller.app import main as controller_main
+
+            controller_main()
+            code = 0
+        else:
+            sys.argv = ["ipengine", *map(str, argv)]
+            _forked_nanny()
+            from distlab.cluster import engine
+
+            engine.main()  # exits the process itself
+    except BaseException:  # noqa: BLE001 - the engine's log says why it did not start
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _forked_nanny() -> None:
+    """The engine's nanny (it tells the controller at once when the engine dies) forked now, not
+    started as a fresh Python that imports ipyparallel again (~1 s of the engine's registration).
+
+    ipyparallel's ``start_nanny`` pickles its arguments to a new process's stdin and reads the
+    nanny's address from its stdout; here the nanny is forked before the engine has a zmq context
+    (a context does not survive a fork) and waits on pipes for the same two messages.
+    """
+    import pickle
+
+    import ipyparallel.engine.app as app
+    from ipyparallel.engine.nanny import KernelNanny
+    from setproctitle import setproctitle
+
+    to_nanny_r, to_nanny_w = os.pipe()
+    from_nanny_r, from_nanny_w = os.pipe()
+    if os.fork() == 0:  # the nanny
+        code = 0
+        try:
+            os.setsid()  # its own session, as ipyparallel starts it: a signal to the engine is not its
+            setproctitle(f"{_PYTHON} -m ipyparallel.engine.nanny")
+            os.close(to_nanny_w)
+            os.close(from_nanny_r)
+            with os.fdopen(to_nanny_r, "rb") as f:
+                try:
+                    kwargs = pickle.load(f)
+                except EOFError:  # the engine ended before it asked for a nanny
+                    os._exit(0)
+            kwargs["pipe"] = os.fdopen(from_nanny_w, "w", buffering=1)
+            KernelNanny.main(**kwargs)
+        except BaseException:  # noqa: BLE001 - in the engine's log
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(to_nanny_r)
+    os.close(from_nanny_w)
+
+    def start_nanny(**kwargs: object) -> tuple[str, object]:
+        kwargs["pid"] = os.getpid()
+        with os.fdopen(to_nanny_w, "wb") as f:
+            pickle.dump(kwargs, f)
+        reply = os.fdopen(from_nanny_r, "r")
+        url = reply.readline().strip()
+        if not url:
+            raise RuntimeError("nanny failed")
+        # Kept open for the engine's life: the nanny takes its closing as the engine's end.
+        return url, reply
+
+    app.start_nanny = start_nanny
+
+
+def main() -> None:
+    _preload()
+    # Forked engines are reaped by their labs; the template never waits for them.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is for the notebook
+    out = sys.stdout
+    out.write(json.dumps({"ready": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            out.write(json.dumps({"error": f"bad request: {exc}"}) + "\n")
+            out.flush()
+            continue
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request)
+        out.write(json.dumps({"pid": pid}) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

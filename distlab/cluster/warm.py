@@ -1,0 +1,149 @@
+"""Warm ranks: local engines forked from a template that has already imported torch and the engine.
+
+A cold engine spends ~2.5 s of CPU on imports before it can register (benchmarks/RESULTS.md); a
+lab's start, each restart and each world an exercise is graded in paid it again. The template
+(``cluster.template``) pays it once per notebook process: ``prewarm()`` starts it in the background
+(``%load_ext distlab`` does), and every later local lab forks its engines from it.
+
+    pid = current(env).fork("engine", argv, env, cwd, log)   # what cluster/forked.py's launchers do
+
+Only plain local engines (and their controller) are forked: on emulated nodes (a network namespace each) or through
+another launcher, engines start as before. What the template was started with that Python and
+torch read at import (``_IMPORT_TIME``) must be what a lab would start its engines with; when it
+changed, the template is replaced. It ends when the notebook does (its stdin closes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+
+from ..errors import DistlabError
+from .allocator import engine_environment
+
+__all__ = ["Template", "current", "enabled", "prewarm", "stop"]
+
+# Read by Python or the libraries a rank imports when they load (or by glibc when the process
+# starts): a template whose values differ from a lab's cannot stand in for its engines' start.
+_IMPORT_TIME = ("PYTHON", "LD_", "MALLOC_", "GLIBC_", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "OPENBLAS")
+_READY_TIMEOUT_S = 120.0  # importing torch on a loaded laptop
+
+
+def enabled() -> bool:
+    """Warm ranks unless ``DISTLAB_WARM=0`` (cold engines, as a launcher other than local starts)."""
+    return os.environ.get("DISTLAB_WARM", "1") != "0" and sys.platform.startswith("linux")
+
+
+def _base_environment(env: Mapping[str, str]) -> dict[str, str]:
+    return {**env, **engine_environment(env)}
+
+
+def _import_time(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME)}
+
+
+class Template:
+    """One template process, and the pipe a lab asks it for engines on."""
+
+    def __init__(self) -> None:
+        env = _base_environment(os.environ)
+        self.import_env = _import_time(env)
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "distlab.cluster.template"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+            start_new_session=True,  # a Ctrl-C in a terminal is the notebook's, not the template's
+        )
+        self._ready = False
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _answer(self, timeout_s: float) -> dict[str, object]:
+        assert self._proc.stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self._proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout_s)
+        if not result or not result[0]:
+            self.stop()
+            raise DistlabError(
+                f"the warm-rank template gave no answer within {timeout_s:g} s: "
+                "set DISTLAB_WARM=0 to start engines cold, and see its stderr"
+            )
+        answer: dict[str, object] = json.loads(result[0])
+        return answer
+
+    def wait_ready(self, timeout_s: float = _READY_TIMEOUT_S) -> None:
+        with self._lock:
+            if not self._ready:
+                self._answer(timeout_s)
+                self._ready = True
+
+    def fork(self, entry: str, argv: list[str], env: Mapping[str, str], cwd: str, log: str) -> int:
+        """A new ``entry`` ("engine", "controller") process run as ``argv`` in ``env``, its output
+        appended to ``log``: its pid, a session and process group of its own."""
+        self.wait_ready()
+        request = {"entry": entry, "argv": argv, "env": dict(env), "cwd": cwd, "log": log}
+        with self._lock:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            answer = self._answer(10.0)
+        if "pid" not in answer:
+            raise DistlabError(f"the warm-rank template could not fork an engine: {answer.get('error')}")
+        pid = answer["pid"]
+        assert isinstance(pid, int)
+        return pid
+
+    def stop(self) -> None:
+        if self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        if self.alive():
+            self._proc.kill()
+        self._proc.wait(timeout=5)
+
+
+_template: Template | None = None
+_template_lock = threading.Lock()
+
+
+def current(env: Mapping[str, str]) -> Template:
+    """The template for engines started in ``env``; a new one when what it imported under changed."""
+    global _template
+    with _template_lock:
+        want = _import_time(_base_environment(env))
+        if _template is not None and (not _template.alive() or _template.import_env != want):
+            _template.stop()
+            _template = None
+        if _template is None:
+            _template = Template()
+            atexit.register(stop)
+        return _template
+
+
+def prewarm() -> None:
+    """Start the template in the background (returns at once): the first lab's processes are forked."""
+    if enabled():
+        current(os.environ)
+
+
+def stop() -> None:
+    """End the template (the notebook's exit does; processes already forked belong to their labs)."""
+    global _template
+    with _template_lock:
+        if _template is not None:
+            _template.stop()
+            _template = None

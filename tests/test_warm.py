@@ -1,0 +1,131 @@
+"""Warm ranks: local labs fork their engines and controller from one template that has imported
+torch; nothing they fork outlives its lab, and the template does not outlive its notebook."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from conftest import distlab_processes
+
+from distlab.cluster import warm
+from distlab.cluster.processes import pid_alive, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def _template_children(template_pid: int) -> list[psutil.Process]:
+    return psutil.Process(template_pid).children(recursive=True)
+
+
+def test_a_labs_engines_and_controller_are_forked_from_the_template_and_say_what_they_are(lab_factory):
+    lab = lab_factory(ranks=2)
+    template = warm.current(os.environ)
+    forked = {p.pid: " ".join(p.cmdline()) for p in psutil.Process(template.pid).children()}
+    engines = [row.pid for row in lab.status()]
+    assert set(engines) <= set(forked), (engines, forked)
+    assert all("-m distlab.cluster.engine" in forked[pid] for pid in engines), forked
+    assert any("-m ipyparallel.controller" in cmd for cmd in forked.values()), forked
+    # Each engine is a session of its own, as ipyparallel's launcher makes it, with its nanny under it.
+    for pid in engines:
+        assert os.getsid(pid) == pid
+        nannies = [" ".join(c.cmdline()) for c in psutil.Process(pid).children()]
+        assert any("ipyparallel.engine.nanny" in cmd for cmd in nannies), nannies
+    # The forked world is a working one.
+    out = lab.run("t = torch.ones(1); dist.all_reduce(t); print(int(t.item()))", stream=False)
+    assert {r: text.strip() for r, text in out.stdout.items()} == {0: "2", 1: "2"}
+
+
+def test_a_rank_sees_the_environment_of_its_labs_start_not_the_templates(lab_factory, monkeypatch):
+    warm.current(os.environ).wait_ready()  # the template started before the variable was set
+    monkeypatch.setenv("DISTLAB_TEST_VALUE", "set after the template")
+    lab = lab_factory(ranks=2)
+    out = lab.run("import os; print(os.environ.get('DISTLAB_TEST_VALUE'))", stream=False)
+    assert {text.strip() for text in out.stdout.values()} == {"set after the template"}
+
+
+def test_nothing_a_lab_forked_outlives_it_and_the_template_serves_the_next_lab(lab_factory):
+    first = lab_factory(ranks=2)
+    template = warm.current(os.environ)
+    forked = _template_children(template.pid)
+    assert len(forked) >= 5, forked  # controller (and its schedulers), 2 engines, 2 nannies
+    first.stop()
+    _, alive = psutil.wait_procs(forked, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
+    assert not distlab_processes()
+    second = lab_factory(ranks=3)
+    assert warm.current(os.environ).pid == template.pid
+    assert {row.pid for row in second.status()} <= {p.pid for p in psutil.Process(template.pid).children()}
+
+
+def test_a_restart_forks_a_new_world(lab_factory):
+    lab = lab_factory(ranks=2)
+    before = {row.pid for row in lab.status()}
+    lab.restart(ranks=3)
+    after = {row.pid for row in lab.status()}
+    assert len(after) == 3 and not before & after
+    assert not any(pid_alive(pid) for pid in before)
+    children = {p.pid for p in psutil.Process(warm.current(os.environ).pid).children()}
+    assert after <= children
+
+
+def test_a_change_to_what_torch_reads_at_import_gets_a_new_template_and_the_old_one_ends(monkeypatch):
+    old = warm.current(os.environ)
+    old.wait_ready()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2")
+    new = warm.current(os.environ)
+    try:
+        assert new.pid != old.pid
+        assert wait_for(lambda: not pid_alive(old.pid), 10)
+        assert psutil.Process(new.pid).environ()["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"]
+    finally:
+        monkeypatch.undo()
+        warm.current(os.environ)  # back to one for this run's environment
+
+
+def test_a_template_that_died_is_replaced(lab_factory):
+    template = warm.current(os.environ)
+    template.wait_ready()
+    os.kill(template.pid, signal.SIGKILL)
+    assert wait_for(lambda: not template.alive(), 10)
+    lab = lab_factory(ranks=2)
+    assert warm.current(os.environ).pid != template.pid
+    assert lab.run("print(dist.get_world_size())", stream=False).stdout[1].strip() == "2"
+
+
+def test_with_distlab_warm_0_engines_start_cold(lab_factory, monkeypatch):
+    monkeypatch.setenv("DISTLAB_WARM", "0")
+    lab = lab_factory(ranks=2)
+    for row in lab.status():
+        proc = psutil.Process(row.pid)
+        assert "distlab.cluster.template" not in " ".join(psutil.Process(proc.ppid()).cmdline())
+
+
+def test_the_template_and_everything_forked_end_when_the_notebook_process_is_killed(tmp_path):
+    script = textwrap.dedent(
+        """
+        import sys, distlab
+        lab = distlab.start(ranks=2)
+        print(" ".join(str(r.pid) for r in lab.status()), flush=True)
+        sys.stdin.readline()  # killed here
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        engines = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(engines) == 2
+        everything = psutil.Process(proc.pid).children(recursive=True)
+        assert any("distlab.cluster.template" in " ".join(p.cmdline()) for p in everything)
+        proc.kill()
+        proc.wait(timeout=10)
+        _, alive = psutil.wait_procs(everything, timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
