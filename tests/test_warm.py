@@ -41,6 +41,35 @@ def test_a_labs_engines_and_controller_are_forked_from_the_template_and_say_what
     assert {r: text.strip() for r, text in out.stdout.items()} == {0: "2", 1: "2"}
 
 
+# What a rank's process has between cells (evaluated by ipyparallel, not distlab's cell runner,
+# which handles SIGINT itself while a cell runs): its signal dispositions, its next random draws.
+_STATE = (
+    "{'value': [getattr(d, '__name__', str(d)) for d in map(__import__('signal').getsignal, (2, 17, 13))]"  # INT, CHLD, PIPE
+    " + [str(__import__('random').random()), str(__import__('numpy').random.random())]}"
+)
+
+
+def _states(lab) -> list[list[str]]:
+    found = lab.call(lambda engine, rank: engine.apply_async(eval, _STATE))
+    return [found[rank] for rank in sorted(found)]
+
+
+def test_a_forked_rank_starts_as_a_fresh_python_would_its_signals_and_random_draws_its_own(lab_factory, monkeypatch):
+    warm_lab = lab_factory(ranks=2)
+    first = _states(warm_lab)
+    warm_lab.restart()
+    again = _states(warm_lab)
+    monkeypatch.setenv("DISTLAB_WARM", "0")
+    cold = _states(lab_factory(ranks=2))
+    # Between cells SIGINT raises KeyboardInterrupt (it interrupts a cell), as on a rank started cold.
+    assert cold[0][0] == "default_int_handler", cold
+    assert [row[:3] for row in first + again] == [cold[0][:3]] * 4, (first, again, cold)
+    # Python's and numpy's random numbers differ between the ranks and between restarts.
+    draws = [row[3:] for row in first + again]
+    for column in (0, 1):
+        assert len({draw[column] for draw in draws}) == 4, draws
+
+
 def test_a_rank_sees_the_environment_of_its_labs_start_not_the_templates(lab_factory, monkeypatch):
     warm.current(os.environ).wait_ready()  # the template started before the variable was set
     monkeypatch.setenv("DISTLAB_TEST_VALUE", "set after the template")

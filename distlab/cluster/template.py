@@ -48,8 +48,7 @@ def _child(request: dict[str, object]) -> None:
     code = 1
     try:
         os.setsid()  # a session and process group of its own, as ipyparallel's launcher makes
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        _as_a_fresh_python()
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
@@ -86,6 +85,21 @@ def _child(request: dict[str, object]) -> None:
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _as_a_fresh_python() -> None:
+    """Undo what the template changed, and what a fork shares that a new process would not have.
+
+    Signals: a fresh Python raises KeyboardInterrupt on SIGINT (how a cell is interrupted) and
+    leaves SIGCHLD alone. Random state: Python's ``random`` reseeds itself in a forked child, numpy's
+    global generator does not (torch's DataLoader workers reseed it for the same reason): without
+    this every rank, and every restart, would draw the same numbers.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _forked_nanny() -> None:
@@ -156,7 +170,12 @@ def main() -> None:
             out.flush()
             continue
         sys.stderr.flush()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of memory or of processes: the lab says so, the template goes on
+            out.write(json.dumps({"error": f"fork failed: {exc}"}) + "\n")
+            out.flush()
+            continue
         if pid == 0:
             _child(request)
         out.write(json.dumps({"pid": pid}) + "\n")
