@@ -1,10 +1,12 @@
 """Grading an exercise: the learner's definitions taken from their lab, each case run on ranks of its own.
 
 The learner's code never runs in this process: it is pickled on one of their ranks and unpacked on
-the grader's ranks (``distlab.rank.exercise``). The grader's ranks are a lab of their own, started
-at the first check, resized to each world the exercise is graded in and stopped with the learner's
-lab: a case that deadlocks or kills a rank costs the learner nothing they made, and their lab keeps
-its size, its names and its state.
+the grader's ranks (``distlab.rank.exercise``). The grader's ranks are labs of their own, one per
+world size the exercises are graded in, each started at the first check that needs it and kept
+(restarted only when a case killed one of its ranks) until the learner's lab stops: a check starts
+no engine once each size has been used, and its ranks, forked (``cluster/warm.py``), cost ~36 MB
+each while idle (benchmarks/RESULTS.md). A case that deadlocks or kills a rank costs the learner
+nothing they made, and their lab keeps its size, its names and its state.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import ast
 import random
 import re
-import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -31,11 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["check", "grade_all", "grading_lab"]
 
-_COMPANION = "exercises"
+_COMPANION = "exercises"  # the grader's labs: "exercises-2", "exercises-3", ...
 # How long asking a rank for definitions or case names may take: a small pickle, a few names.
 _ASK_TIMEOUT_S = 60.0
-# learner's lab -> the size its grader's lab was left at: the next check starts there, one restart fewer.
-_last_size: weakref.WeakKeyDictionary[LabCore, int] = weakref.WeakKeyDictionary()
 
 
 def check(
@@ -65,7 +64,7 @@ def check(
     quote = _quoter(learner_lab)
     cases: list[CaseResult] = []
     stopped = False
-    for size in _in_order(exercise.world_sizes, learner_lab):
+    for size in sorted(exercise.world_sizes):
         world = grading_lab(learner_lab, size)
         names = _ask(world, _case_names(exercise, size, seed))
         for index, case_name in enumerate(names):
@@ -82,12 +81,6 @@ def check(
 
         Progress().record_exercise(exercise.name, result.passed)
     return result
-
-
-def _in_order(sizes: tuple[int, ...], learner_lab: LabCore) -> list[int]:
-    """The grader's current size first: one restart fewer."""
-    current = _last_size.get(learner_lab)
-    return sorted(sizes, key=lambda size: (size != current, size))
 
 
 def grade_all(lab: LabCore | None = None, names: Iterable[str] | None = None) -> dict[str, Any]:
@@ -107,16 +100,14 @@ def grade_all(lab: LabCore | None = None, names: Iterable[str] | None = None) ->
 
 
 def grading_lab(learner_lab: LabCore, size: int) -> LabCore:
-    """The grader's lab for ``learner_lab`` at ``size`` ranks: started, resized, or restarted when a rank
-    died (a learner's code, an out-of-memory kill) by the learner's lab, which stops it with itself.
+    """The grader's lab for ``learner_lab`` at ``size`` ranks: started at its first use, or restarted when
+    a rank died (a learner's code, an out-of-memory kill), by the learner's lab, which stops it with itself.
 
     CPU ranks on gloo, whatever the learner's lab runs: a case asks for 2 to 4 ranks, more than a
     laptop's or Colab's one GPU gives NCCL, and what the graders measure (bytes, counts, order,
     results) is the same on any device.
     """
-    world = learner_lab.companion(_COMPANION, size, backend="gloo")
-    _last_size[learner_lab] = size
-    return world
+    return learner_lab.companion(f"{_COMPANION}-{size}", size, backend="gloo")
 
 
 # ---------------------------------------------------------------------------- the steps
