@@ -21,7 +21,9 @@ from typing import Any
 
 from .. import ipycompat
 
-__all__ = ["ProcessGuard", "kill_group", "machine_id", "pid_alive", "reap", "terminate", "wait_for"]
+__all__ = [
+    "ProcessGuard", "kill_group", "machine_id", "pid_alive", "reap", "signal_all", "terminate", "wait_for",
+]
 
 
 @functools.cache  # a process never moves to another machine
@@ -74,6 +76,13 @@ def wait_for(condition: Callable[[], bool], seconds: float, poll_s: float = 0.05
         time.sleep(poll_s)
 
 
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to each process still there (one already gone is not an error)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def terminate(pids: Iterable[int], grace_s: float = 5.0) -> None:
     """SIGTERM every process at once, then wait (up to ``grace_s``) for all of them to exit.
 
@@ -83,9 +92,7 @@ def terminate(pids: Iterable[int], grace_s: float = 5.0) -> None:
     gone. What is still there is killed later.
     """
     pids = list(pids)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+    signal_all(pids, signal.SIGTERM)
     wait_for(lambda: not any(pid_alive(pid) for pid in pids), grace_s, poll_s=0.01)
 
 

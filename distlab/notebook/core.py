@@ -36,7 +36,7 @@ from ..cluster.launch import (
     make_cluster,
 )
 from ..cluster.nodes import Link, Network
-from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
+from ..cluster.processes import ProcessGuard, machine_id, pid_alive, signal_all, terminate, wait_for
 from ..errors import DistlabError, LabUsageError, parse_ranks
 from . import labs, rpc
 from .cell import Listener, RunResult
@@ -146,7 +146,9 @@ class LabCore(RunsCells):
         self._tell("started")
         return self
 
-    def _launch_engines(self) -> None:
+    def _launch_engines(self, leaving: frozenset[int] = frozenset()) -> None:
+        """Start the world's engines and wait until they registered; ``leaving``: engine ids of an
+        old world still exiting, which do not count."""
         network = self._network
         if network is None:
             self._cluster.start_engines_sync(self.world_size, **engine_start_args(self.config.local))
@@ -159,12 +161,16 @@ class LabCore(RunsCells):
                 link_client_sockets(self._cluster, self._folder, self.timeout)
             self._client = self._cluster.connect_client_sync()
             guard_iopub(self._client)
+        client = self._client
         try:
-            self._client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
+            if not leaving:
+                client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
+            elif not wait_for(lambda: len(set(client.ids) - leaving) >= self.world_size, self.timeout, poll_s=0.01):
+                raise TimeoutError
         except TimeoutError:
             raise DistlabError(
-                f"only {len(self._client.ids)} of {self.world_size} engines registered within {self.timeout:g} s: "
-                "check the launcher's logs, or raise --timeout"
+                f"only {len(set(client.ids) - leaving)} of {self.world_size} engines registered within "
+                f"{self.timeout:g} s: check the launcher's logs, or raise --timeout"
             ) from None
 
     def _build_world(self) -> None:
@@ -208,14 +214,20 @@ class LabCore(RunsCells):
                 check_gpus(ranks, self.backend, _local_gpus(self.backend))
             self.config, self.world_size = new, ranks
         t0 = self._phase_start = time.perf_counter()
-        old_ids = {r.engine_id for r in self.table}
-        terminate(self._local_pids())  # all at once: ipyparallel's stop goes one engine at a time
-        self._cluster.stop_engines_sync()
-        wait_for(lambda: not old_ids & set(self._client.ids), 10.0)
-        self._guard.end_engines(self._local_pids())
+        old_ids = frozenset(r.engine_id for r in self.table)
+        old_pids = self._local_pids()
+        old_sets = list(self._cluster.engines)
+        # The old world exits (each rank as it would on its own: buffers flushed, exit handlers run)
+        # while the new one starts: a restart costs the longer of the two, not their sum.
+        signal_all(old_pids, signal.SIGTERM)
         self._world, self._last_cell = None, None
         try:
-            self._launch_engines()
+            self._launch_engines(leaving=old_ids)
+            terminate(old_pids)  # waits (bounded) for what SIGTERM began
+            for engine_set in old_sets:
+                self._cluster.stop_engines_sync(engine_set)
+            wait_for(lambda: not old_ids & set(self._client.ids), 10.0)
+            self._guard.end_engines(old_pids)
             self._build_world()
         except BaseException:
             self.stop()
