@@ -44,7 +44,8 @@ def test_a_labs_engines_and_controller_are_forked_from_the_template_and_say_what
 # What a rank's process has between cells (evaluated by ipyparallel, not distlab's cell runner,
 # which handles SIGINT itself while a cell runs): its signal dispositions, its next random draws.
 _STATE = (
-    "{'value': [getattr(d, '__name__', str(d)) for d in map(__import__('signal').getsignal, (2, 17, 13))]"  # INT, CHLD, PIPE
+    # SIGINT, SIGCHLD, SIGPIPE
+    "{'value': [getattr(d, '__name__', str(d)) for d in map(__import__('signal').getsignal, (2, 17, 13))]"
     " + [str(__import__('random').random()), str(__import__('numpy').random.random())]}"
 )
 
