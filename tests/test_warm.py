@@ -82,7 +82,8 @@ def test_a_rank_sees_the_environment_of_its_labs_start_not_the_templates(lab_fac
 def test_nothing_a_lab_forked_outlives_it_and_the_template_serves_the_next_lab(lab_factory):
     template = warm.current(os.environ)
     template.wait_ready()
-    others = {p.pid for p in _template_children(template.pid)}  # other labs of this run (a shared one)
+    # Other labs of this run (a shared one, a module's), forked or not, are not this test's.
+    others = {p.pid for p in _template_children(template.pid)} | {p.pid for p in distlab_processes()}
     first = lab_factory(ranks=2)
     forked = [p for p in _template_children(template.pid) if p.pid not in others]
     assert len(forked) >= 5, forked  # controller (and its schedulers), 2 engines, 2 nannies
