@@ -20,6 +20,7 @@ from . import warm
 from .allocator import engine_environment
 from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
 from .nodes import Network
+from .processes import wait_for
 
 __all__ = [
     "HEARTBEAT_MISSES",
@@ -29,6 +30,7 @@ __all__ = [
     "engine_start_args",
     "link_client_sockets",
     "make_cluster",
+    "wait_for_engines",
 ]
 
 # ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat, one
@@ -125,6 +127,21 @@ def engine_start_args(local: bool, prefix: list[str] | None = None) -> dict[str,
         }
     # Elsewhere the remote command stays the launcher's own; torch loads after registration.
     return {"engine_args": ["--IPEngine.startup_command=import distlab.rank.group"]}
+
+
+def wait_for_engines(client: ipp.Client, count: int, timeout_s: float, leaving: frozenset[int] = frozenset()) -> None:
+    """Wait until ``count`` engines registered; ``leaving``: ids of an old world's engines, still
+    exiting, which do not count."""
+    try:
+        if not leaving:
+            client.wait_for_engines(count, timeout=timeout_s, block=True, interactive=False)
+        elif not wait_for(lambda: len(set(client.ids) - leaving) >= count, timeout_s, poll_s=0.01):
+            raise TimeoutError
+    except TimeoutError:
+        raise DistlabError(
+            f"only {len(set(client.ids) - leaving)} of {count} engines registered within {timeout_s:g} s: "
+            "check the launcher's logs, or raise --timeout"
+        ) from None
 
 
 def guard_iopub(client: ipp.Client, timeout_s: float = 5.0) -> None:

@@ -69,9 +69,11 @@ class Template:
         return self._proc.poll() is None
 
     def _answer(self, timeout_s: float) -> dict[str, object]:
-        assert self._proc.stdout is not None
+        stdout = self._proc.stdout
+        assert stdout is not None
         result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self._proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        # A thread, so that the wait has a deadline (a pipe's readline has none).
+        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout_s)
         if not result or not result[0]:

@@ -34,10 +34,11 @@ from ..cluster.launch import (
     guard_iopub,
     link_client_sockets,
     make_cluster,
+    wait_for_engines,
 )
 from ..cluster.nodes import Link, Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, signal_all, terminate, wait_for
-from ..errors import DistlabError, LabUsageError, parse_ranks
+from ..errors import LabUsageError, parse_ranks
 from . import labs, rpc
 from .cell import Listener, RunResult
 from .cells import RunsCells
@@ -161,17 +162,7 @@ class LabCore(RunsCells):
                 link_client_sockets(self._cluster, self._folder, self.timeout)
             self._client = self._cluster.connect_client_sync()
             guard_iopub(self._client)
-        client = self._client
-        try:
-            if not leaving:
-                client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
-            elif not wait_for(lambda: len(set(client.ids) - leaving) >= self.world_size, self.timeout, poll_s=0.01):
-                raise TimeoutError
-        except TimeoutError:
-            raise DistlabError(
-                f"only {len(set(client.ids) - leaving)} of {self.world_size} engines registered within "
-                f"{self.timeout:g} s: check the launcher's logs, or raise --timeout"
-            ) from None
+        wait_for_engines(self._client, self.world_size, self.timeout, leaving)
 
     def _build_world(self) -> None:
         """Rank table, device checks, rendezvous, process group, and the ranks' namespace."""
