@@ -71,6 +71,15 @@ def test_a_forked_rank_starts_as_a_fresh_python_would_its_signals_and_random_dra
         assert len({draw[column] for draw in draws}) == 4, draws
 
 
+def test_a_rank_imports_the_notebooks_own_modules_from_where_the_lab_started(lab_factory, tmp_path, monkeypatch):
+    warm.current(os.environ).wait_ready()  # started in another directory
+    (tmp_path / "learners_helpers.py").write_text("ANSWER = 42\n")
+    monkeypatch.chdir(tmp_path)
+    lab = lab_factory(ranks=2)
+    out = lab.run("import os, learners_helpers; print(learners_helpers.ANSWER, os.getcwd())", stream=False)
+    assert {text.strip() for text in out.stdout.values()} == {f"42 {tmp_path}"}
+
+
 def test_a_rank_sees_the_environment_of_its_labs_start_not_the_templates(lab_factory, monkeypatch):
     warm.current(os.environ).wait_ready()  # the template started before the variable was set
     monkeypatch.setenv("DISTLAB_TEST_VALUE", "set after the template")

@@ -35,7 +35,10 @@ class _Forked(LocalProcessLauncher):
             raise ProcessStateError(f"The process was already started and has state: {self.state}")
         env = {**os.environ, **self.get_env()}
         argv = self.args[len(self._command()) :]
-        self.pid = warm.current(env).fork(self.entry, argv, env, self.work_dir, self.output_file)
+        # The working directory as this process sees it (ipyparallel's is ".", relative to the
+        # notebook's directory, which the template's may not be).
+        cwd = os.path.abspath(self.work_dir)
+        self.pid = warm.current(env).fork(self.entry, argv, env, cwd, self.output_file)
         self.process = psutil.Process(self.pid)
         self.notify_start(self.pid)
         self._start_waiting()

@@ -26,6 +26,9 @@ import traceback
 # The titles fit in the template's own command line (the only space rewritten): the interpreter's
 # name, not its path.
 _PYTHON = os.path.basename(sys.executable)
+# ``python -m`` put the directory the template started in first on sys.path; an engine started cold
+# has the directory it starts in there (where a notebook's own modules are imported from).
+_STARTED_IN = os.getcwd()
 
 
 def _preload() -> None:
@@ -57,6 +60,8 @@ def _child(request: dict[str, object]) -> None:
         os.close(null)
         os.close(log)
         os.chdir(str(request["cwd"]))
+        if sys.path and sys.path[0] == _STARTED_IN:
+            sys.path[0] = os.getcwd()
         from setproctitle import setproctitle
 
         # Before the environment is replaced: setproctitle finds the argv space by where the
@@ -69,6 +74,9 @@ def _child(request: dict[str, object]) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
         argv = request["argv"]
         assert isinstance(argv, list)
+        # ipyparallel's apps chdir to their work_dir, whose default was read when the template
+        # imported them: the request's directory is said explicitly.
+        argv = [*argv, f"--BaseParallelApplication.work_dir={os.getcwd()}"]
         if request.get("entry") == "controller":
             sys.argv = ["ipcontroller", *map(str, argv)]
             from ipyparallel.controller.app import main as controller_main
