@@ -33,14 +33,15 @@ __all__ = [
     "wait_for_engines",
 ]
 
-# ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat, one
-# to two periods after the engine answers: at the default 3 s that was most of a cluster's start
-# (measured: 6.6 s -> 2.2 s for 2 engines at 500 ms); with warm ranks, which register in a few
-# tens of ms, 250 ms still cost ~0.4 s of every start and restart, 100 ms ~0.15 s. At 100 ms,
-# 50 misses still give a busy machine 5 s before an engine is declared dead (the engine answers
-# pings from a C thread, without the GIL; a death is reported at once by its nanny).
-HEARTBEAT_MS = 100
-HEARTBEAT_MISSES = 50
+# ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat; at the
+# default 3 s that was most of a cluster's start-up time (measured: 6.6 s -> 2.2 s for 2 engines at
+# 500 ms). At 250 ms, 20 misses still give a busy machine 5 s before an engine is declared dead (the
+# engine answers pings from a C thread, without the GIL). 100 ms was tried with warm ranks (~0.2 s
+# less per start): under one spinning core a new engine's answers then came later than the last two
+# pings, the hub never counted its heart, and a 3-rank start registered 1 engine in 30 s; and the
+# pings, which cross an emulated node's link, added to the bytes notebook 14 counts there.
+HEARTBEAT_MS = 250
+HEARTBEAT_MISSES = 20
 
 # The notebook reaches a controller on emulated nodes through UNIX sockets in the lab's folder.
 _CLIENT_SOCKET = "client"
