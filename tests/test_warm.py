@@ -125,6 +125,11 @@ def test_a_change_to_what_torch_reads_at_import_gets_a_new_template_and_the_old_
         assert new.pid != old.pid
         assert wait_for(lambda: not pid_alive(old.pid), 10)
         assert psutil.Process(new.pid).environ()["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"]
+        # A launcher's environment that is not the notebook's gets a template made from it, kept for the next ask.
+        launchers = {**os.environ, "OMP_NUM_THREADS": "3"}
+        made = warm.current(launchers)
+        assert psutil.Process(made.pid).environ()["OMP_NUM_THREADS"] == "3"
+        assert warm.current(launchers) is made
     finally:
         monkeypatch.undo()
         warm.current(os.environ)  # back to one for this run's environment

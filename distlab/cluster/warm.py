@@ -50,8 +50,8 @@ def _import_time(env: Mapping[str, str]) -> dict[str, str]:
 class Template:
     """One template process, and the pipe a lab asks it for engines on."""
 
-    def __init__(self) -> None:
-        env = _base_environment(os.environ)
+    def __init__(self, env: Mapping[str, str]) -> None:
+        env = _base_environment(env)
         self.import_env = _import_time(env)
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
@@ -131,8 +131,8 @@ def current(env: Mapping[str, str]) -> Template:
             _template.stop()
             _template = None
         if _template is None:
-            _template = Template()
-            atexit.register(stop)
+            # Made from the environment asked for, so that the next request with it finds it fit.
+            _template = Template(env)
         return _template
 
 
@@ -149,3 +149,6 @@ def stop() -> None:
         if _template is not None:
             _template.stop()
             _template = None
+
+
+atexit.register(stop)
