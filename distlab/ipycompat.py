@@ -20,11 +20,13 @@ and the packages themselves only when a function needs them.
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import importlib
+import os
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .errors import DistlabError
@@ -33,8 +35,10 @@ __all__ = [
     "KNOWN_GOOD",
     "CountedSends",
     "check_version",
+    "cluster_files",
     "control_request",
     "controller_connection_file",
+    "engine_states",
     "launcher_pids",
     "on_engine",
     "serve_control_request",
@@ -166,12 +170,11 @@ def controller_connection_file(cluster: Any, kind: str) -> str:
     return str(files[kind])
 
 
-def launcher_pids(cluster: Any) -> list[int]:
-    """The pids of every process the cluster's launchers started on this machine (each leads a group).
+def _local_launchers(cluster: Any) -> list[Any]:
+    """The cluster's launchers that started a process on this machine: controller, then engines.
 
-    ``LocalProcessLauncher.pid`` and ``LocalEngineSetLauncher.launchers`` (one launcher per engine):
-    ipyparallel keeps its processes there and says nothing public about them. Launchers that start
-    nothing here (a batch system's) have none. An unexpected layout raises rather than returning
+    ``LocalEngineSetLauncher.launchers`` (one launcher per engine): ipyparallel keeps its processes
+    there and says nothing public about them. An unexpected layout raises rather than returning
     nothing, which would leave a lab's processes running after it stopped.
     """
     _package("ipyparallel")
@@ -183,13 +186,62 @@ def launcher_pids(cluster: Any) -> list[int]:
         found.append(each)
         if isinstance(each, engine_set):
             found.extend(_attribute(each, "launchers", "ipyparallel", "find the engines' processes").values())
+    return [launcher for launcher in found if isinstance(launcher, local)]
+
+
+def cluster_files(cluster: Any) -> list[str]:
+    """Glob patterns of the files ipyparallel writes for a cluster on this machine: its cluster file
+    and the controller's connection files (in the profile's ``security``), its processes' logs and
+    the hub's engine-state file ``engines<cluster_id>.json`` (in its ``log``), which a stop leaves."""
+    cluster_id = str(_attribute(cluster, "cluster_id", "ipyparallel", "find the files a cluster writes"))
+    profile = str(_attribute(cluster, "profile_dir", "ipyparallel", "find the files a cluster writes"))
+    if not cluster_id:
+        return []
+    return [os.path.join(profile, folder, f"*{glob.escape(cluster_id)}*") for folder in ("log", "security")]
+
+
+def launcher_pids(cluster: Any) -> list[int]:
+    """The pids of every process the cluster's launchers started on this machine (each leads a group).
+
+    ``LocalProcessLauncher.pid``; launchers that start nothing here (a batch system's) have none.
+    """
     pids = []
-    for launcher in found:
-        if isinstance(launcher, local):
-            pid = _attribute(launcher, "pid", "ipyparallel", "find the processes a cluster started")
-            if isinstance(pid, int) and pid > 0:
-                pids.append(pid)
+    for launcher in _local_launchers(cluster):
+        pid = _attribute(launcher, "pid", "ipyparallel", "find the processes a cluster started")
+        if isinstance(pid, int) and pid > 0:
+            pids.append(pid)
     return pids
+
+
+def engine_states(cluster: Any, sets: Iterable[str]) -> list[tuple[int, int | None, str]]:
+    """``(pid, exit code or None while it runs, output so far)`` of each engine of the cluster's
+    engine sets ``sets`` that was started on this machine.
+
+    A running engine's ``LocalProcessLauncher.output_file`` is read; an ended one's launcher left its
+    set's ``launchers``, and the set keeps its output in ``outputs`` and its exit in
+    ``stop_data["engines"]`` (ipyparallel 9's ``LocalEngineSetLauncher``).
+    """
+    from ipyparallel.cluster import launcher as launchers
+
+    found: list[tuple[int, int | None, str]] = []
+    for name in sets:
+        engine_set = cluster.engines.get(name)
+        if not isinstance(engine_set, launchers.LocalEngineSetLauncher):
+            continue
+        running = _attribute(engine_set, "launchers", "ipyparallel", "find the engines' processes")
+        for launcher in list(running.values()):
+            path = str(_attribute(launcher, "output_file", "ipyparallel", "find an engine's output"))
+            try:
+                with open(path, errors="replace") as f:
+                    output = f.read()
+            except OSError:
+                output = ""
+            found.append((int(launcher.pid or 0), None, output))
+        outputs = _attribute(engine_set, "outputs", "ipyparallel", "find an ended engine's output")
+        ended = _attribute(engine_set, "stop_data", "ipyparallel", "find how an engine ended").get("engines", {})
+        for identifier, data in list(ended.items()):
+            found.append((int(data.get("pid") or 0), data.get("exit_code"), str(outputs.get(identifier, ""))))
+    return found
 
 
 # ------------------------------------------------------------------------------ engine (ranks)

@@ -44,12 +44,17 @@ def _start_kernel_with_lab(line: str):
     namespaces = {n for n in _namespaces() - namespaces_before if n.startswith(f"distlab-{pid}-")}
     if "--nodes" in line:
         assert len(folders) == 1 and len(namespaces) == 3, (folders, namespaces)  # switch and two nodes
+    # ipyparallel's files for the lab's cluster: its logs, connection files, the hub's engine state.
+    code = "from distlab import ipycompat; from distlab.notebook import labs\n"
+    shown = execute(kc, code + "print(*ipycompat.cluster_files(labs.current()._cluster))")
+    files = {path for pattern in shown.split() for path in glob.glob(pattern)}
+    assert any(os.path.basename(f).startswith("engines") for f in files), files
     procs = _lab_processes(pid)
     shown = execute(kc, "print(','.join(str(r.pid) for r in get_ipython().run_line_magic('dist', 'status')))")
     engine_pids = [int(p) for p in shown.split(",")]
     assert set(engine_pids) <= {p.pid for p in procs}
     assert len(procs) >= 4, [p.cmdline() for p in procs]
-    return km, kc, procs, folders | {os.path.join("/run/netns", n) for n in namespaces}
+    return km, kc, procs, folders | files | {os.path.join("/run/netns", n) for n in namespaces}
 
 
 @pytest.mark.parametrize(

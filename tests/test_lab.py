@@ -300,15 +300,23 @@ def test_nccl_without_a_gpu_is_refused_with_the_fix_before_any_engine_or_torch()
     assert "use --backend gloo" in refusal and torch_loaded == "False", printed
 
 
-def test_stop_leaves_no_process_behind(lab_factory):
+def test_stop_leaves_no_process_or_file_behind(lab_factory):
+    import glob
+
     from conftest import distlab_processes
+
+    from distlab import ipycompat
 
     before = {p.pid for p in distlab_processes()}
     lab = lab_factory(ranks=2)
     started = {p.pid for p in distlab_processes()} - before
     assert len(started) >= 3  # controller, 2 engines (+ nannies, reaper)
     engine_pids = [row.pid for row in lab.status()]
+    # ipyparallel's files for the cluster; the hub's engine state (engines<id>.json) was left by every stop.
+    patterns = ipycompat.cluster_files(lab._cluster)
+    assert any("engines" in path for pattern in patterns for path in glob.glob(pattern))
     lab.stop()
+    assert [path for pattern in patterns for path in glob.glob(pattern)] == []
     assert not lab.running
     _, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=5)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}"

@@ -6,13 +6,17 @@ from __future__ import annotations
 import ast
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import distlab_processes
 
 import distlab
 from distlab import RankError
-from distlab.notebook import labs, rpc
+from distlab.cluster.processes import wait_for
+from distlab.errors import DistlabError
+from distlab.notebook import core, labs, rpc
 from distlab.notebook.config import LabConfig, mpi_spans_hosts
 from distlab.notebook.core import LabCore
 from distlab.notebook.labs import Observer
@@ -175,3 +179,22 @@ def test_graders_call_and_companion_go_through_the_public_api(lab_factory):
     assert again is grader and again.whole
     assert again.run("world_size", stream=False) == {0: 2, 1: 2}
     assert lab.history == ()  # distlab's own calls are not the learner's history
+
+
+@pytest.mark.cluster
+def test_engines_that_never_register_are_named_with_their_last_words_and_nothing_is_left(monkeypatch):
+    # An engine that cannot start (here: one that exits at once with a message, cold, as a broken
+    # environment would) is reported with what its log says, not "check the logs" somewhere.
+    monkeypatch.setenv("DISTLAB_WARM", "0")
+    dying = [sys.executable, "-c", "import sys; sys.exit('no driver for this device')"]
+    monkeypatch.setattr(core, "engine_start_args", lambda local, prefix=None: {"engine_cmd": dying})
+    before = {p.pid for p in distlab_processes()}
+    lab = LabCore(ranks=2, timeout=5)
+    with pytest.raises(DistlabError) as failed:
+        lab.start()
+    message = str(failed.value)
+    assert "only 0 of 2 engines registered within 5 s" in message, message
+    assert message.count(": exited") == 2, message
+    assert message.count("no driver for this device") == 2, message
+    assert not lab.running
+    assert wait_for(lambda: not {p.pid for p in distlab_processes()} - before, 10)

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ipyparallel as ipp
@@ -20,13 +20,14 @@ from . import warm
 from .allocator import engine_environment
 from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
 from .nodes import Network
-from .processes import wait_for
+from .processes import pid_alive, wait_for
 
 __all__ = [
     "HEARTBEAT_MISSES",
     "HEARTBEAT_MS",
     "controller_address",
     "controller_start_args",
+    "engine_report",
     "engine_start_args",
     "link_client_sockets",
     "make_cluster",
@@ -130,19 +131,42 @@ def engine_start_args(local: bool, prefix: list[str] | None = None) -> dict[str,
     return {"engine_args": ["--IPEngine.startup_command=import distlab.rank.group"]}
 
 
-def wait_for_engines(client: ipp.Client, count: int, timeout_s: float, leaving: frozenset[int] = frozenset()) -> None:
+def wait_for_engines(
+    client: ipp.Client, count: int, timeout_s: float, leaving: frozenset[int] = frozenset(),
+    cluster: ipp.Cluster | None = None, sets: Iterable[str] | None = None,
+) -> None:
     """Wait until ``count`` engines registered; ``leaving``: ids of an old world's engines, still
-    exiting, which do not count."""
+    exiting, which do not count. When they do not come, the error says what became of the
+    processes ``cluster`` started (of its engine sets ``sets``)."""
     try:
         if not leaving:
             client.wait_for_engines(count, timeout=timeout_s, block=True, interactive=False)
         elif not wait_for(lambda: len(set(client.ids) - leaving) >= count, timeout_s, poll_s=0.01):
             raise TimeoutError
     except TimeoutError:
+        report = engine_report(cluster, sets or list(cluster.engines)) if cluster is not None else ""
         raise DistlabError(
-            f"only {len(set(client.ids) - leaving)} of {count} engines registered within {timeout_s:g} s: "
-            "check the launcher's logs, or raise --timeout"
+            f"only {len(set(client.ids) - leaving)} of {count} engines registered within {timeout_s:g} s "
+            f"(raise --timeout on a busy machine){report}"
         ) from None
+
+
+def engine_report(cluster: ipp.Cluster, sets: Iterable[str]) -> str:
+    """A line per engine process of ``sets`` started on this machine: running or how it ended, and
+    the last line it wrote (why an engine that never registered did not)."""
+    try:
+        states = ipycompat.engine_states(cluster, sets)
+    except DistlabError:
+        return ""
+    lines = []
+    for pid, code, output in states:
+        said = [line.strip() for line in output.splitlines() if line.strip()]
+        if code is not None:
+            state = f"exited with {code}"
+        else:  # ipyparallel notices an exit on its own schedule
+            state = "running" if pid_alive(pid) else "exited"
+        lines.append(f"\n  engine pid {pid}: {state}; its last line: {said[-1][:200] if said else '(none)'}")
+    return "".join(lines)
 
 
 def guard_iopub(client: ipp.Client, timeout_s: float = 5.0) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 import signal
 import subprocess
@@ -108,6 +109,14 @@ def reap(pids: Iterable[int], seconds: float = 5.0) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def remove_files(patterns: Iterable[str]) -> None:
+    """Remove the files matching ``patterns`` (glob), those already gone or not removable skipped."""
+    for pattern in patterns:
+        for path in glob.glob(pattern):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 class ProcessGuard:
     """The process groups of one lab's cluster, and the watchdog that ends them if the notebook dies."""
 
@@ -115,6 +124,7 @@ class ProcessGuard:
         self._cluster: Any = None
         self._reaper: subprocess.Popen[bytes] | None = None
         self._pgid_file: str | None = None
+        self._files: list[str] = []
         #: Groups the engines started in sessions of their own (their nannies).
         self._helpers: set[int] = set()
 
@@ -123,12 +133,16 @@ class ProcessGuard:
         if the notebook dies it also removes ``folders`` (files the lab made) and ``namespaces``
         (its nodes and switch, with their links and queues)."""
         self._cluster = cluster
+        # ipyparallel's files for this cluster (logs, connection files, the hub's engine state):
+        # a stop leaves the engine state, a killed notebook all of them.
+        self._files = ipycompat.cluster_files(cluster)
         fd, self._pgid_file = tempfile.mkstemp(prefix="distlab-", suffix=".pgids")
         os.close(fd)
         self.update()
         self._reaper = subprocess.Popen(
             [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file,
-             *(f"--netns={name}" for name in namespaces), *folders],
+             *(f"--netns={name}" for name in namespaces), *(f"--glob={pattern}" for pattern in self._files),
+             *folders],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )
@@ -196,3 +210,5 @@ class ProcessGuard:
             with contextlib.suppress(OSError):
                 os.unlink(self._pgid_file)
             self._pgid_file = None
+        remove_files(self._files)
+        self._files = []

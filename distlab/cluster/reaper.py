@@ -4,11 +4,12 @@ A kernel killed with SIGKILL runs no atexit handler, and ipyparallel's controlle
 watch the process that launched them. This small process does: started by Lab in a session of its
 own (so a kill of the kernel's process group spares it), it polls its parent; once the parent is
 gone it kills every process group listed in its file, removes the network namespaces it was given
-(an emulated cluster's nodes and switch: their links and queues go with them) and the folders (the
-lab's sockets). Lab rewrites the file whenever the world changes and terminates the reaper on a
+(an emulated cluster's nodes and switch: their links and queues go with them), the files matching
+the patterns (ipyparallel's logs and connection files of the cluster) and the folders (the lab's
+sockets). Lab rewrites the file whenever the world changes and terminates the reaper on a
 clean stop.
 
-    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [--netns=NAME ...] [FOLDER ...]
+    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [--netns=NAME ...] [--glob=PATTERN ...] [FOLDER ...]
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _kill_groups(pgids: list[int]) -> None:
 def main(argv: list[str]) -> int:
     owner_pid, pgid_file = int(argv[0]), argv[1]
     namespaces = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("--netns=")]
-    folders = [a for a in argv[2:] if not a.startswith("--netns=")]
+    patterns = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("--glob=")]
+    folders = [a for a in argv[2:] if not a.startswith(("--netns=", "--glob="))]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while os.getppid() == owner_pid:
@@ -58,6 +60,10 @@ def main(argv: list[str]) -> int:
         from .nodes import remove_namespaces
 
         remove_namespaces(namespaces)
+    if patterns:
+        from .processes import remove_files
+
+        remove_files(patterns)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     return 0

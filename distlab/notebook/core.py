@@ -151,6 +151,7 @@ class LabCore(RunsCells):
         """Start the world's engines and wait until they registered; ``leaving``: engine ids of an
         old world still exiting, which do not count."""
         network = self._network
+        before = set(self._cluster.engines)
         if network is None:
             self._cluster.start_engines_sync(self.world_size, **engine_start_args(self.config.local))
         else:
@@ -162,7 +163,8 @@ class LabCore(RunsCells):
                 link_client_sockets(self._cluster, self._folder, self.timeout)
             self._client = self._cluster.connect_client_sync()
             guard_iopub(self._client)
-        wait_for_engines(self._client, self.world_size, self.timeout, leaving)
+        started = [name for name in self._cluster.engines if name not in before]
+        wait_for_engines(self._client, self.world_size, self.timeout, leaving, self._cluster, started)
 
     def _build_world(self) -> None:
         """Rank table, device checks, rendezvous, process group, and the ranks' namespace."""
