@@ -38,6 +38,7 @@ __all__ = [
     "cluster_files",
     "control_request",
     "controller_connection_file",
+    "count_missed_engines",
     "engine_states",
     "launcher_pids",
     "on_engine",
@@ -127,6 +128,44 @@ def control_request(client: Any, targets: list[int], msg_type: str, content: dic
         return None  # a rank that does not answer in time is killed by the caller
     except (KeyError, IndexError, ipp.error.NoEnginesRegistered):
         return None  # an engine unregistered since the caller listed the live ones
+
+
+def count_missed_engines(client: Any, timeout_s: float, leaving: Iterable[int] = ()) -> int:
+    """Add to ``client.ids`` the engines the hub has registered that the client never heard of
+    (``leaving``: engines on their way out, never added back); how many were added (0 also when
+    the hub did not answer within ``timeout_s``).
+
+    A client learns of engines twice: the hub's answer to its connection request lists those
+    registered then, and a notification (a PUB socket) announces each one after. ipyparallel 9's
+    ``Client._connect`` subscribes to the notifications only *after* that answer came, so an
+    engine that registers in between is in neither, and ``client.ids`` never counts it (seen with
+    engines forked warm: one of three counted, the others registered but waited on for 30 s).
+    The same request asked again (``connection_request`` on ``Client._query_stream``) lists them;
+    ``Client._update_engines`` adds them, on the client's IO thread as a notification would.
+    """
+    send = _attribute(client, "_send", "ipyparallel", "ask the hub which engines registered")
+    stream = _attribute(client, "_query_stream", "ipyparallel", "ask the hub which engines registered")
+    try:
+        reply = send(stream, "connection_request").result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        return 0
+    on_hub = {int(k): str(v) for k, v in reply["content"].get("engines", {}).items()}
+    known = set(client.ids) | set(leaving)
+    missed = {eid: uuid for eid, uuid in on_hub.items() if eid not in known}
+    if not missed:
+        return 0
+    update = _attribute(client, "_update_engines", "ipyparallel", "count engines the client missed")
+    done = threading.Event()
+
+    def add() -> None:
+        try:
+            update(missed)
+        finally:
+            done.set()
+
+    _attribute(client, "_io_loop", "ipyparallel", "count engines the client missed").add_callback(add)
+    done.wait(timeout_s)
+    return len(missed)
 
 
 def wrap_iopub_dispatch(client: Any, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],

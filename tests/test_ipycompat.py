@@ -223,3 +223,53 @@ def test_releasing_stuck_ranks_through_a_client_that_lost_the_control_request_ra
     stuck = RankInfo(rank=0, engine_id=7, host="h", pid=1, local_rank=0, device="cpu", backend="gloo", addr="a")
     with pytest.raises(DistlabError, match=r"has no RenamedUpstream\._send_control_request"):
         releaser.release([stuck])
+
+
+@pytest.mark.cluster
+def test_an_engine_registering_while_a_client_connects_is_counted_though_ipyparallel_misses_it(monkeypatch):
+    # ipyparallel's client asks the hub which engines are registered, then subscribes to the
+    # notifications of new ones: an engine registering in between is in neither. Here it is made
+    # to register exactly then (warm engines registered that fast: a start waited 30 s for them).
+    import glob
+
+    import ipyparallel as ipp
+    import zmq
+    from ipyparallel import util
+
+    from distlab.cluster.launch import engine_start_args, make_cluster, wait_for_engines
+    from distlab.cluster.processes import wait_for
+
+    made = make_cluster(1, "local", local=True, timeout_s=60)
+    real_connect = util.connect
+    subscribed: list[str] = []
+
+    def registered() -> bool:  # the hub writes its engines down once an engine's registration finished
+        for path in glob.glob(os.path.join(made.profile_dir, "log", f"engines{made.cluster_id}.json")):
+            with open(path) as f:
+                return bool(json.load(f).get("engines"))
+        return False
+
+    def connect(socket: Any, url: str, *args: Any, **kwargs: Any) -> Any:
+        if socket.type == zmq.SUB and not subscribed:  # the notifications: after the hub's answer
+            subscribed.append(url)
+            made.start_engines_sync(1, **engine_start_args(True))
+            assert wait_for(registered, 60), "the engine did not register"
+        return real_connect(socket, url, *args, **kwargs)
+
+    try:
+        made.start_controller_sync()
+        connection_file = ipycompat.controller_connection_file(made, "client")
+        assert wait_for(lambda: os.path.exists(connection_file), 60), "the controller wrote no connection file"
+        monkeypatch.setattr(util, "connect", connect)
+        client = ipp.Client(connection_file, cluster=made)
+        monkeypatch.setattr(util, "connect", real_connect)
+        try:
+            assert subscribed and client.ids == []  # what ipyparallel alone would wait on forever
+            wait_for_engines(client, 1, timeout_s=30)
+            assert client.ids == [0]
+            client[0].execute("answer = 6 * 7", block=True)
+            assert client[0].pull("answer", block=True) == 42  # counted, and reachable
+        finally:
+            client.close()
+    finally:
+        made.stop_cluster_sync()

@@ -44,6 +44,9 @@ __all__ = [
 HEARTBEAT_MS = 250
 HEARTBEAT_MISSES = 20
 
+# How often a start that is still waiting for engines asks the hub which ones registered.
+_RECOUNT_S = 0.5
+
 # The notebook reaches a controller on emulated nodes through UNIX sockets in the lab's folder.
 _CLIENT_SOCKET = "client"
 
@@ -138,17 +141,17 @@ def wait_for_engines(
     """Wait until ``count`` engines registered; ``leaving``: ids of an old world's engines, still
     exiting, which do not count. When they do not come, the error says what became of the
     processes ``cluster`` started (of its engine sets ``sets``)."""
-    try:
-        if not leaving:
-            client.wait_for_engines(count, timeout=timeout_s, block=True, interactive=False)
-        elif not wait_for(lambda: len(set(client.ids) - leaving) >= count, timeout_s, poll_s=0.01):
-            raise TimeoutError
-    except TimeoutError:
-        report = engine_report(cluster, sets or list(cluster.engines)) if cluster is not None else ""
-        raise DistlabError(
-            f"only {len(set(client.ids) - leaving)} of {count} engines registered within {timeout_s:g} s "
-            f"(raise --timeout on a busy machine){report}"
-        ) from None
+    deadline = time.monotonic() + timeout_s
+    while not wait_for(lambda: len(set(client.ids) - leaving) >= count, _RECOUNT_S, poll_s=0.01):
+        if time.monotonic() > deadline:
+            report = engine_report(cluster, sets or list(cluster.engines)) if cluster is not None else ""
+            raise DistlabError(
+                f"only {len(set(client.ids) - leaving)} of {count} engines registered within {timeout_s:g} s "
+                f"(raise --timeout on a busy machine){report}"
+            )
+        # A client that has just connected can miss an engine that registered meanwhile (ipycompat
+        # says how): the hub is asked again, rather than the start waiting out its timeout.
+        ipycompat.count_missed_engines(client, _RECOUNT_S, leaving)
 
 
 def engine_report(cluster: ipp.Cluster, sets: Iterable[str]) -> str:
