@@ -25,6 +25,8 @@ from .processes import pid_alive, wait_for
 __all__ = [
     "HEARTBEAT_MISSES",
     "HEARTBEAT_MS",
+    "NODE_HEARTBEAT_MISSES",
+    "NODE_HEARTBEAT_MS",
     "controller_address",
     "controller_start_args",
     "engine_report",
@@ -36,13 +38,15 @@ __all__ = [
 
 # ipyparallel's hub finishes an engine's registration only when it has seen its heartbeat; at the
 # default 3 s that was most of a cluster's start-up time (measured: 6.6 s -> 2.2 s for 2 engines at
-# 500 ms). At 250 ms, 20 misses still give a busy machine 5 s before an engine is declared dead (the
-# engine answers pings from a C thread, without the GIL). 100 ms was tried with warm ranks (~0.2 s
-# less per start): under one spinning core a new engine's answers then came later than the last two
-# pings, the hub never counted its heart, and a 3-rank start registered 1 engine in 30 s; and the
-# pings, which cross an emulated node's link, added to the bytes notebook 14 counts there.
-HEARTBEAT_MS = 250
-HEARTBEAT_MISSES = 20
+# 500 ms). Local labs beat every 100 ms: with warm ranks a start and a restart take ~0.2 s less than
+# at 250 ms (benchmarks/RESULTS.md); 50 misses still give a busy machine 5 s before an engine is
+# declared dead (the engine answers pings from a C thread, without the GIL, and a dead rank is named
+# by its nanny at once anyway). Labs on emulated nodes beat every 250 ms: the pings cross a node's
+# link, and at 100 ms they added to the bytes notebook 14 counts there.
+HEARTBEAT_MS = 100
+HEARTBEAT_MISSES = 50
+NODE_HEARTBEAT_MS = 250
+NODE_HEARTBEAT_MISSES = 20
 
 # How often a start that is still waiting for engines asks the hub which ones registered.
 _RECOUNT_S = 0.5
@@ -61,10 +65,8 @@ def make_cluster(
     would: engines reach it over their node's link at the switch's address; the notebook, which
     is on no node, reaches it through UNIX sockets in ``folder``.
     """
-    args = [
-        f"--HeartMonitor.period={HEARTBEAT_MS}",
-        f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
-    ]
+    period, misses = (HEARTBEAT_MS, HEARTBEAT_MISSES) if network is None else (NODE_HEARTBEAT_MS, NODE_HEARTBEAT_MISSES)
+    args = [f"--HeartMonitor.period={period}", f"--HeartMonitor.max_heartmonitor_misses={misses}"]
     if network is not None:
         args += [
             f"--IPController.engine_ip={network.switch_addr}",
