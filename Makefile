@@ -18,6 +18,10 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.distlab-installed
 PORT ?= 8888
+# make test runs the test files on this many workers side by side (pytest-xdist, a whole file to a
+# worker): a third of the two cores sat idle in one process, the tests waiting on deadlines,
+# heartbeats, links, browsers and pip. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: lab lint test test-fast test-cluster test-e2e system-deps clean
 
@@ -58,7 +62,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: system-deps $(STAMP) lint
-	$(PY) -m pytest -p no:cacheprovider --durations=40
+	$(PY) -m pytest -p no:cacheprovider --numprocesses=$(TEST_WORKERS) --dist=loadfile --no-loadscope-reorder --durations=40
 
 test-fast: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider -m "not cluster and not e2e"

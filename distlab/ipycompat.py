@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "engine_states",
     "launcher_pids",
     "on_engine",
+    "patient_connection_file",
     "serve_control_request",
     "version_problem",
     "widget_messages_sent",
@@ -284,6 +286,37 @@ def engine_states(cluster: Any, sets: Iterable[str]) -> list[tuple[int, int | No
 
 
 # ------------------------------------------------------------------------------ engine (ranks)
+
+
+def patient_connection_file(deadline_s: float = 10.0) -> None:
+    """Make this engine process read its controller's connection file once it is whole.
+
+    ``IPEngine.load_connection_file`` (no documented API) reads the file once the engine has seen it
+    exist; the controller writes it in place (``open(path, "w")`` then its JSON), so an engine that
+    looks in between reads an empty file and dies of a JSONDecodeError. Engines start before the
+    controller is up (their start overlaps its own), and on a loaded machine one did exactly that:
+    a lab start then waited its whole timeout for an engine that had died. The write is one
+    ``write`` of a few hundred bytes, so the file is empty or whole: read again until it parses.
+    """
+    _package("ipyparallel")
+    from ipyparallel.engine.app import IPEngine
+
+    load = _attribute(IPEngine, "load_connection_file", "ipyparallel", "read the controller's connection file")
+    if getattr(load, "_distlab_patient", False):
+        return
+
+    def patient_load(self: Any) -> Any:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                return load(self)
+            except ValueError:  # json's JSONDecodeError: the controller has not written it yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    patient_load._distlab_patient = True  # type: ignore[attr-defined]
+    IPEngine.load_connection_file = patient_load
 
 
 def on_engine() -> bool:

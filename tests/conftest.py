@@ -65,6 +65,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    # The longest files first, so that two workers (make test: pytest-xdist, a file to a worker, in
+    # this order) finish together instead of one running Binder's install alone at the end. Files
+    # stay whole and in their order within each tier; a sort is stable.
+    tier: dict[object, int] = {}
+    for item in items:
+        rank = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("cluster") else 2
+        tier[item.path] = min(tier.get(item.path, rank), rank)
+    items.sort(key=lambda item: tier[item.path])
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +162,8 @@ _OWNER = f"{os.getpid()}-{time.time_ns()}"
 os.environ["DISTLAB_TEST_RUN"] = _OWNER
 
 
-def _ours(proc: psutil.Process) -> bool:
+def ours(proc: psutil.Process) -> bool:
+    """Whether this test run (this pytest process or xdist worker) started ``proc``."""
     try:
         return proc.environ().get("DISTLAB_TEST_RUN") == _OWNER
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -173,6 +182,6 @@ def distlab_processes() -> list[psutil.Process]:
             continue
         if any(k in cmd for k in ("ipyparallel.engine", "ipyparallel.controller", "distlab.cluster.reaper",
                                    "distlab.cluster.engine",
-                                   "ipengine", "ipcontroller")) and _ours(proc):
+                                   "ipengine", "ipcontroller")) and ours(proc):
             found.append(proc)
     return found

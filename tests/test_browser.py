@@ -155,7 +155,10 @@ def _answer_quiz(quiz: Any) -> list[str]:
     for _ in range(20):  # a bounded walk: at most 20 questions
         if "done" in header.inner_text():
             return verdicts
-        radios = quiz.locator(".widget-radio-box input[type=radio]")
+        # The header changes before the new question's controls replace the old, disabled ones (each
+        # is its own widget, rendered when its message arrives): read the question once it is open.
+        expect(quiz.locator("input:enabled, select:enabled").first).to_be_visible(timeout=VERDICT_MS)
+        radios = quiz.locator(".widget-radio-box input[type=radio]:enabled")
         if radios.count():
             # Choose the options in turn and press Check until the page says it is right: a right
             # answer closes the question (Check greys out), a wrong one leaves it open.

@@ -9,6 +9,7 @@ import tempfile
 import psutil
 import pytest
 from _exercises import Harness, learners_lab
+from conftest import ours
 
 pytestmark = pytest.mark.cluster
 
@@ -20,7 +21,9 @@ lab = learners_lab()
 def _savers() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
-        if any("distlab.exercises.atomic_checkpoint.saver import serve" in part for part in proc.info["cmdline"] or ()):
+        cmdline = proc.info["cmdline"] or ()
+        # (ours: another test run's savers, an xdist worker beside this one, are not this test's)
+        if any("distlab.exercises.atomic_checkpoint.saver import serve" in part for part in cmdline) and ours(proc):
             found.append(proc)
     return found
 

@@ -11,6 +11,7 @@ import nbformat
 import psutil
 import pytest
 from _jupyter import execute
+from conftest import ours
 from jupyter_client.manager import start_new_kernel
 
 from distlab import exercises
@@ -103,6 +104,6 @@ def test_headless_grading_runs_a_learners_notebook_and_prints_its_grades(tmp_pat
     assert "`ring_all_reduce` is not defined on the ranks" in grades["ring-allreduce"]["feedback"]
     assert report["passed"] == 1 and report["of"] == 2
     # The kernel's exit stopped both labs, the learner's and the grader's.
-    left = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid not in before and
+    left = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid not in before and ours(p) and
             any("ipyparallel" in part or "distlab" in part for part in (p.info["cmdline"] or []))]
     assert not left, [p.info["cmdline"] for p in left]

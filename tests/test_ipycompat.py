@@ -273,3 +273,37 @@ def test_an_engine_registering_while_a_client_connects_is_counted_though_ipypara
             client.close()
     finally:
         made.stop_cluster_sync()
+
+
+@pytest.mark.cluster
+def test_an_engine_that_finds_the_connection_file_still_empty_waits_for_it_instead_of_dying():
+    # The controller writes its connection file in place: an engine that opens it between the
+    # open and the write reads nothing (a loaded machine did; the lab then waited out its timeout).
+    # Here the file is kept empty for a second while the engine starts.
+    import ipyparallel as ipp
+
+    from distlab.cluster.launch import engine_start_args, make_cluster, wait_for_engines
+    from distlab.cluster.processes import wait_for
+
+    made = make_cluster(1, "local", local=True, timeout_s=60)
+    try:
+        made.start_controller_sync()
+        engine_file = ipycompat.controller_connection_file(made, "engine")
+        assert wait_for(lambda: os.path.exists(engine_file) and os.path.getsize(engine_file) > 0, 60)
+        whole = Path(engine_file).read_text()
+        Path(engine_file).write_text("")  # as the controller's open(path, "w") leaves it
+        made.start_engines_sync(1, **engine_start_args(True))
+        sets = list(made.engines)
+        looked = lambda: any("Loading connection file" in out for _, _, out in ipycompat.engine_states(made, sets))  # noqa: E731
+        assert wait_for(looked, 60), ipycompat.engine_states(made, sets)
+        Path(engine_file).write_text(whole)  # the controller's write
+        client = ipp.Client(ipycompat.controller_connection_file(made, "client"), cluster=made)
+        try:
+            wait_for_engines(client, 1, timeout_s=30, cluster=made, sets=sets)
+            client[0].execute("answer = 6 * 7", block=True)
+            assert client[0].pull("answer", block=True) == 42  # registered, and reachable
+        finally:
+            client.close()
+    finally:
+        made.stop_cluster_sync()
+

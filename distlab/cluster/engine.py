@@ -31,6 +31,10 @@ def main() -> None:
     threading.Thread(target=_preload, name="distlab-preload", daemon=True).start()
     from ipyparallel.engine.app import main as engine_main
 
+    from distlab import ipycompat
+
+    ipycompat.patient_connection_file()  # this engine may start before the controller has written it
+
     try:
         # A stop (SIGTERM) ends the engine's loop under it, and this raises RuntimeError ("Event loop
         # stopped before Future completed"): the traceback and exit status are what they always were.
