@@ -189,17 +189,23 @@ class JupyterLab:
                 time.sleep(0.5)
 
 
-def execute(client: Any, code: str, timeout: float = 120, messages: list[dict[str, Any]] | None = None) -> str:
+def execute(
+    client: Any, code: str, timeout: float = 120, messages: list[dict[str, Any]] | None = None,
+    on_message: Any = None,
+) -> str:
     """Run ``code`` in a kernel; its stream output, or AssertionError with the traceback.
 
     ``messages``, if given, receives every IOPub message of the request, in order (comm updates,
-    displays, status), for tests that look at what a front end would have been sent.
+    displays, status), for tests that look at what a front end would have been sent; ``on_message``
+    is called with each as it arrives (while the cell still runs).
     """
     out: list[str] = []
 
     def hook(msg: dict[str, Any]) -> None:
         if messages is not None:
             messages.append(msg)
+        if on_message is not None:
+            on_message(msg)
         if msg["msg_type"] == "stream":
             out.append(msg["content"]["text"])
 

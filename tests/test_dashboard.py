@@ -67,21 +67,34 @@ def test_a_rank_that_starts_its_backward_late_is_the_straggler_marked_on_the_tim
 # ------------------------------------------------------------------ in a real kernel
 
 _FAST_PUBLISHER = """%%ddp
-import time, torch
+import os, time, torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-# Twenty publishes a second per rank: far more changes than the dashboard may draw.
+# Twenty publishes a second per rank: far more changes than the dashboard may draw. 300 steps (about
+# 4 s), and on until the test has seen the dashboard redraw live for long enough (it makes SEEN; at
+# most 2 minutes): on a loaded machine the dashboard may show late. Both ranks agree each step on
+# whether to go on (an all-reduce of the flag), so they make the same all-reduces.
+deadline = time.monotonic() + 120
 with distlab.watch(model, publish_interval_s=0.05, stats_every=5, checksum_every=5):
-    for step in range(600):  # about 7 s; a fixed count, so both ranks make the same all-reduces
+    step, go_on = 0, True
+    while go_on:
         opt.zero_grad()
         loss = model(torch.randn(16, 8)).square().mean()
         loss.backward()
         opt.step()
         distlab.log(loss=loss)
         time.sleep(0.01)
+        step += 1
+        waiting = step < 300 or not (os.path.exists(SEEN) or time.monotonic() > deadline)
+        flag = torch.tensor([float(waiting)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        go_on = bool(flag.item())
 """
+# Seconds of live redraws (after the dashboard showed) the test waits to see before the cell may end:
+# more than the assertion below needs, for the redraws in the cell's last moments that it leaves out.
+_LIVE_SECONDS = 6
 
 
 def _sent_at(msg: dict) -> float:
@@ -91,7 +104,18 @@ def _sent_at(msg: dict) -> float:
     return date.timestamp()
 
 
-def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_keeps_its_last_state():
+def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_keeps_its_last_state(tmp_path):
+    seen = tmp_path / "seen"
+    live_seconds: set[int] = set()
+
+    def watch(msg: dict) -> None:  # while the cell runs: once redraws span enough seconds, it may end
+        if msg["msg_type"] == "display_data":
+            live_seconds.add(-1)  # shown
+        elif msg["msg_type"] == "comm_msg" and -1 in live_seconds:
+            live_seconds.add(round(_sent_at(msg)))
+            if len(live_seconds) > _LIVE_SECONDS:
+                seen.touch()
+
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         execute(kc, "%load_ext distlab\n%dist start -n 2")
@@ -100,7 +124,7 @@ def test_a_watched_cell_shows_the_dashboard_live_within_the_message_budget_and_k
         loaded = "import sys; print('distlab.dashboard.figures' in sys.modules and 'plotly.graph_objs' in sys.modules)"
         wait_for(lambda: execute(kc, loaded).strip() == "True", 120, "the dashboard's modules to load", poll_s=0.5)
         messages: list[dict] = []
-        execute(kc, _FAST_PUBLISHER, messages=messages)
+        execute(kc, _FAST_PUBLISHER.replace("SEEN", repr(str(seen))), timeout=300, messages=messages, on_message=watch)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)

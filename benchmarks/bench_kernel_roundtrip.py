@@ -1,0 +1,110 @@
+"""An empty ``%%ddp`` cell against raw ipyparallel's ``%%px``, each through a real Jupyter kernel.
+
+What a person waits for: from the notebook sending the cell (``execute_request``) to the kernel
+going idle again, the reply in hand. Both magics run in one kernel on the same lab's engines
+(``%%px`` on a DirectView of the lab's ranks, activated as ipyparallel's docs show), interleaved
+cell by cell so that drift hits both alike. The history the kernel keeps grows as cells run: the
+first and the last quarter of the calls are shown apart, to see the cost stay flat.
+
+    python benchmarks/bench_kernel_roundtrip.py [--calls 200] [--ranks 2] [--profile]
+
+``--profile`` runs cProfile in the kernel around the ``%%ddp`` cells and prints where their time went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from jupyter_client.manager import start_new_kernel
+
+_SETUP_PX = """
+from distlab.notebook import labs
+_view = labs.current()._client.direct_view([row.engine_id for row in labs.current().table])
+_view.activate()  # %%px, %px and %autopx on these engines
+"""
+
+
+def _run(kc: Any, code: str, timeout: float = 120.0) -> float:
+    """Seconds from sending ``code`` to the kernel's reply and its going idle; fails on an error."""
+    t0 = time.perf_counter()
+    msg_id = kc.execute(code)
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"{code!r}: {reply['content']}")
+    return time.perf_counter() - t0
+
+
+def _output(kc: Any, code: str) -> str:
+    msg_id = kc.execute(code)
+    out = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return "".join(out)
+
+
+def _p(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2])
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    print("| ranks | `%%px` p50 (ms) | `%%ddp` p50 (ms) | ratio | `%%px` p90 | `%%ddp` p90 | "
+          "`%%ddp` p50, first quarter | last quarter |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.ranks:
+        km, kc = start_new_kernel(kernel_name="python3")
+        try:
+            _run(kc, f"%load_ext distlab\n%dist start -n {n}", timeout=300)
+            _run(kc, _SETUP_PX)
+            if args.profile:
+                _run(kc, "import cProfile, pstats\n_prof = cProfile.Profile()")
+            px, ddp = [], []
+            warmup = 10
+            for i in range(args.calls + warmup):
+                a = _run(kc, "%%px\npass")
+                if args.profile:
+                    _run(kc, "_prof.enable()")
+                b = _run(kc, "%%ddp\npass")
+                if args.profile:
+                    _run(kc, "_prof.disable()")
+                if i >= warmup:
+                    px.append(a)
+                    ddp.append(b)
+            q = max(2, len(ddp) // 4)
+            first, last = statistics.median(ddp[:q]) * 1e3, statistics.median(ddp[-q:]) * 1e3
+            a50, b50 = statistics.median(px) * 1e3, statistics.median(ddp) * 1e3
+            print(f"| {n} | {a50:.1f} | {b50:.1f} | {b50 / a50:.2f}x | {_p(px, 90):.1f} | {_p(ddp, 90):.1f} | "
+                  f"{first:.1f} | {last:.1f} |", flush=True)
+            if args.profile:
+                print(_output(kc, "pstats.Stats(_prof).sort_stats('cumulative').print_stats(40)"))
+                print(_output(kc, "pstats.Stats(_prof).sort_stats('tottime').print_stats(25)"))
+            _run(kc, "%dist stop", timeout=120)
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+
+
+if __name__ == "__main__":
+    main()
