@@ -27,6 +27,16 @@ _view.activate()  # %%px, %px and %autopx on these engines
 """
 
 
+_WAIT_LOADED = """
+import sys, time
+deadline = time.monotonic() + 240
+while not ("distlab.dashboard.figures" in sys.modules and "plotly.graph_objs" in sys.modules):
+    assert time.monotonic() < deadline, "the dashboard's modules did not load"
+    time.sleep(0.1)
+time.sleep(1.0)
+"""
+
+
 def _run(kc: Any, code: str, timeout: float = 120.0) -> float:
     """Seconds from sending ``code`` to the kernel's reply and its going idle; fails on an error."""
     t0 = time.perf_counter()
@@ -78,6 +88,9 @@ def main() -> None:
         try:
             _run(kc, f"%load_ext distlab\n%dist start -n {n}", timeout=300)
             _run(kc, _SETUP_PX)
+            # A started lab loads the dashboard's modules in a background thread of the kernel; the
+            # calls wait for it, as a person's first cells would not (they read the output first).
+            _run(kc, _WAIT_LOADED, timeout=300)
             if args.profile:
                 _run(kc, "import cProfile, pstats\n_prof = cProfile.Profile()")
             px, ddp = [], []
@@ -100,6 +113,7 @@ def main() -> None:
             if args.profile:
                 print(_output(kc, "pstats.Stats(_prof).sort_stats('cumulative').print_stats(40)"))
                 print(_output(kc, "pstats.Stats(_prof).sort_stats('tottime').print_stats(25)"))
+                print(_output(kc, "pstats.Stats(_prof).print_callees('cells.py.*_run_on|cell.py.*_wait|lab.py.*_on_poll')"))
             _run(kc, "%dist stop", timeout=120)
         finally:
             kc.stop_channels()
