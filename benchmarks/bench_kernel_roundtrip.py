@@ -37,37 +37,28 @@ time.sleep(1.0)
 """
 
 
-def _run(kc: Any, code: str, timeout: float = 120.0) -> float:
-    """Seconds from sending ``code`` to the kernel's reply and its going idle; fails on an error."""
+def _run(kc: Any, code: str, timeout: float = 120.0) -> tuple[float, str]:
+    """(seconds from sending ``code`` to the kernel's reply and its going idle, what it printed);
+    fails on an error."""
     t0 = time.perf_counter()
     msg_id = kc.execute(code)
     reply = kc.get_shell_msg(timeout=timeout)
     while reply["parent_header"].get("msg_id") != msg_id:
         reply = kc.get_shell_msg(timeout=timeout)
+    out = []
     while True:
         msg = kc.get_iopub_msg(timeout=timeout)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "error":
             raise RuntimeError("\n".join(msg["content"]["traceback"]))
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
     if reply["content"]["status"] != "ok":
         raise RuntimeError(f"{code!r}: {reply['content']}")
-    return time.perf_counter() - t0
-
-
-def _output(kc: Any, code: str) -> str:
-    msg_id = kc.execute(code)
-    out = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return "".join(out)
+    return time.perf_counter() - t0, "".join(out)
 
 
 def _p(values: list[float], q: int) -> float:
@@ -96,10 +87,10 @@ def main() -> None:
             px, ddp = [], []
             warmup = 10
             for i in range(args.calls + warmup):
-                a = _run(kc, "%%px\npass")
+                a, _ = _run(kc, "%%px\npass")
                 if args.profile:
                     _run(kc, "_prof.enable()")
-                b = _run(kc, "%%ddp\npass")
+                b, _ = _run(kc, "%%ddp\npass")
                 if args.profile:
                     _run(kc, "_prof.disable()")
                 if i >= warmup:
@@ -111,9 +102,9 @@ def main() -> None:
             print(f"| {n} | {a50:.1f} | {b50:.1f} | {b50 / a50:.2f}x | {_p(px, 90):.1f} | {_p(ddp, 90):.1f} | "
                   f"{first:.1f} | {last:.1f} |", flush=True)
             if args.profile:
-                print(_output(kc, "pstats.Stats(_prof).sort_stats('cumulative').print_stats(40)"))
-                print(_output(kc, "pstats.Stats(_prof).sort_stats('tottime').print_stats(25)"))
-                print(_output(kc, "pstats.Stats(_prof).print_callees('cells.py.*_run_on|cell.py.*_wait|lab.py.*_on_poll')"))
+                print(_run(kc, "pstats.Stats(_prof).sort_stats('cumulative').print_stats(40)")[1])
+                print(_run(kc, "pstats.Stats(_prof).sort_stats('tottime').print_stats(25)")[1])
+                print(_run(kc, "pstats.Stats(_prof).print_callees('cells.py.*_run_on|cell.py.*_wait|lab.py.*_on_poll')")[1])
             _run(kc, "%dist stop", timeout=120)
         finally:
             kc.stop_channels()

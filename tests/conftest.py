@@ -170,6 +170,16 @@ def ours(proc: psutil.Process) -> bool:
         return False
 
 
+def lab_namespaces(pid: int | None = None) -> set[str]:
+    """The network namespaces of process ``pid``'s labs (this process's by default): distlab names
+    them after it, and other labs on the machine (another xdist worker's, a notebook's) are not ours."""
+    prefix = f"distlab-{os.getpid() if pid is None else pid}-"
+    try:
+        return {n for n in os.listdir("/run/netns") if n.startswith(prefix)}
+    except OSError:  # no namespace made on this machine yet
+        return set()
+
+
 def distlab_processes() -> list[psutil.Process]:
     """Every live ipyparallel engine/controller or distlab reaper process this test run started."""
     found = []

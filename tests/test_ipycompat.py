@@ -236,7 +236,7 @@ def test_an_engine_registering_while_a_client_connects_is_counted_though_ipypara
     import zmq
     from ipyparallel import util
 
-    from distlab.cluster.launch import engine_start_args, make_cluster, wait_for_engines
+    from distlab.cluster.launch import engine_start_args, make_cluster
     from distlab.cluster.processes import wait_for
 
     made = make_cluster(1, "local", local=True, timeout_s=60)
@@ -265,10 +265,7 @@ def test_an_engine_registering_while_a_client_connects_is_counted_though_ipypara
         monkeypatch.setattr(util, "connect", real_connect)
         try:
             assert subscribed and client.ids == []  # what ipyparallel alone would wait on forever
-            wait_for_engines(client, 1, timeout_s=30)
-            assert client.ids == [0]
-            client[0].execute("answer = 6 * 7", block=True)
-            assert client[0].pull("answer", block=True) == 42  # counted, and reachable
+            _one_engine_counted_and_reachable(client)
         finally:
             client.close()
     finally:
@@ -282,7 +279,7 @@ def test_an_engine_that_finds_the_connection_file_still_empty_waits_for_it_inste
     # Here the file is kept empty for a second while the engine starts.
     import ipyparallel as ipp
 
-    from distlab.cluster.launch import engine_start_args, make_cluster, wait_for_engines
+    from distlab.cluster.launch import engine_start_args, make_cluster
     from distlab.cluster.processes import wait_for
 
     made = make_cluster(1, "local", local=True, timeout_s=60)
@@ -299,11 +296,18 @@ def test_an_engine_that_finds_the_connection_file_still_empty_waits_for_it_inste
         Path(engine_file).write_text(whole)  # the controller's write
         client = ipp.Client(ipycompat.controller_connection_file(made, "client"), cluster=made)
         try:
-            wait_for_engines(client, 1, timeout_s=30, cluster=made, sets=sets)
-            client[0].execute("answer = 6 * 7", block=True)
-            assert client[0].pull("answer", block=True) == 42  # registered, and reachable
+            _one_engine_counted_and_reachable(client, made, sets)
         finally:
             client.close()
     finally:
         made.stop_cluster_sync()
 
+
+def _one_engine_counted_and_reachable(client: Any, cluster: Any = None, sets: list[str] | None = None) -> None:
+    """The start's wait counts the one engine (as id 0), and a cell runs on it."""
+    from distlab.cluster.launch import wait_for_engines
+
+    wait_for_engines(client, 1, timeout_s=30, cluster=cluster, sets=sets)
+    assert client.ids == [0]
+    client[0].execute("answer = 6 * 7", block=True)
+    assert client[0].pull("answer", block=True) == 42

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 from _jupyter import execute
+from conftest import lab_namespaces
 from jupyter_client.manager import start_new_kernel
 
 pytestmark = pytest.mark.cluster
@@ -30,18 +31,16 @@ def _lab_folders() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "distlab-lab-*")))
 
 
-def _namespaces() -> set[str]:
-    return {n for n in os.listdir("/run/netns") if n.startswith("distlab-")} if os.path.isdir("/run/netns") else set()
 
 
 def _start_kernel_with_lab(line: str):
     km, kc = start_new_kernel(kernel_name="python3")
-    before, namespaces_before = _lab_folders(), _namespaces()
-    execute(kc, f"%load_ext distlab\n%dist {line}", timeout=90)
     pid = km.provisioner.process.pid
+    before, namespaces_before = _lab_folders(), lab_namespaces(pid)
+    execute(kc, f"%load_ext distlab\n%dist {line}", timeout=90)
     # Everything this kernel's lab made: a folder (the controller's sockets) and namespaces on nodes.
     folders = {f for f in _lab_folders() - before if os.path.basename(f).startswith(f"distlab-lab-{pid}-")}
-    namespaces = {n for n in _namespaces() - namespaces_before if n.startswith(f"distlab-{pid}-")}
+    namespaces = lab_namespaces(pid) - namespaces_before
     if "--nodes" in line:
         assert len(folders) == 1 and len(namespaces) == 3, (folders, namespaces)  # switch and two nodes
     # ipyparallel's files for the lab's cluster: its logs, connection files, the hub's engine state.

@@ -271,19 +271,15 @@ def test_a_stop_signal_that_arrives_before_the_cells_code_starts_still_stops_it(
 )
 def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, fragment):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    namespaces = _my_namespaces()
+    from conftest import lab_namespaces
+
+    namespaces = lab_namespaces()
     with pytest.raises(LabUsageError) as info:
         distlab.start(**kwargs)
     assert fragment in str(info.value) and "\n" not in str(info.value)
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before
-    assert _my_namespaces() <= namespaces
-
-
-def _my_namespaces() -> set[str]:
-    """The network namespaces this process's labs made (named after its pid); others are not ours."""
-    mine = f"distlab-{os.getpid()}-"
-    return {n for n in os.listdir("/run/netns") if n.startswith(mine)} if os.path.isdir("/run/netns") else set()
+    assert lab_namespaces() <= namespaces
 
 
 @pytest.mark.cluster

@@ -17,6 +17,7 @@ import threading
 
 import pytest
 import torch
+from conftest import lab_namespaces
 from test_ddp_correctness import TRAIN, reference
 from test_faults import TRAIN_ONE_EPOCH
 
@@ -30,13 +31,6 @@ pytestmark = pytest.mark.cluster
 LINK = "1gbit"
 ALL_REDUCE_ONE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 
-
-def _lab_namespaces() -> set[str]:
-    """The namespaces of this test process's labs (other labs may run on the machine meanwhile)."""
-    try:
-        return {n for n in os.listdir("/run/netns") if n.startswith(f"distlab-{os.getpid()}-")}
-    except OSError:
-        return set()
 
 
 @pytest.fixture(scope="module")
@@ -233,29 +227,29 @@ def test_the_side_panel_sees_the_ranks_on_their_nodes(nodes_lab):
 
 
 def test_two_labs_at_once_get_disjoint_subnets_and_nothing_outlives_them():
-    before = _lab_namespaces()
+    before = lab_namespaces()
     first = distlab.start(ranks=2, nodes=2, link="100mbit")
     try:
         second = distlab.start(ranks=2, nodes=2)
         try:
             nets = [first._network.subnet, second._network.subnet]
             assert not nets[0].overlaps(nets[1])
-            made = _lab_namespaces() - before
+            made = lab_namespaces() - before
             assert len(made) == 6  # two switches, four nodes
             with pytest.raises(LabUsageError, match="overlaps"):
                 distlab.start(ranks=2, nodes=2, subnet=str(nets[0]))
-            assert _lab_namespaces() - before == made  # the refused lab made nothing
+            assert lab_namespaces() - before == made  # the refused lab made nothing
             pids = [r.pid for r in first.table + second.table]
         finally:
             second.stop()
     finally:
         first.stop()
-    assert _lab_namespaces() == before
+    assert lab_namespaces() == before
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
 
 
 def test_latency_needs_netem_and_without_it_the_start_says_so_and_makes_nothing():
-    before = _lab_namespaces()
+    before = lab_namespaces()
     if nodes_mod.netem_missing() is None:  # a kernel with netem: the delay is really there
         lab = distlab.start(ranks=2, nodes=2, link="1gbit", latency="10ms")
         try:
@@ -266,7 +260,7 @@ def test_latency_needs_netem_and_without_it_the_start_says_so_and_makes_nothing(
         with pytest.raises(LabUsageError) as info:
             distlab.start(ranks=2, nodes=2, link="1gbit", latency="200us")
         assert "netem" in str(info.value) and "\n" not in str(info.value)
-    assert _lab_namespaces() == before
+    assert lab_namespaces() == before
 
 
 def test_without_cap_net_admin_nodes_fail_before_anything_starts_in_one_line():
@@ -301,6 +295,6 @@ def test_an_orphaned_labs_namespaces_are_removed_by_the_next_lab():
     subprocess.run(["ip", "netns", "add", orphan], check=True, timeout=10)
     try:
         assert orphan in nodes_mod.remove_orphans()
-        assert orphan not in _lab_namespaces()
+        assert orphan not in lab_namespaces(dead.pid)
     finally:
         subprocess.run(["ip", "netns", "del", orphan], capture_output=True, timeout=10, check=False)
