@@ -61,14 +61,14 @@ for v in range(1, 11):
     time.sleep(0.3)
 """,
     # training under the live dashboard: 200 steps, and on until the test has seen the plot in the
-    # page (it makes SEEN_FILE; at most 2 minutes), so a loaded machine cannot end the cell first.
+    # page (it makes SEEN_FILE; at most 4 minutes), so a loaded machine cannot end the cell first.
     # Both ranks agree each step on whether to go on (an all-reduce of the flag), as DDP needs.
     """%%ddp
 import os, time, torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(torch.nn.Linear(16, 16))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-deadline = time.monotonic() + 120
+deadline = time.monotonic() + 240
 with distlab.watch(model):
     step, go_on = 0, True
     while go_on:
@@ -210,14 +210,23 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     # The live dashboard (plotly in the page, data plotted) while the cell trains; its picture after.
     training = cells.start(4)
     plots = training.locator(".js-plotly-plot")
-    plots.first.wait_for(timeout=90_000)
+    plots.first.wait_for(timeout=120_000)
     # A line drawn in a plot: what a person sees of the loss (plotly draws a trace as an SVG path).
-    page.wait_for_function(
-        "area => [...area.querySelectorAll('.js-plotly-plot .scatterlayer path.js-line')]"
-        ".some(path => (path.getAttribute('d') || '').length > 20)",
-        arg=training.element_handle(),
-        timeout=60_000,
-    )
+    lines = "[...area.querySelectorAll('.js-plotly-plot .scatterlayer path.js-line')]"
+    try:
+        page.wait_for_function(
+            f"area => {lines}.some(path => (path.getAttribute('d') || '').length > 20)",
+            arg=training.element_handle(),
+            timeout=120_000,
+        )
+    except Exception as e:  # playwright's TimeoutError: say what the page had instead
+        drawn = training.evaluate(
+            "area => [...area.querySelectorAll('.js-plotly-plot')].map(plot => "
+            "[(plot.querySelector('.gtitle') || {}).textContent, "
+            "[...plot.querySelectorAll('.scatterlayer path.js-line')].map(p => (p.getAttribute('d') || '').length)])"
+        )
+        raise AssertionError(f"no line drawn in the live dashboard: (title, path lengths) {drawn}; "
+                             f"page errors {page.js_errors}") from e  # type: ignore[attr-defined]
     _shot(page, "ranks-2-dashboard-live")
     (server.root / SEEN).touch()
     training = cells.finish(4)

@@ -19,6 +19,15 @@ from distlab.cluster.processes import pid_alive, wait_for
 pytestmark = pytest.mark.cluster
 
 
+def _environment(pid: int) -> dict[str, str]:
+    """A process's environment as the kernel shows it. Popen returns when exec has closed the
+    error pipe, a moment before the kernel records where the new environment lies: read then,
+    /proc/PID/environ is empty (seen 2 times in 60 back-to-back starts)."""
+    proc = psutil.Process(pid)
+    assert wait_for(lambda: bool(proc.environ()), 10), f"process {pid} shows no environment"
+    return proc.environ()
+
+
 def _template_children(template_pid: int) -> list[psutil.Process]:
     return psutil.Process(template_pid).children(recursive=True)
 
@@ -124,11 +133,11 @@ def test_a_change_to_what_torch_reads_at_import_gets_a_new_template_and_the_old_
     try:
         assert new.pid != old.pid
         assert wait_for(lambda: not pid_alive(old.pid), 10)
-        assert psutil.Process(new.pid).environ()["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"]
+        assert _environment(new.pid)["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"]
         # A launcher's environment that is not the notebook's gets a template made from it, kept for the next ask.
         launchers = {**os.environ, "OMP_NUM_THREADS": "3"}
         made = warm.current(launchers)
-        assert psutil.Process(made.pid).environ()["OMP_NUM_THREADS"] == "3"
+        assert _environment(made.pid)["OMP_NUM_THREADS"] == "3"
         assert warm.current(launchers) is made
     finally:
         monkeypatch.undo()
