@@ -29,6 +29,7 @@ __all__ = [
     "RankError",
     "__version__",
     "current_lab",
+    "heal",
     "load_ipython_extension",
     "log",
     "start",
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .notebook.lab import Lab, start
     from .notebook.labs import current as current_lab
+    from .rank.heal import heal
     from .telemetry.watch import log, watch  # the module: mypy takes telemetry.watch for the submodule
 
 # name -> module that defines it; resolved on first use (PEP 562).
@@ -53,6 +55,7 @@ _LAZY = {
     "RankError": "errors",
     "watch": "telemetry",
     "log": "telemetry",
+    "heal": "rank.heal",  # on a rank, in a cell of a lab started with heal=True
 }
 _RENAMED = {"current_lab": "current"}  # public name -> its name in its module
 _SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")

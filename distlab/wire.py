@@ -11,6 +11,8 @@ from typing import Any, TypedDict
 
 __all__ = [
     "CELL_FILE",
+    "HEALING_MODULES",
+    "HEALING_RANK_ENVIRONMENT",
     "LEARNER_FILE",
     "PROGRESS_KEY",
     "RELEASE_REPLY",
@@ -79,6 +81,10 @@ class GroupSpec:
     ranks_on_node: int = 0
     #: The device the rank binds ("cuda:1", "cpu"); "" for the backend's own (NCCL: ``cuda:<local_rank>``).
     device: str = ""
+    #: A healing lab's torchft lighthouse ("http://host:port"); "" where the lab does not heal.
+    lighthouse: str = ""
+    #: Where a healing lab writes the step the others' cell ended at, for a replacement (``rank.heal``).
+    heal_end: str = ""
 
 
 class RankJoined(TypedDict):
@@ -105,12 +111,23 @@ class CellError(TypedDict):
     traceback: str
 
 
+#: What a healing rank imports (``distlab.heal``): the warm template preloads them where a lab heals,
+#: so that a replacement rank starts with them (about 3 s of imports otherwise).
+HEALING_MODULES = [
+    "torchft.manager", "torchft.ddp", "torchft.optim", "torchft.process_group", "torchft.checkpointing.pg_transport"
+]
+#: torchft's compiled part logs every quorum at INFO to stderr (a cell's output): warnings only,
+#: unless the user chose (RUST_LOG is read when it first logs).
+HEALING_RANK_ENVIRONMENT = {"RUST_LOG": "warn"}
+
 class CellReply(TypedDict, total=False):
     """A rank's answer to a cell: exactly one of ``value``, ``repr`` or ``error``."""
 
     value: Any
     repr: str | None
     error: CellError
+    #: In a lab that heals, the step the cell's quorum reached (``rank.heal``), where it made one.
+    step: int
 
 
 #: The key of a rank's tqdm bars in its ``publish_data`` (``rank.progress`` sends, ``dashboard.progress`` draws).

@@ -127,6 +127,8 @@ class ProcessGuard:
         self._files: list[str] = []
         #: Groups the engines started in sessions of their own (their nannies).
         self._helpers: set[int] = set()
+        #: Groups the lab started beside the cluster (a healing lab's lighthouse): they last until the stop.
+        self._own: set[int] = set()
 
     def watch(self, cluster: Any, folders: Iterable[str] = (), namespaces: Iterable[str] = ()) -> None:
         """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up);
@@ -150,7 +152,12 @@ class ProcessGuard:
     def pgids(self) -> list[int]:
         """Every process group of the cluster: controller, engine sets, engines, their helpers."""
         pids = ipycompat.launcher_pids(self._cluster) if self._cluster is not None else []
-        return sorted(set(pids) | self._helpers)
+        return sorted(set(pids) | self._helpers | self._own)
+
+    def adopt(self, pgid: int) -> None:
+        """A process group the lab started beside the cluster: ended with it, or by the watchdog."""
+        self._own.add(pgid)
+        self.update()
 
     def update(self) -> None:
         """Rewrite the watchdog's list (after engines started or stopped)."""
@@ -196,7 +203,7 @@ class ProcessGuard:
         for pgid in pgids:
             kill_group(pgid)
         reap(engine_pids)
-        self._helpers = set()
+        self._helpers, self._own = set(), set()
         self._cluster = None
         if self._reaper is not None:
             self._reaper.terminate()

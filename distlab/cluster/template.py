@@ -10,9 +10,11 @@ socket and lose a thread). Importing torch starts one native thread that sleeps;
 that import is what torch's own DataLoader workers do on Linux.
 
 Requests come on stdin, one JSON line each: ``{"argv": [...], "env": {...}, "cwd": ..., "log": ...}``;
-the answer on stdout is ``{"pid": N}`` (or ``{"error": "..."}``). The template ends when its stdin
-closes: when the process that started it stops it or ends, however it ends. A forked engine is a session of its
-own, as ipyparallel starts engines: the lab that asked for it signals, guards and reaps it.
+the answer on stdout is ``{"pid": N}`` (or ``{"error": "..."}``). ``{"entry": "preload", "modules":
+[...]}`` imports more here first, for the processes forked after it (a healing lab's torchft).
+The template ends when its stdin closes: when the process that started it stops it or ends, however
+it ends. A forked engine is a session of its own, as ipyparallel starts engines: the lab that asked
+for it signals, guards and reaps it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ def _preload() -> None:
     import distlab.cluster.engine
     import distlab.rank.group
     import distlab.rank.namespace  # noqa: F401
+
+
+def _preload_more(request: dict[str, object]) -> dict[str, object]:
+    """Import more modules here, for the processes forked from now on (a healing lab's torchft):
+    ``{"modules": [...], "env": {...}}``, the variables set only where not set (read by what is
+    imported)."""
+    import importlib
+
+    env = request.get("env") or {}
+    modules = request.get("modules") or []
+    assert isinstance(env, dict) and isinstance(modules, list)
+    for name, value in env.items():
+        os.environ.setdefault(str(name), str(value))
+    try:
+        for module in modules:
+            importlib.import_module(str(module))
+    except Exception as exc:  # noqa: BLE001 - the lab goes on: its ranks import it themselves
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"loaded": len(modules)}
 
 
 def _child(request: dict[str, object]) -> None:
@@ -175,6 +196,10 @@ def main() -> None:
             request = json.loads(line)
         except ValueError as exc:
             out.write(json.dumps({"error": f"bad request: {exc}"}) + "\n")
+            out.flush()
+            continue
+        if request.get("entry") == "preload":
+            out.write(json.dumps(_preload_more(request)) + "\n")
             out.flush()
             continue
         sys.stderr.flush()

@@ -107,6 +107,18 @@ class Template:
         assert isinstance(pid, int)
         return pid
 
+    def preload(self, modules: list[str], env: Mapping[str, str], timeout_s: float = 120.0) -> None:
+        """Import ``modules`` in the template (``env``: variables they read, set where unset) for the
+        processes forked after: a healing lab's torchft, so that a replacement rank starts with it."""
+        self.wait_ready()
+        with self._lock:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps({"entry": "preload", "modules": modules, "env": dict(env)}) + "\n")
+            self._proc.stdin.flush()
+            answer = self._answer(timeout_s)
+        if "loaded" not in answer:
+            raise DistlabError(f"the warm-rank template could not import {', '.join(modules)}: {answer.get('error')}")
+
     def stop(self) -> None:
         if self._proc.stdin is not None:
             try:

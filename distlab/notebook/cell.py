@@ -14,6 +14,7 @@ done; ``recovery`` diagnoses and repairs from it.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import time
@@ -36,6 +37,8 @@ INTERRUPT_GRACE_S = 0.8
 ABORT_GRACE_S = 0.8
 # When one rank fails while others still run, how long the others get to finish on their own.
 FAILURE_GRACE_S = 0.3
+# In a lab that heals, how many times one rank is replaced in one cell before it is left dead.
+MAX_REPLACEMENTS = 3
 _POLL_S = 0.02
 # How gloo and NCCL word a collective failing because a peer process went away.
 _PEER_GONE = re.compile(
@@ -51,7 +54,8 @@ Send = Callable[[Any, int], Any]
 class RunResult(dict[int, Any]):
     """{rank: value of the cell's last expression (None for a statement)}, plus each rank's output:
     ``stdout`` and ``stderr`` text, and ``outputs``, what it displayed (Jupyter's display_data
-    contents: ``{"data": {mime: ...}, "metadata": ...}``)."""
+    contents: ``{"data": {mime: ...}, "metadata": ...}``), and ``notes``: what distlab did while it
+    ran (in a lab that heals, a rank it replaced)."""
 
     def __init__(
         self,
@@ -59,11 +63,13 @@ class RunResult(dict[int, Any]):
         stdout: dict[int, str],
         stderr: dict[int, str],
         outputs: dict[int, list[dict[str, Any]]] | None = None,
+        notes: list[str] | None = None,
     ):
         super().__init__(sorted(values.items()))
         self.stdout = stdout
         self.stderr = stderr
         self.outputs = outputs or {}
+        self.notes = notes or []
 
 
 @dataclass
@@ -79,6 +85,8 @@ class CellOutcome:
     interrupted: bool = False
     timed_out: bool = False
     group_aborted: bool = False
+    #: Ranks that died and were replaced while the cell ran: rank -> seconds until the replacement ran the cell.
+    replaced: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,11 +94,17 @@ class CellContext:
     """What a cell's run needs of its lab."""
 
     client: Any  # ipyparallel.Client
-    table: Sequence[RankInfo]
+    table: list[RankInfo]  # the lab's rows when the cell started; a replacement's row is put in
     releaser: Releaser
     kill: Callable[[int], None]
     #: The lab's poll: its telemetry store, then its listeners (``Lab._on_poll``).
     on_poll: Listener
+    #: The lab heals (``heal=True``): a rank's death does not stop the others, whose quorum goes on without it.
+    heals: bool = False
+    #: Where the lab heals: a new engine in a dead rank's place, its view and row (``LabCore._replace_rank``).
+    replace: Callable[[int], tuple[Any, RankInfo]] | None = None
+    #: Where the lab heals: the file a replacement reads the step the others' cell ended at from (``rank.heal``).
+    heal_end: str = ""
 
 
 class CellRun:
@@ -103,6 +117,12 @@ class CellRun:
     def __init__(self, ctx: CellContext, ranks: Sequence[int], send: Send, filename: str | None = None) -> None:
         self.ctx = ctx
         self.outcome = CellOutcome()
+        if ctx.heal_end:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ctx.heal_end)  # the last healing cell's end is not this one's
+        self._send = send
+        self._replacements: dict[int, int] = {}
+        self._end_written = False
         self.pending: dict[int, Any] = {r: send(ctx.client[ctx.table[r].engine_id], r) for r in ranks}
         self._filename = filename
         self._printer: RankPrinter | None = None
@@ -119,7 +139,7 @@ class CellRun:
 
     def result(self) -> RunResult:
         outputs = {rank: list(ar.outputs or []) for rank, ar in self.pending.items()}
-        return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"), outputs)
+        return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"), outputs, self.outcome.notes)
 
     # ------------------------------------------------------------------------ waiting
 
@@ -129,11 +149,14 @@ class CellRun:
         first_failure_at: float | None = None
         while True:
             self._poll()
+            if self.ctx.replace is not None:
+                self._replace_the_dead()
+                self._tell_replacements_where_the_others_ended()
             running = [r for r, ar in pending.items() if not ar.ready()]
             if not running:
                 return
             now = time.monotonic()
-            if first_failure_at is None and any(_failed(ar) for ar in pending.values() if ar.ready()):
+            if first_failure_at is None and any(self._stops_the_others(ar) for ar in pending.values() if ar.ready()):
                 first_failure_at = now
             if first_failure_at is not None and now - first_failure_at > FAILURE_GRACE_S:
                 # One rank failed: the others cannot finish an SPMD program without it. Stop them now
@@ -152,6 +175,57 @@ class CellRun:
                 self._stop()
                 return
             pending[running[0]].wait(_POLL_S)
+
+    def _replace_the_dead(self) -> None:
+        """A rank that died gets a new process, which runs the cell from its top and heals (``rank.heal``)."""
+        replace = self.ctx.replace
+        assert replace is not None
+        for rank, ar in list(self.pending.items()):
+            if not (ar.ready() and _died(ar)) or self._replacements.get(rank, 0) >= MAX_REPLACEMENTS:
+                continue
+            self._replacements[rank] = self._replacements.get(rank, 0) + 1
+            t0 = time.monotonic()
+            try:
+                target, info = replace(rank)
+            except Exception as exc:  # noqa: BLE001 - the cell goes on without it, and says why
+                self._replacements[rank] = MAX_REPLACEMENTS
+                first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                self.outcome.notes.append(f"rank {rank} died and could not be replaced: {first}")
+                continue
+            self.ctx.table[rank] = info
+            if self._printer is not None:  # what the dead rank said last, then its replacement's from the start
+                self._printer.feed(rank, "stdout", ar.stdout or "", True)
+                self._printer.feed(rank, "stderr", ar.stderr or "", True)
+                self._printer.forget(rank)
+            self.pending[rank] = self._send(target, rank)
+            self.outcome.replaced[rank] = time.monotonic() - t0
+
+    def _tell_replacements_where_the_others_ended(self) -> None:
+        """Once a rank that was not replaced has ended the cell, write the step its quorum reached: a
+        replacement, which counts its loop from zero, ends its cell there (``rank.heal``)."""
+        if self._end_written or not self.outcome.replaced or not self.ctx.heal_end:
+            return
+        if all(self.pending[r].ready() for r in self.outcome.replaced):
+            return
+        for rank, ar in self.pending.items():
+            if rank in self.outcome.replaced or not ar.ready():
+                continue
+            try:
+                reply = ar.get(timeout=0)
+            except Exception:  # noqa: BLE001, S112 - a failed rank says nothing of where the loop ended
+                continue
+            if isinstance(reply, dict) and "step" in reply:
+                tmp = f"{self.ctx.heal_end}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(str(int(reply["step"])))
+                os.replace(tmp, self.ctx.heal_end)  # read whole or not at all
+                self._end_written = True
+                return
+
+    def _stops_the_others(self, ar: Any) -> bool:
+        """Whether a rank's answer means the others cannot finish: a failure; in a lab that heals, one
+        that is not a death (the others' quorum goes on without a rank that died)."""
+        return _failed(ar) and not (self.ctx.heals and _died(ar))
 
     def _wait_ranks(self, ranks: list[int], seconds: float) -> list[int]:
         deadline = time.monotonic() + seconds

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
+from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, format_ranks, parse_ranks
 from . import recovery, rpc
 from .cell import CellContext, CellRun, Listener, RunResult, Send
 from .config import LabConfig
@@ -23,7 +23,7 @@ from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_fail
 from .release import Releaser
 from .script import CellRan, Event, Pushed, ScriptRan, build_script, export_path, read_script, script_args
 from .streams import RankPrinter
-from .world import RankTable, World
+from .world import RankInfo, RankTable, World
 
 if TYPE_CHECKING:
     from .core import LabCore
@@ -57,6 +57,9 @@ class RunsCells:
         def ranks(self, spec: str | int | Iterable[int] | None = None) -> list[int]: ...
         def kill(self, rank: int) -> None: ...
         def restart(self, ranks: int | None = None) -> Any: ...
+        @property
+        def _healing(self) -> tuple[str, str]: ...
+        def _replace_rank(self, rank: int) -> tuple[Any, RankInfo]: ...
 
     # ------------------------------------------------------------------------ cells
 
@@ -232,6 +235,9 @@ class RunsCells:
         """Send the work to the selected ranks, stream their output, and recover from a failure."""
         registered = set(self._client.ids)
         gone = [r for r in selected if self.table[r].engine_id not in registered]
+        if gone and self.config.heal:
+            self._replace_before(gone)
+            gone = []
         if gone:
             # The others would only wait for them in the first collective: run the cell nowhere.
             raise RankError(
@@ -245,6 +251,11 @@ class RunsCells:
             for observer in list(self._observers):
                 views.enter_context(observer.cell(cast("LabCore", self), stream))
             outcome = cell.run(timeout, printer)
+        if outcome.replaced:
+            self._whole_again(outcome)
+            if stream:
+                for note in outcome.notes:
+                    print(f"[distlab] {note}", flush=True)
         if outcome.failures:
             world = self._world
             recovery.diagnose(outcome, ctx, selected)
@@ -253,6 +264,45 @@ class RunsCells:
             raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
         self._last_cell = LastCell.of(selected, outcome, restarted=False)
         return cell.result()
+
+    def _replace_before(self, gone: list[int]) -> None:
+        """In a lab that heals, ranks that died between cells (``%dist kill``) are started again before
+        the next cell, and the whole group formed: they have none of the names earlier cells made."""
+        for rank in gone:
+            self._replace_rank(rank)
+        assert self._world is not None
+        form_group(self._client, self._world, self.timeout, self.debug, rebuild=False, healing=self._healing)
+        self._releaser.listen(self._client, [self._world.table[r] for r in gone], self.timeout)
+        print(
+            f"[distlab] rank {format_ranks(gone)} had died: a new process took its place before this cell "
+            "(it has none of the names earlier cells made)", flush=True,
+        )
+
+    def _whole_again(self, outcome: Any) -> None:
+        """After a healing cell in which ranks were replaced: one process group of every rank again,
+        for the next cell (a replacement joined the cell's quorum, never the old group), and notes
+        that say what happened."""
+        assert self._world is not None
+        world = self._world
+        src = min(r.rank for r in world.table if r.rank not in outcome.replaced)
+        try:
+            form_group(self._client, world, self.timeout, self.debug, rebuild=False, healing=self._healing)
+            self._releaser.listen(self._client, [world.table[r] for r in outcome.replaced], self.timeout)
+            shares = [rpc.share_state(self._client[r.engine_id], src) for r in world.table]
+            same = {get(ar, self.timeout, "comparing the ranks' healed state") for ar in shares}
+        except (RankError, DistlabError) as exc:
+            outcome.notes.append(f"the process group could not be formed again ({str(exc).splitlines()[0]}): "
+                                 "%dist restart (lab.restart()) brings a full world back")
+            return
+        ranks = format_ranks(sorted(outcome.replaced))
+        seconds = max(outcome.replaced.values())
+        if same == {True}:
+            how = "healed from a live peer and went on with the others, who did not stop; the replicas are identical"
+        elif same == {False}:
+            how = f"came after the others had ended the cell: it was given rank {src}'s model and optimizer at the end"
+        else:
+            how = "made no healing in the cell (distlab.heal) to compare"
+        outcome.notes.append(f"rank {ranks} died; its replacement ran the cell {seconds:.1f} s later, {how}")
 
     def _repair(self, repair: recovery.Repair, outcome: Any) -> None:
         """Carry out recovery's decision; what was done goes into the cell's notes."""
@@ -271,7 +321,12 @@ class RunsCells:
             outcome.notes.append(repair.note)
 
     def _cell_context(self) -> CellContext:
-        return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll)
+        if not self.config.heal:
+            return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll)
+        return CellContext(
+            self._client, self.table, self._releaser, self.kill, self._on_poll,
+            heals=True, replace=self._replace_rank, heal_end=self._healing[1],
+        )
 
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
         for listener in list(self._listeners):

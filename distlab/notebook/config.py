@@ -26,12 +26,14 @@ _SPELLING = {
         "ranks": ("ranks", "ranks=2"), "timeout": ("timeout", "timeout=30"), "debug": ("debug", "debug=True"),
         "nodes": ("nodes", "nodes=2"), "link": ("link", 'link="1gbit"'), "latency": ("latency", 'latency="200us"'),
         "subnet": ("subnet", 'subnet="198.18.7.0/24"'), "launcher": ("launcher", 'launcher="local"'),
+        "heal": ("heal", "heal=True"), "backend": ("backend", 'backend="gloo"'),
     },
     "magic": {
         "ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug"),
         "nodes": ("--nodes", "--nodes 2"), "link": ("--link", "--link 1gbit"),
         "latency": ("--latency", "--latency 200us"),
         "subnet": ("--subnet", "--subnet 198.18.7.0/24"), "launcher": ("--launcher", "--launcher local"),
+        "heal": ("--heal", "--heal"), "backend": ("--backend", "--backend gloo"),
     },
 }
 
@@ -96,6 +98,8 @@ class LabConfig:
     latency: str | float | None = None
     #: The lab network's IPv4 subnet; None: a free /24 of 198.18.0.0/15 (RFC 2544's benchmarking range).
     subnet: str | None = None
+    #: Per-step quorum on torchft: when a rank dies the others go on (``rank.heal``, ``cluster.lighthouse``).
+    heal: bool = False
     #: "magic" when the values come from ``%dist``: messages then name its flags.
     spelling: InitVar[str] = "python"
 
@@ -111,6 +115,28 @@ class LabConfig:
         object.__setattr__(self, "launcher", self.launcher.lower())
         checks.flag(say["debug"][0], self.debug)
         self._check_nodes(say)
+        self._check_heal(say)
+
+    def _check_heal(self, say: dict[str, tuple[str, str]]) -> None:
+        checks.flag(say["heal"][0], self.heal)
+        if not self.heal:
+            return
+        heal = say["heal"][0]
+        if self.launcher != "local":
+            raise LabUsageError(
+                f"{heal} needs the ranks on this machine, where the lab runs torchft's lighthouse: "
+                f"leave out {say['launcher'][0]} {self.launcher} (or {heal}, and restart from a checkpoint instead)"
+            )
+        if self.backend == "nccl":
+            raise LabUsageError(
+                f"{heal} runs its quorum's collectives on gloo here: use {say['backend'][1]} "
+                f"(or leave out {heal}, and restart from a checkpoint instead)"
+            )
+        from ..cluster.lighthouse import executable
+
+        executable()  # torchft installed, or one line saying how
+        if self.backend == "auto":
+            object.__setattr__(self, "backend", "gloo")  # "auto" lets distlab choose: healing's is gloo
 
     def _check_nodes(self, say: dict[str, tuple[str, str]]) -> None:
         from ..cluster.nodes import Link, check_subnet, require_namespaces

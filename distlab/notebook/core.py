@@ -21,11 +21,13 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from ..cluster import warm
 from ..cluster.gpus import local_gpus
 from ..cluster.launch import (
     controller_address,
@@ -36,14 +38,16 @@ from ..cluster.launch import (
     make_cluster,
     wait_for_engines,
 )
+from ..cluster.lighthouse import Lighthouse
 from ..cluster.nodes import Link, Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, signal_all, terminate, wait_for
-from ..errors import LabUsageError, parse_ranks
+from ..errors import DistlabError, LabUsageError, parse_ranks
+from ..wire import HEALING_MODULES, HEALING_RANK_ENVIRONMENT
 from . import labs, rpc
 from .cell import Listener, RunResult
 from .cells import RunsCells
 from .config import LabConfig
-from .group import form_group, get
+from .group import form_group, get, group_spec
 from .labs import LabObserver
 from .postmortem import LastCell
 from .release import Releaser
@@ -63,11 +67,11 @@ class LabCore(RunsCells):
     def __init__(
         self, ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local",
         debug: bool = False, nodes: int | None = None, link: str | None = None,
-        latency: str | float | None = None, subnet: str | None = None,
+        latency: str | float | None = None, subnet: str | None = None, heal: bool = False,
     ) -> None:
         self._configure(LabConfig(
             ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
-            nodes=nodes, link=link, latency=latency, subnet=subnet,
+            nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal,
         ))
 
     @classmethod
@@ -87,7 +91,8 @@ class LabCore(RunsCells):
         self._world: World | None = None
         self._guard = ProcessGuard()
         self._network: Network | None = None  # the emulated nodes, when config.nodes is set
-        self._folder: str | None = None  # the lab's own files (the controller's sockets on nodes)
+        self._folder: str | None = None  # the lab's own files (the controller's sockets on nodes, logs)
+        self._lighthouse: Lighthouse | None = None  # torchft's, in a lab that heals
         self._releaser = Releaser()
         self._listeners: list[Listener] = []
         self._observers: list[LabObserver] = []
@@ -124,8 +129,9 @@ class LabCore(RunsCells):
         self._history = []
         self._last_cell = None
         try:
-            if self.config.nodes:
+            if self.config.nodes or self.config.heal:
                 self._folder = tempfile.mkdtemp(prefix=f"distlab-lab-{os.getpid()}-")
+            if self.config.nodes:
                 self._network = Network.create(self.config.nodes, self.config.node_link(), self.config.subnet)
                 self._phase("network_s")
             self._cluster = make_cluster(
@@ -137,6 +143,8 @@ class LabCore(RunsCells):
                 namespaces=self._network.namespaces() if self._network else [],
             )
             self._phase("controller_s")
+            if self.config.heal:
+                self._start_lighthouse()
             self._launch_engines()
             self._phase("engines_s")
             self._build_world()
@@ -180,13 +188,60 @@ class LabCore(RunsCells):
         self.backend = self._world.backend
         #: What the choice of backend and devices needs said (ranks sharing a GPU over gloo), or "".
         self.note = self._world.note
-        form_group(client, self._world, self.timeout, self.debug, rebuild=False)
+        form_group(client, self._world, self.timeout, self.debug, rebuild=False, healing=self._healing)
         self._phase("process_group_s")  # rendezvous, init_process_group, first all-reduce
         self._releaser.listen(client, self._world.table, self.timeout)
         self._guard.adopt_engine_helpers(self._local_pids())
         # Let names defined in the notebook (functions, classes) travel to the ranks by value.
         client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
         self._phase("namespace_s")
+
+    def _start_lighthouse(self) -> None:
+        """torchft's lighthouse, on the address the ranks reach the controller at (loopback, or the
+        switch's on emulated nodes), ended with the lab (or by its guard, if the notebook dies)."""
+        assert self._folder is not None
+        host = self._network.switch_addr if self._network else controller_address(self._cluster)
+        self._lighthouse = Lighthouse.start(host, self._folder, self.timeout)
+        self._guard.adopt(self._lighthouse.pid)
+        if self._network is None and self.config.launcher == "local" and warm.enabled():
+            # A replacement rank is forked from the template: with torchft there, it starts with it.
+            # In the background: the lab's own ranks are forked first.
+            threading.Thread(target=_preload_healing, daemon=True, name="distlab-preload-torchft").start()
+        self._phase("lighthouse_s")
+
+    @property
+    def _healing(self) -> tuple[str, str]:
+        """What ranks are told where the lab heals: its lighthouse, and the file a healing cell's end is written to."""
+        if self._lighthouse is None or self._folder is None:
+            return ("", "")
+        return (self._lighthouse.address, os.path.join(self._folder, "heal-end"))
+
+    def _replace_rank(self, rank: int) -> tuple[Any, RankInfo]:
+        """A new engine in the place of rank ``rank``, which died while a healing cell ran: started
+        (forked where ranks are warm) on the dead rank's node, told it is that rank, with everything
+        but the process group (``rank.group.join_as_replacement``). Its engine view and table row."""
+        assert self._world is not None
+        old = self._world.table[rank]
+        client, network = self._client, self._network
+        before = set(client.ids)
+        prefix = network.exec_prefix(self._world.hosts().index(old.host)) if network else None
+        self._cluster.start_engines_sync(1, **engine_start_args(self.config.local, prefix))
+        self._guard.update()
+        if not wait_for(lambda: bool(set(client.ids) - before), self.timeout, poll_s=0.01):
+            raise DistlabError(f"no engine registered within {self.timeout:g} s to take rank {rank}'s place")
+        engine_id = max(set(client.ids) - before)
+        controller_ip = network.switch_addr if network else controller_address(self._cluster)
+        (identity,) = get(rpc.describe(client.direct_view([engine_id]), controller_ip), self.timeout,
+                          f"describing rank {rank}'s replacement")
+        new = replace(old, engine_id=engine_id, pid=identity["pid"], addr=identity["addr"], health="ok")
+        table = list(self._world.table)
+        table[rank] = new
+        self._world = replace(self._world, table=tuple(table))
+        spec = group_spec(self._world, new, 0, self.timeout, self.debug, self._healing)
+        get(rpc.join_as_replacement(client[engine_id], spec), self.timeout, f"making rank {rank}'s replacement")
+        client.direct_view([engine_id]).use_cloudpickle().get(timeout=self.timeout)
+        self._guard.adopt_engine_helpers([new.pid])
+        return client[engine_id], new
 
     def _phase(self, name: str) -> None:
         """Record how long the phase that just ended took (start-up is measured phase by phase)."""
@@ -264,6 +319,9 @@ class LabCore(RunsCells):
         with contextlib.suppress(Exception):
             cluster.stop_cluster_sync()
         self._guard.end_all(pgids, pids)  # trust the processes, not the call
+        lighthouse, self._lighthouse = self._lighthouse, None
+        if lighthouse is not None:
+            lighthouse.stop()  # already ended with the groups above: reaped here
         self._world = None
         self._remove_network()
         labs.remove(self)
@@ -441,6 +499,11 @@ class LabCore(RunsCells):
         elif lab.world_size != ranks or not lab.whole:
             lab.restart(ranks=ranks)
         return lab
+
+
+def _preload_healing() -> None:
+    with contextlib.suppress(Exception):  # without it a replacement imports torchft itself (slower, as good)
+        warm.current(os.environ).preload(HEALING_MODULES, HEALING_RANK_ENVIRONMENT)
 
 
 def _local_gpus(backend: str) -> int | None:

@@ -10,9 +10,9 @@ import ipyparallel as ipp
 from ..errors import DistlabError, RankError, RankFailure
 from ..wire import GroupSpec
 from . import rpc
-from .world import World
+from .world import RankInfo, World
 
-__all__ = ["form_group", "get"]
+__all__ = ["form_group", "get", "group_spec"]
 
 
 def get(ar: Any, timeout_s: float, doing: str) -> Any:
@@ -27,10 +27,28 @@ def get(ar: Any, timeout_s: float, doing: str) -> Any:
         raise DistlabError(f"failed {doing}: {exc.ename}: {exc.evalue}") from None
 
 
-def form_group(client: Any, world: World, timeout_s: float, debug: bool, rebuild: bool) -> None:
+def group_spec(
+    world: World, r: RankInfo, port: int, timeout_s: float, debug: bool, healing: tuple[str, str] = ("", "")
+) -> GroupSpec:
+    """What rank ``r`` is told to join the world's group with (``healing``: the lab's lighthouse and
+    its file for a healing cell's end, where it heals)."""
+    hosts = world.hosts()
+    return GroupSpec(
+        rank=r.rank, world_size=len(world.table), local_rank=r.local_rank,
+        local_world_size=world.sharing_cores(r), master_addr=world.master_addr,
+        master_port=port, backend=world.backend, timeout_s=timeout_s, debug=debug,
+        node=hosts.index(r.host), nodes=len(hosts), ranks_on_node=world.local_world_size(r.host),
+        device=r.device, lighthouse=healing[0], heal_end=healing[1],
+    )
+
+
+def form_group(
+    client: Any, world: World, timeout_s: float, debug: bool, rebuild: bool, healing: tuple[str, str] = ("", "")
+) -> None:
     """Rank 0 opens a rendezvous store on a port the OS picks; every rank then joins the group.
 
-    ``rebuild``: the ranks joined before and join again the same way, on the new port. Raises
+    ``rebuild``: the ranks joined before and join again the same way, on the new port.
+    ``healing``: a healing lab's torchft lighthouse and end file (``rank.heal``). Raises
     RankError naming the ranks that failed or did not join within the timeout.
     """
     rank0 = world.table[0]
@@ -39,20 +57,12 @@ def form_group(client: Any, world: World, timeout_s: float, debug: bool, rebuild
         "opening the rendezvous store on rank 0",
     )
     pending = {}
-    hosts = world.hosts()
     for r in world.table:
         target = client[r.engine_id]
         if rebuild:
             pending[r.rank] = rpc.rebuild_group(target, port)
         else:
-            spec = GroupSpec(
-                rank=r.rank, world_size=len(world.table), local_rank=r.local_rank,
-                local_world_size=world.sharing_cores(r), master_addr=world.master_addr,
-                master_port=port, backend=world.backend, timeout_s=timeout_s, debug=debug,
-                node=hosts.index(r.host), nodes=len(hosts), ranks_on_node=world.local_world_size(r.host),
-                device=r.device,
-            )
-            pending[r.rank] = rpc.init_rank(target, spec)
+            pending[r.rank] = rpc.init_rank(target, group_spec(world, r, port, timeout_s, debug, healing))
     failures = {}
     deadline = time.monotonic() + timeout_s + 5
     for rank, ar in pending.items():

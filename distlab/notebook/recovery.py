@@ -81,6 +81,11 @@ def decide(outcome: CellOutcome, ctx: CellContext) -> Repair:
     if outcome.killed:
         return Repair("restart", "the world was restarted: rank namespaces are fresh")
     dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
+    if dead and ctx.heals:
+        return Repair("none", (
+            f"rank {format_ranks(dead)} died; the others were not stopped: in a lab that heals their quorum goes on "
+            "without it. %dist restart (lab.restart()) brings a full world back"
+        ))
     if dead:
         return Repair("none", (
             f"rank {format_ranks(dead)} died; the others were stopped and keep their namespaces: "

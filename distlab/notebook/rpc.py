@@ -25,6 +25,7 @@ __all__ = [
     "describe",
     "grade_case",
     "init_rank",
+    "join_as_replacement",
     "open_store",
     "pack_definitions",
     "postmortem",
@@ -32,6 +33,7 @@ __all__ = [
     "run_cell",
     "run_script",
     "serve_release",
+    "share_state",
 ]
 
 #: wrapper name -> (module under ``distlab.rank``, function name there).
@@ -39,6 +41,8 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "describe": ("identity", "describe"),
     "open_store": ("group", "open_store"),
     "init_rank": ("group", "init_rank"),
+    "join_as_replacement": ("group", "join_as_replacement"),
+    "share_state": ("heal", "share_state"),
     "rebuild_group": ("group", "rebuild_group"),
     "check_group": ("group", "check_group"),
     "abort_group": ("group", "abort_group"),
@@ -92,6 +96,16 @@ def open_store(target: Any, host: str, timeout_s: float) -> Pending[int]:
 
 def init_rank(target: Any, spec: GroupSpec) -> Pending[RankJoined]:
     return cast("Pending[RankJoined]", _call(target, "init_rank", spec))
+
+
+def join_as_replacement(target: Any, spec: GroupSpec) -> Pending[RankJoined]:
+    """On a new engine taking a dead rank's place while a healing cell runs (``rank.group``)."""
+    return cast("Pending[RankJoined]", _call(target, "join_as_replacement", spec))
+
+
+def share_state(target: Any, src: int) -> Pending[bool | None]:
+    """On every rank after a healing cell with a replacement (``rank.heal.share_state``)."""
+    return cast("Pending[bool | None]", _call(target, "share_state", src))
 
 
 def rebuild_group(target: Any, master_port: int) -> Pending[RankJoined]:

@@ -40,6 +40,11 @@ class RankPrinter:
         stream.write("".join(prefix + line + "\n" for line in lines))
         stream.flush()
 
+    def forget(self, rank: int) -> None:
+        """A new process took rank ``rank``'s place: its output starts from nothing."""
+        self._printed = {key: n for key, n in self._printed.items() if key[0] != rank}
+        self._shown.pop(rank, None)
+
     def show(self, rank: int, outputs: list[dict[str, Any]]) -> None:
         """Display the rank's rich outputs not shown yet (ipyparallel's ``AsyncResult.outputs``), each
         under a ``[rank N]`` line.

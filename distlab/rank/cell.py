@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire import CELL_FILE, LEARNER_FILE, CellError, CellReply
-from . import children, hooks, postmortem
+from . import children, heal, hooks, postmortem
 from .namespace import LAB_NAMES, restore_lab_names, user_namespace
 from .script import as_script
 
@@ -148,13 +148,18 @@ def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) 
             if _interrupt_pending:
                 raise KeyboardInterrupt
             with children.watching():
-                value = run()
+                try:
+                    value = run()
+                except heal.WorldFinished:
+                    value = None  # a replacement's cell ends where the others' did (rank/heal.py)
                 children.check()  # a child process the cell started failed: so did the cell
         finally:
             _cell_phase = "ending"
-        if want == "repr":
-            return {"repr": None if value is None else repr(value)}
-        return {"value": value}
+        reply: CellReply = {"repr": None if value is None else repr(value)} if want == "repr" else {"value": value}
+        step = heal.ended_step()
+        if step is not None:
+            reply["step"] = step  # before the cell's end hooks end the quorum
+        return reply
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the notebook reports it
         postmortem.keep(exc, filename)
         return {"error": _describe_failure(exc, filename)}

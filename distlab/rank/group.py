@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from ..wire import GroupSpec, RankJoined
-from . import namespace, progress, torchcompat, torchrun
+from . import heal, namespace, progress, torchcompat, torchrun
 from .identity import interface_of
 from .release import shutdown_peer_connections
 
-__all__ = ["abort_group", "check_group", "init_rank", "open_store", "rebuild_group"]
+__all__ = ["abort_group", "check_group", "init_rank", "join_as_replacement", "open_store", "rebuild_group"]
 
 # The rendezvous store. Rank 0 holds the server; the others hold clients. Kept here so the
 # process group can be rebuilt on a fresh store without the notebook round-tripping objects.
@@ -78,14 +78,7 @@ def init_rank(spec: GroupSpec) -> RankJoined:
     collective is first compared across ranks, so an op or shape mismatch fails at once, named.
     """
     global _store, _spec, _device
-    device = _bind_device(spec.backend, spec.local_rank, spec.device)
-    if device.type == "cpu":
-        # N ranks sharing a host's cores each default to all of them and thrash; split them
-        # (torchrun does the same by setting OMP_NUM_THREADS=1).
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_world_size))
-    torchrun.set_environment(spec)  # RANK, WORLD_SIZE, MASTER_ADDR, ... as torchrun gives them
-    _choose_gloo_interface(spec.master_addr)
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", _FLIGHT_RECORDER_ENTRIES)
+    device = _prepare(spec)
     if spec.debug:
         # torch reads the level when it is imported (it already is): set it, then make it re-read.
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -117,6 +110,35 @@ def init_rank(spec: GroupSpec) -> RankJoined:
     torchrun.follow(spec)  # from now on a cell's init_process_group joins this group
     namespace.fill(spec.rank, spec.world_size, spec.local_rank, device)
     progress.install(spec.rank)  # tqdm's bars are drawn in the notebook, not on the rank
+    return {"device": str(device), "init_s": time.perf_counter() - t0}
+
+
+def _prepare(spec: GroupSpec) -> torch.device:
+    """What a rank is given before any group: its device, threads, torchrun's variables, the lab's lighthouse."""
+    device = _bind_device(spec.backend, spec.local_rank, spec.device)
+    if device.type == "cpu":
+        # N ranks sharing a host's cores each default to all of them and thrash; split them
+        # (torchrun does the same by setting OMP_NUM_THREADS=1).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_world_size))
+    torchrun.set_environment(spec)  # RANK, WORLD_SIZE, MASTER_ADDR, ... as torchrun gives them
+    heal.set_lighthouse(spec.lighthouse, spec.heal_end)
+    heal.became_replacement(False)  # a whole group's rank from here (join_as_replacement says otherwise)
+    _choose_gloo_interface(spec.master_addr)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", _FLIGHT_RECORDER_ENTRIES)
+    return device
+
+
+def join_as_replacement(spec: GroupSpec) -> RankJoined:
+    """Take the place of a rank that died while a healing cell runs: everything ``init_rank`` gives
+    but the process group, which the others' is not open to. The cell's quorum (``rank.heal``)
+    is how this rank trains with them; the lab forms a whole group again once the cell has ended."""
+    global _spec, _device
+    t0 = time.perf_counter()
+    device = _prepare(spec)
+    heal.became_replacement()
+    _spec, _device = spec, device
+    namespace.fill(spec.rank, spec.world_size, spec.local_rank, device)
+    progress.install(spec.rank)
     return {"device": str(device), "init_s": time.perf_counter() - t0}
 
 

@@ -12,7 +12,7 @@ from ..cluster.processes import machine_id
 from ..wire import EngineIdentity
 from . import release
 
-__all__ = ["describe", "interface_of", "machine_id"]
+__all__ = ["address_toward", "describe", "interface_of", "machine_id"]
 
 # Environment variables through which launchers tell a process its rank; the first one set wins.
 _LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -25,7 +25,7 @@ def describe(controller_ip: str) -> EngineIdentity:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "addr": _address_toward(controller_ip),
+        "addr": address_toward(controller_ip),
         "machine": machine_id(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "launcher_rank": launcher_rank,
@@ -34,7 +34,7 @@ def describe(controller_ip: str) -> EngineIdentity:
     }
 
 
-def _address_toward(peer_ip: str) -> str:
+def address_toward(peer_ip: str) -> str:
     """The local address this host uses to reach ``peer_ip``: how other hosts on that network reach us.
 
     A UDP connect sends nothing; it only asks the kernel which interface routes to the peer.
@@ -57,7 +57,7 @@ def interface_of(peer: str) -> str | None:
         peer_ip = socket.gethostbyname(peer)
     except OSError:
         return None
-    local = _address_toward(peer_ip)
+    local = address_toward(peer_ip)
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == local for a in addrs):
             return name

@@ -1,0 +1,292 @@
+"""Healing on a rank: ``model, opt = distlab.heal(model, opt)``, then an ordinary training loop.
+
+Each rank is a replica group of its own on torchft: every step, ``opt.zero_grad()`` asks the lab's
+lighthouse (``cluster.lighthouse``) for a quorum of the ranks alive now; ``loss.backward()``
+averages gradients over that quorum only; ``opt.step()`` commits the step only if every member's
+exchange succeeded. When a rank dies, the others' step in flight does not commit, and their next
+step forms without it one heartbeat timeout later. A rank that joins behind the others (a
+replacement) is sent the model and optimizer state by a live peer before its first step, over the
+quorum's own gloo group (torchft's ``PGTransport``: no HTTP server on the host's name).
+
+A replacement for a rank that died runs the cell from its first line in a new process (it has
+none of the names earlier cells made: a healing cell builds its model, optimizer and data
+itself, as a torchrun script does). Its first quorum heals it to the others' step; it then steps
+with them. Its loop, counted from zero, would run past theirs: when the others' cell has ended,
+the lab writes the step they ended at (``DISTLAB_HEAL_END``, a file), and the replacement's cell
+ends at its next step (``WorldFinished``), before the rest of its loop and the lines after it. A
+replacement that came too late to heal from a live peer (the others ended first) is given their
+state when the cell has ended (``share_state``), and the lab says which happened. A quorum lasts
+for the cell it was made in: at the cell's end every rank's manager ends.
+
+What torchft cannot narrow: each rank's manager server and its store listen on every interface of
+the host (or of the rank's node, in a lab on emulated nodes); the lighthouse listens on the lab's
+address only. ``../shared/FACTS.md`` has what was measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import LabUsageError
+from ..wire import HEALING_RANK_ENVIRONMENT
+from .hooks import at_cell_end
+from .identity import address_toward
+
+__all__ = [
+    "Healing", "WorldFinished", "current", "ended_step", "heal", "set_lighthouse", "share_state", "shutdown"
+]
+
+_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: its Manager reads it too
+_END_FILE = "DISTLAB_HEAL_END"  # where the lab writes the step the others' cell ended at
+# Quorum, collective and transfer deadlines: a death is noticed by the lighthouse's heartbeat
+# timeout (1 s); these only bound what hangs on a peer that is gone.
+_TIMEOUT = timedelta(seconds=10)
+_QUORUM_TIMEOUT = timedelta(seconds=30)
+_HEARTBEAT = timedelta(milliseconds=100)
+
+
+class WorldFinished(BaseException):
+    """Raised in a replacement's loop once it reached the step where the others' cell ended."""
+
+
+def became_replacement(replacing: bool = True) -> None:
+    """This process is a rank that died, started again while the others' cell runs
+    (``rank.group.join_as_replacement``); False once it joined the whole group (``init_rank``)."""
+    global _replacement
+    _replacement = replacing
+
+
+def set_lighthouse(address: str, end_file: str = "") -> None:
+    """Where this rank's lab runs its lighthouse, and the file it writes a healing cell's end in
+    ("" where the lab does not heal)."""
+    for name, value in ((_LIGHTHOUSE, address), (_END_FILE, end_file)):
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+    if address:
+        for name, value in HEALING_RANK_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+
+
+_replacement = False  # this process took the place of a rank that died (``join``)
+
+
+def _world_ended_at() -> int | None:
+    """The step the others' cell ended at, once the lab wrote it, where this rank is a replacement."""
+    if not _replacement:
+        return None
+    path = os.environ.get(_END_FILE, "")
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+class Healing:
+    """One rank's torchft manager and what it wraps; ``manager.current_step()`` is the healed step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, lighthouse: str) -> None:
+        from torchft.checkpointing.pg_transport import PGTransport
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        # torchft says, at every quorum, that it cannot reset NCCL's flight recorder (there is no NCCL
+        # here) and, when it heals, that torch deprecated what it calls: its errors still show.
+        logging.getLogger("torchft").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchft\.")
+        host = address_toward(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        # The replica group's store (one rank per group here): its manager finds its peers' through it.
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
+        self.pg = ProcessGroupGloo(timeout=_TIMEOUT)
+        self.model, self.optimizer = model, optimizer
+        self.manager = Manager(
+            pg=self.pg,
+            load_state_dict=self._load,
+            state_dict=self._state,
+            min_replica_size=1,
+            rank=0,
+            world_size=1,
+            store_addr=host,
+            store_port=self.store.port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"distlab_rank{rank}",
+            hostname=host,
+            timeout=_TIMEOUT,
+            quorum_timeout=_QUORUM_TIMEOUT,
+            connect_timeout=_TIMEOUT,
+            heartbeat_interval=_HEARTBEAT,
+            checkpoint_transport=PGTransport(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
+        )
+        self.ddp: torch.nn.Module = _healing_ddp_class()(self.manager, model)
+        self.opt = _healing_optimizer_class()(self.manager, optimizer)
+
+    def _state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+        self.pg.shutdown()
+
+
+@functools.cache
+def _healing_ddp_class() -> Any:
+    from torchft.ddp import DistributedDataParallel
+
+    class HealingDDP(DistributedDataParallel):  # type: ignore[misc]  # torchft ships no type hints
+        """torchft's DDP, with its gradient hook made safe for a peer that dies mid-exchange.
+
+        torchft 0.2.0's hook asserts on the future its manager hands back once it has errored (a
+        plain completed one; upstream issues #295 and #304): the survivor crashed instead of
+        skipping the step. Here the gradient comes back as it is; the step does not commit
+        (``should_commit`` says no), so nothing of it reaches the weights.
+        """
+
+        @staticmethod
+        def _comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            work = state.allreduce(bucket.buffer())
+            work.wait()
+            inner = getattr(work.get_future(), "_fut", None)
+            if inner is not None:
+                return inner  # type: ignore[no-any-return]
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+    # DDP checks a hook's annotations as objects; this module's are strings (``from __future__``).
+    HealingDDP._comm_hook.__annotations__ = {
+        "state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]
+    }
+    return HealingDDP
+
+
+@functools.cache
+def _healing_optimizer_class() -> Any:
+    from torchft.optim import OptimizerWrapper
+
+    class HealingOptimizer(OptimizerWrapper):  # type: ignore[misc]  # torchft ships no type hints
+        """torchft's optimizer wrapper; a replacement's ends its cell where the others' loop ended."""
+
+        def _stop_where_the_world_did(self) -> None:
+            # Whatever this rank's step: in a quorum it is the others' (their last), and alone it must
+            # not train on (the lab gives it the others' state when the cell has ended).
+            end = _world_ended_at()
+            if end is not None:
+                raise WorldFinished(f"the other ranks' cell ended at step {end}")
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self._stop_where_the_world_did()
+            super().zero_grad(set_to_none)
+
+        def step(self, closure: object = None) -> None:
+            self._stop_where_the_world_did()  # before the vote: a quorum of one must not commit past the others
+            super().step(closure)
+
+    return HealingOptimizer
+
+
+_current: Healing | None = None
+_last: Healing | None = None  # the one the last healing cell made, once it ended
+
+
+def heal(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, Any]:
+    """``model, opt = distlab.heal(model, opt)`` on every rank of a lab started with ``heal=True``.
+
+    Returns the model wrapped for a per-step quorum (gradients averaged over the ranks alive) and
+    the optimizer wrapped to commit a step only when the quorum's exchange succeeded. Call it again
+    (a cell run again) and the previous one ends first.
+    """
+    global _current, _last
+    _last = None
+    lighthouse = os.environ.get(_LIGHTHOUSE, "")
+    if not lighthouse:
+        raise LabUsageError(
+            "distlab.heal needs a lab that heals: start it with %dist start -n 4 --heal "
+            "(distlab.start(ranks=4, heal=True))"
+        )
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise LabUsageError("distlab.heal wraps the model itself: pass the model, not DDP(model)")
+    if not isinstance(model, torch.nn.Module):
+        raise LabUsageError(f"distlab.heal(model, opt): model must be a torch.nn.Module (got {type(model).__name__})")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise LabUsageError(
+            f"distlab.heal(model, opt): opt must be a torch.optim.Optimizer (got {type(optimizer).__name__})"
+        )
+    shutdown()
+    _current = Healing(model, optimizer, int(os.environ.get("RANK", "0")), lighthouse)
+    if not _replacement and dist.is_initialized():
+        # The lighthouse forms a quorum of the replicas it hears from: a rank whose manager started
+        # late would miss the first steps and heal into them. Every manager exists after the
+        # barrier; two heartbeats later the lighthouse has heard from each.
+        dist.barrier()
+        time.sleep(2 * _HEARTBEAT.total_seconds())
+    return _current.ddp, _current.opt
+
+
+def current() -> Healing | None:
+    """This rank's healing, once ``heal`` made one."""
+    return _current
+
+
+def share_state(src: int) -> bool | None:
+    """After a healing cell with a replacement, on every rank, over the whole group formed again:
+    True if every rank's model and optimizer were already bit-identical (the replacement healed
+    from a live peer); else rank ``src``'s are copied to every rank, and False. None (on every
+    rank alike) where a rank made no healing in the cell: nothing to compare."""
+    last = _last
+    digest = _digest(last.model, last.optimizer) if last is not None else None
+    digests: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    if None in digests:
+        return None
+    if len(set(digests)) == 1:
+        return True
+    assert last is not None
+    state = [last._state() if dist.get_rank() == src else None]
+    dist.broadcast_object_list(state, src=src)
+    assert state[0] is not None
+    last._load(state[0])
+    return False
+
+
+def _digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    for state in optimizer.state_dict()["state"].values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(value).encode())
+    return h.hexdigest()
+
+
+def ended_step() -> int | None:
+    """The step this rank's quorum reached, where a healing cell made one (what its reply carries)."""
+    return _current.manager.current_step() if _current is not None else None
+
+
+@at_cell_end
+def shutdown() -> None:
+    """End this rank's manager (its heartbeats stop: the quorum goes on without it): at each cell's end."""
+    global _current, _last
+    healing, _current = _current, None
+    if healing is not None:
+        healing.shutdown()
+        _last = healing  # its model and optimizer, for share_state

@@ -1,0 +1,151 @@
+"""Labs that heal (``heal=True``): torchft's lighthouse beside the ranks, a per-step quorum in the
+cell, and a rank's death that does not stop the others."""
+
+from __future__ import annotations
+
+import textwrap
+
+import psutil
+import pytest
+
+import distlab
+from distlab import LabUsageError, RankError
+from distlab.cluster.processes import pid_alive, wait_for
+
+pytestmark = pytest.mark.cluster
+
+# Every rank trains the same model from the same seed on batches of its own; rank VICTIM kills its own
+# process (a crash, as the kernel sees it) once it has committed step DIES_AT. Every committed step
+# is kept with the time it committed; the time of the death is written to a file first.
+TRAIN = textwrap.dedent(
+    """
+    import os, signal, time
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = distlab.heal(model, opt)
+    manager = distlab.rank.heal.current().manager
+    committed = []
+    g = torch.Generator().manual_seed(100 + rank)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = model(torch.randn(16, 8, generator=g)).square().mean()
+        loss.backward()
+        opt.step()
+        committed.append((manager.current_step(), time.time()))
+        if rank == VICTIM and manager.current_step() == DIES_AT and not os.path.exists(DEATH_FILE):
+            with open(DEATH_FILE, "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(STEP_S)
+    """
+)
+
+
+def _train(victim: int, steps: int, dies_at: int, death_file: str, step_s: float = 0.02) -> str:
+    return (
+        TRAIN.replace("STEPS", str(steps)).replace("VICTIM", str(victim)).replace("DIES_AT", str(dies_at))
+        .replace("DEATH_FILE", repr(death_file)).replace("STEP_S", str(step_s))
+    )
+
+
+def test_a_lab_that_heals_runs_its_lighthouse_on_the_labs_address_and_it_ends_with_the_lab(lab_factory):
+    lab = lab_factory(ranks=2, heal=True)
+    lighthouse = lab._lighthouse
+    assert lighthouse is not None and lighthouse.address.startswith("http://127.0.0.1:")
+    proc = psutil.Process(lighthouse.pid)
+    listening = [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    # Every rank was told where it is.
+    seen = lab.run("import os; os.environ['TORCHFT_LIGHTHOUSE']", stream=False)
+    assert set(seen.values()) == {lighthouse.address}
+    lab.stop()
+    assert wait_for(lambda: not pid_alive(lighthouse.pid), 10)
+
+
+WEIGHTS = (
+    "import hashlib\n"
+    "hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()"
+)
+
+
+def test_a_rank_that_dies_is_replaced_heals_from_a_peer_and_the_cell_ends_on_every_rank_identical(
+    lab_factory, tmp_path
+):
+    lab = lab_factory(ranks=3, heal=True)
+    before = {row.rank: row.pid for row in lab.status()}
+    death_file = str(tmp_path / "died")
+    # The others train on for 185 steps of 50 ms: time enough for the replacement to join them (about
+    # 2 s, benchmarks/bench_heal.py), on a loaded machine too.
+    ran = lab.run(_train(victim=1, steps=200, dies_at=15, death_file=death_file, step_s=0.05), stream=False)
+    assert any("healed from a live peer" in note for note in ran.notes), ran.notes
+    with open(death_file) as f:
+        died_at = float(f.read())
+    after = {row.rank: row for row in lab.status()}
+    assert after[1].pid != before[1] and after[1].health == "ok"
+    assert [after[r].pid for r in (0, 2)] == [before[0], before[2]]
+    # The replacement ran the cell from its top: its first committed step is past the death (it
+    # healed to the others' step at its first quorum), and it ended at the others' last step.
+    result = lab.run("committed", stream=False)
+    steps = {r: [s for s, _ in committed] for r, committed in result.items()}
+    assert steps[0] == steps[2]
+    assert steps[1][0] > 15 and steps[1][-1] == steps[0][-1], steps[1]
+    assert set(steps[1]) <= set(steps[0])
+    # The survivors went on: steps committed after the death, the counter never going back, at
+    # most the steps in flight lost. Generous deadlines: a survivor left to wait out its collective
+    # timeout would take 10 s; what healing really costs is measured in benchmarks/bench_heal.py.
+    times = {r: [t for _, t in committed] for r, committed in result.items()}
+    survived = [t for t in times[0] if t > died_at]
+    assert survived and survived[0] - died_at < 8.0, (died_at, survived[:1])
+    assert steps[0] == sorted(steps[0]) and 200 - 3 <= steps[0][-1] <= 200, steps[0]
+    assert times[1][0] - died_at < 20.0
+    # Every rank ends with the same weights, and the next cell has the whole world's group again.
+    weights = lab.run(WEIGHTS, stream=False)
+    assert len(set(weights.values())) == 1, weights
+    total = lab.run("t = torch.ones(1); dist.all_reduce(t); int(t.item())", stream=False)
+    assert set(total.values()) == {3}
+
+
+def test_a_replacement_that_comes_after_the_others_ended_is_given_their_state(lab_factory, tmp_path):
+    lab = lab_factory(ranks=2, heal=True)
+    death_file = str(tmp_path / "died")
+    # Rank 1 dies after the last step: the others end at once, before any replacement can join them.
+    ran = lab.run(_train(victim=1, steps=20, dies_at=20, death_file=death_file), stream=False)
+    assert any("came after the others had ended the cell" in note for note in ran.notes), ran.notes
+    weights = lab.run(WEIGHTS, stream=False)
+    assert len(set(weights.values())) == 1, weights
+    # The replacement never trained alone past the others: it ended its cell at its first step.
+    assert lab.run("len(committed)", stream=False)[1] == 0
+
+
+def test_heal_where_it_cannot_work_says_why_and_starts_nothing(lab):
+    before = {p.pid for p in psutil.process_iter()}
+    with pytest.raises(LabUsageError, match="heal needs the ranks on this machine"):
+        distlab.start(ranks=2, heal=True, launcher="mpi")
+    with pytest.raises(LabUsageError, match="gloo"):
+        distlab.start(ranks=2, heal=True, backend="nccl")
+    with pytest.raises(LabUsageError, match="heal must be True or False"):
+        distlab.start(ranks=2, heal="yes")
+    started = {p.pid for p in psutil.process_iter()} - before
+    assert not [p for p in started if pid_alive(p) and "lighthouse" in " ".join(_cmdline(p))]
+    # In a lab that does not heal, and with a model already wrapped, the rank says what to do.
+    with pytest.raises(RankError, match=r"%dist start -n 4 --heal"):
+        lab.run("distlab.heal(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))",
+                stream=False)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_a_rank_killed_between_cells_is_started_again_before_the_next_and_the_group_is_whole(lab_factory, capsys):
+    lab = lab_factory(ranks=2, heal=True)
+    old = lab.status()[1].pid
+    lab.kill(1)
+    total = lab.run("t = torch.ones(1); dist.all_reduce(t); int(t.item())", stream=False)
+    assert set(total.values()) == {2}
+    assert lab.status()[1].pid != old
+    assert "rank 1 had died: a new process took its place" in capsys.readouterr().out
