@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, format_ranks, parse_ranks
+from ..cluster.processes import pid_alive
+from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
 from . import recovery, rpc
 from .cell import CellContext, CellRun, Listener, RunResult, Send
 from .config import LabConfig
@@ -60,6 +61,9 @@ class RunsCells:
         @property
         def _healing(self) -> tuple[str, str]: ...
         def _replace_rank(self, rank: int) -> tuple[Any, RankInfo]: ...
+        def _replace_before(self, gone: list[int]) -> None: ...
+        def _on_this_machine(self, info: RankInfo) -> bool: ...
+        def _whole_again(self, outcome: Any) -> None: ...
 
     # ------------------------------------------------------------------------ cells
 
@@ -234,7 +238,12 @@ class RunsCells:
     ) -> RunResult:
         """Send the work to the selected ranks, stream their output, and recover from a failure."""
         registered = set(self._client.ids)
-        gone = [r for r in selected if self.table[r].engine_id not in registered]
+        # A rank killed a moment ago is gone from this machine before the controller has heard.
+        gone = [
+            r for r in selected
+            if self.table[r].engine_id not in registered
+            or (self._on_this_machine(self.table[r]) and not pid_alive(self.table[r].pid))
+        ]
         if gone and self.config.heal:
             self._replace_before(gone)
             gone = []
@@ -264,45 +273,6 @@ class RunsCells:
             raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
         self._last_cell = LastCell.of(selected, outcome, restarted=False)
         return cell.result()
-
-    def _replace_before(self, gone: list[int]) -> None:
-        """In a lab that heals, ranks that died between cells (``%dist kill``) are started again before
-        the next cell, and the whole group formed: they have none of the names earlier cells made."""
-        for rank in gone:
-            self._replace_rank(rank)
-        assert self._world is not None
-        form_group(self._client, self._world, self.timeout, self.debug, rebuild=False, healing=self._healing)
-        self._releaser.listen(self._client, [self._world.table[r] for r in gone], self.timeout)
-        print(
-            f"[distlab] rank {format_ranks(gone)} had died: a new process took its place before this cell "
-            "(it has none of the names earlier cells made)", flush=True,
-        )
-
-    def _whole_again(self, outcome: Any) -> None:
-        """After a healing cell in which ranks were replaced: one process group of every rank again,
-        for the next cell (a replacement joined the cell's quorum, never the old group), and notes
-        that say what happened."""
-        assert self._world is not None
-        world = self._world
-        src = min(r.rank for r in world.table if r.rank not in outcome.replaced)
-        try:
-            form_group(self._client, world, self.timeout, self.debug, rebuild=False, healing=self._healing)
-            self._releaser.listen(self._client, [world.table[r] for r in outcome.replaced], self.timeout)
-            shares = [rpc.share_state(self._client[r.engine_id], src) for r in world.table]
-            same = {get(ar, self.timeout, "comparing the ranks' healed state") for ar in shares}
-        except (RankError, DistlabError) as exc:
-            outcome.notes.append(f"the process group could not be formed again ({str(exc).splitlines()[0]}): "
-                                 "%dist restart (lab.restart()) brings a full world back")
-            return
-        ranks = format_ranks(sorted(outcome.replaced))
-        seconds = max(outcome.replaced.values())
-        if same == {True}:
-            how = "healed from a live peer and went on with the others, who did not stop; the replicas are identical"
-        elif same == {False}:
-            how = f"came after the others had ended the cell: it was given rank {src}'s model and optimizer at the end"
-        else:
-            how = "made no healing in the cell (distlab.heal) to compare"
-        outcome.notes.append(f"rank {ranks} died; its replacement ran the cell {seconds:.1f} s later, {how}")
 
     def _repair(self, repair: recovery.Repair, outcome: Any) -> None:
         """Carry out recovery's decision; what was done goes into the cell's notes."""

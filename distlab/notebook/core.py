@@ -21,13 +21,11 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from ..cluster import warm
 from ..cluster.gpus import local_gpus
 from ..cluster.launch import (
     controller_address,
@@ -39,16 +37,17 @@ from ..cluster.launch import (
     wait_for_engines,
 )
 from ..cluster.lighthouse import Lighthouse
-from ..cluster.nodes import Link, Network
+from ..cluster.nodes import Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, signal_all, terminate, wait_for
-from ..errors import DistlabError, LabUsageError, parse_ranks
-from ..wire import HEALING_MODULES, HEALING_RANK_ENVIRONMENT
+from ..errors import LabUsageError, parse_ranks
 from . import labs, rpc
 from .cell import Listener, RunResult
 from .cells import RunsCells
 from .config import LabConfig
-from .group import form_group, get, group_spec
+from .group import form_group, get
+from .healing import HealsRanks
 from .labs import LabObserver
+from .nodes import HasNodes
 from .postmortem import LastCell
 from .release import Releaser
 from .script import Event, Restarted
@@ -57,7 +56,7 @@ from .world import RankInfo, RankTable, World, check_gpus, plan_world
 __all__ = ["LabCore", "RankInfo", "RankTable", "RunResult"]
 
 
-class LabCore(RunsCells):
+class LabCore(RunsCells, HealsRanks, HasNodes):
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells; no views.
 
     ``distlab.start`` gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached.
@@ -196,53 +195,6 @@ class LabCore(RunsCells):
         client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
         self._phase("namespace_s")
 
-    def _start_lighthouse(self) -> None:
-        """torchft's lighthouse, on the address the ranks reach the controller at (loopback, or the
-        switch's on emulated nodes), ended with the lab (or by its guard, if the notebook dies)."""
-        assert self._folder is not None
-        host = self._network.switch_addr if self._network else controller_address(self._cluster)
-        self._lighthouse = Lighthouse.start(host, self._folder, self.timeout)
-        self._guard.adopt(self._lighthouse.pid)
-        if self._network is None and self.config.launcher == "local" and warm.enabled():
-            # A replacement rank is forked from the template: with torchft there, it starts with it.
-            # In the background: the lab's own ranks are forked first.
-            threading.Thread(target=_preload_healing, daemon=True, name="distlab-preload-torchft").start()
-        self._phase("lighthouse_s")
-
-    @property
-    def _healing(self) -> tuple[str, str]:
-        """What ranks are told where the lab heals: its lighthouse, and the file a healing cell's end is written to."""
-        if self._lighthouse is None or self._folder is None:
-            return ("", "")
-        return (self._lighthouse.address, os.path.join(self._folder, "heal-end"))
-
-    def _replace_rank(self, rank: int) -> tuple[Any, RankInfo]:
-        """A new engine in the place of rank ``rank``, which died while a healing cell ran: started
-        (forked where ranks are warm) on the dead rank's node, told it is that rank, with everything
-        but the process group (``rank.group.join_as_replacement``). Its engine view and table row."""
-        assert self._world is not None
-        old = self._world.table[rank]
-        client, network = self._client, self._network
-        before = set(client.ids)
-        prefix = network.exec_prefix(self._world.hosts().index(old.host)) if network else None
-        self._cluster.start_engines_sync(1, **engine_start_args(self.config.local, prefix))
-        self._guard.update()
-        if not wait_for(lambda: bool(set(client.ids) - before), self.timeout, poll_s=0.01):
-            raise DistlabError(f"no engine registered within {self.timeout:g} s to take rank {rank}'s place")
-        engine_id = max(set(client.ids) - before)
-        controller_ip = network.switch_addr if network else controller_address(self._cluster)
-        (identity,) = get(rpc.describe(client.direct_view([engine_id]), controller_ip), self.timeout,
-                          f"describing rank {rank}'s replacement")
-        new = replace(old, engine_id=engine_id, pid=identity["pid"], addr=identity["addr"], health="ok")
-        table = list(self._world.table)
-        table[rank] = new
-        self._world = replace(self._world, table=tuple(table))
-        spec = group_spec(self._world, new, 0, self.timeout, self.debug, self._healing)
-        get(rpc.join_as_replacement(client[engine_id], spec), self.timeout, f"making rank {rank}'s replacement")
-        client.direct_view([engine_id]).use_cloudpickle().get(timeout=self.timeout)
-        self._guard.adopt_engine_helpers([new.pid])
-        return client[engine_id], new
-
     def _phase(self, name: str) -> None:
         """Record how long the phase that just ended took (start-up is measured phase by phase)."""
         now = time.perf_counter()
@@ -319,9 +271,7 @@ class LabCore(RunsCells):
         with contextlib.suppress(Exception):
             cluster.stop_cluster_sync()
         self._guard.end_all(pgids, pids)  # trust the processes, not the call
-        lighthouse, self._lighthouse = self._lighthouse, None
-        if lighthouse is not None:
-            lighthouse.stop()  # already ended with the groups above: reaped here
+        self._stop_lighthouse()
         self._world = None
         self._remove_network()
         labs.remove(self)
@@ -388,53 +338,6 @@ class LabCore(RunsCells):
             rows.append(replace(r, health=health))
         return rows
 
-    def _network_caption(self) -> str:
-        network = self._network
-        if network is None:
-            return ""
-        return (
-            f"{network.nodes} nodes on {network.subnet}, each linked to a switch at {network.switch_addr}; "
-            f"link {network.link or 'not shaped'} (each way, every node's link)"
-        )
-
-    # ---------------------------------------------------------------------- the network
-
-    @property
-    def link(self) -> Link | None:
-        """The link between nodes now (``.rate_bps``, ``.latency_s``; prints as "1gbit"); None where
-        nothing is shaped (no nodes, or nodes with an unshaped link)."""
-        return self._network.link if self._network is not None else None
-
-    def set_link(self, rate: str | None, latency: str | float | None = None) -> Link | None:
-        """Reshape every node's link, both ways, between cells: ``lab.set_link("100mbit")``.
-
-        ``latency`` adds a one-way delay between nodes where the kernel has netem. ``None`` as the
-        rate takes the shaping off. Returns the new link.
-        """
-        self._require_nodes("set_link")
-        assert self._network is not None
-        config = replace(self.config, link=rate, latency=latency)  # checked as the lab's own config is
-        link = config.node_link()
-        self._network.set_link(link)
-        self.config = config
-        self._tell("changed")
-        return link
-
-    def link_bytes(self) -> dict[int, int]:
-        """{node: bytes it has sent onto its link so far}, as the kernel's queue counted them (frames,
-        headers included). Take it before and after a cell to see what crossed the links."""
-        self._require_nodes("link_bytes")
-        assert self._network is not None
-        return self._network.sent_bytes()
-
-    def _require_nodes(self, what: str) -> None:
-        self._require_running()
-        if self._network is None:
-            raise LabUsageError(
-                f"{what} needs a lab on emulated nodes: start one like distlab.start(ranks=4, nodes=2, link=\"1gbit\") "
-                "(%dist start -n 4 --nodes 2 --link 1gbit)"
-            )
-
     def kill(self, rank: int) -> None:
         """Fault injection: hard-kill one rank's engine process (SIGKILL), as a crash would."""
         self._require_running()
@@ -499,11 +402,6 @@ class LabCore(RunsCells):
         elif lab.world_size != ranks or not lab.whole:
             lab.restart(ranks=ranks)
         return lab
-
-
-def _preload_healing() -> None:
-    with contextlib.suppress(Exception):  # without it a replacement imports torchft itself (slower, as good)
-        warm.current(os.environ).preload(HEALING_MODULES, HEALING_RANK_ENVIRONMENT)
 
 
 def _local_gpus(backend: str) -> int | None:
