@@ -238,7 +238,7 @@ class CellRun:
         return [r for r in ranks if not self.pending[r].ready()]
 
     def _poll(self, final: bool = False) -> None:
-        self.ctx.on_poll(self.pending, final)
+        self.ctx.on_poll({rank: _AsPolled(ar) for rank, ar in self.pending.items()}, final)
         if self._printer is None:
             return
         for rank, ar in sorted(self.pending.items()):
@@ -328,6 +328,24 @@ class CellRun:
 
     def _texts(self, name: str) -> dict[int, str]:
         return {rank: getattr(ar, name) or "" for rank, ar in self.pending.items()}
+
+
+class _AsPolled:
+    """A rank's ``AsyncResult`` as one poll saw it: what the rank published (``data``) read once.
+
+    ipyparallel's thread updates ``data`` whenever a rank publishes; read twice in one poll, the
+    lab's telemetry store and a listener after it could see two different publishes (the listener
+    one the store never read). Everything else is the AsyncResult's own.
+    """
+
+    __slots__ = ("_ar", "data")
+
+    def __init__(self, ar: Any) -> None:
+        self._ar = ar
+        self.data = dict(ar.data or {})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ar, name)
 
 
 def _cell_line(traceback_text: str, filename: str | None = None) -> str:
