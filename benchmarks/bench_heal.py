@@ -106,7 +106,7 @@ def heal_once(ranks: int, steps: int, dies_at: int) -> dict[str, float]:
         )
     survivor = kept[0]
     times = [t for _, t in survivor]
-    after = [t for t in times if t > died]
+    after = [t for s, t in survivor if s > dies_at]  # committed without the dead rank
     healed_at = kept[1][0][1]
     before = [t for t in times if t <= died]
     lost_steps = steps - survivor[-1][0]

@@ -45,6 +45,7 @@ class RunsCells:
     _observers: list[LabObserver]
     _releaser: Releaser
     _listeners: list[Listener]
+    _pushed: dict[str, Any]
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -85,6 +86,8 @@ class RunsCells:
         targets = [self.table[r].engine_id for r in selected]
         get(self._client.direct_view(targets).push(names, block=False), self.timeout, "pushing to the ranks")
         self._history.append(Pushed(tuple(names), self._subset(selected)))
+        if self.config.heal and self._subset(selected) is None:
+            self._pushed.update(names)  # a replacement rank is given them too (``healing``)
 
     def pull(self, name: str, ranks: str | int | Iterable[int] | None = None) -> dict[int, Any]:
         """{rank: value of ``name``} from the given ranks (all by default)."""

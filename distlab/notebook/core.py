@@ -104,6 +104,8 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         self._last_cell: LastCell | None = None
         # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
         self._companions: dict[str, LabCore] = {}
+        # In a lab that heals, what lab.push gave every rank: a replacement is given it too.
+        self._pushed: dict[str, Any] = {}
 
     # The configuration, as attributes (the magics and tests read them).
     timeout = property(lambda self: self.config.timeout)
@@ -125,7 +127,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
             check_gpus(self.world_size, self.config.backend, _local_gpus(self.config.backend))
         t0 = self._phase_start = time.perf_counter()
         labs.add(self)  # stopped at the interpreter's exit, if still running
-        self._history = []
+        self._history, self._pushed = [], {}
         self._last_cell = None
         try:
             if self.config.nodes or self.config.heal:
@@ -220,7 +222,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         # The old world exits (each rank as it would on its own: buffers flushed, exit handlers run)
         # while the new one starts: a restart costs the longer of the two, not their sum.
         signal_all(old_pids, signal.SIGTERM)
-        self._world, self._last_cell = None, None
+        self._world, self._last_cell, self._pushed = None, None, {}
         try:
             self._launch_engines(leaving=old_ids)
             terminate(old_pids)  # waits (bounded) for what SIGTERM began

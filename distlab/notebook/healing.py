@@ -42,6 +42,7 @@ class HealsRanks:
     _lighthouse: Lighthouse | None
     _guard: ProcessGuard
     _releaser: Releaser
+    _pushed: dict[str, Any]
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -99,7 +100,10 @@ class HealsRanks:
         self._world = replace(self._world, table=tuple(table))
         spec = group_spec(self._world, new, 0, self.timeout, self.debug, self._healing)
         get(rpc.join_as_replacement(client[engine_id], spec), self.timeout, f"making rank {rank}'s replacement")
-        client.direct_view([engine_id]).use_cloudpickle().get(timeout=self.timeout)
+        view = client.direct_view([engine_id])
+        view.use_cloudpickle().get(timeout=self.timeout)
+        if self._pushed:
+            get(view.push(self._pushed, block=False), self.timeout, f"pushing to rank {rank}'s replacement")
         self._guard.adopt_engine_helpers([new.pid])
         return client[engine_id], new
 

@@ -103,9 +103,11 @@ class Healing:
         from torchft.process_group import ProcessGroupGloo
 
         # torchft says, at every quorum, that it cannot reset NCCL's flight recorder (there is no NCCL
-        # here) and, when it heals, that torch deprecated what it calls: its errors still show.
+        # here) and, when it heals, that torch deprecated what it calls and that a buffer it reads
+        # is read-only: its errors still show.
         logging.getLogger("torchft").setLevel(logging.ERROR)
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchft\.")
+        for category in (FutureWarning, UserWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"torchft\.")
         host = address_toward(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         # The replica group's store (one rank per group here): its manager finds its peers' through it.
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
