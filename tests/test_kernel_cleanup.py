@@ -64,10 +64,14 @@ def _start_kernel_with_lab(line: str):
         ("sigkill", "start -n 2"),
         ("shutdown", "start -n 2 --nodes 2 --link 1gbit"),
         ("sigkill", "start -n 2 --nodes 2 --link 1gbit"),
+        ("shutdown", "start -n 2 --heal"),  # torchft's lighthouse, and the template's torchft preload
+        ("sigkill", "start -n 2 --heal"),
     ],
 )
 def test_no_distlab_process_or_namespace_outlives_its_kernel(how, line):
     km, kc, procs, folders = _start_kernel_with_lab(line)
+    if "--heal" in line:
+        assert any("torchft_lighthouse" in " ".join(p.cmdline()) for p in procs)
     try:
         if how == "shutdown":
             kc.stop_channels()
