@@ -28,6 +28,7 @@ __all__ = [
     "LabUsageError",
     "RankError",
     "__version__",
+    "chaos",
     "current_lab",
     "heal",
     "load_ipython_extension",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .notebook.lab import Lab, start
     from .notebook.labs import current as current_lab
+    from .rank.chaos import chaos
     from .rank.heal import heal
     from .telemetry.watch import log, watch  # the module: mypy takes telemetry.watch for the submodule
 
@@ -56,6 +58,7 @@ _LAZY = {
     "watch": "telemetry",
     "log": "telemetry",
     "heal": "rank.heal",  # on a rank, in a cell of a lab started with heal=True
+    "chaos": "rank.chaos",  # on a rank, in a cell: faults on a schedule
 }
 _RENAMED = {"current_lab": "current"}  # public name -> its name in its module
 _SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")
