@@ -78,6 +78,7 @@ def test_kill_in_a_lab_that_heals_kills_once_and_the_replacement_goes_on(lab_fac
         ("distlab.chaos(kill={1: 0})", "rank 1's step must be a whole number from 1"),
         ("distlab.chaos(slow={0: -1})", "rank 0's delay must be seconds, 0 or more"),
         ("distlab.chaos(nan=[1, 2])", "takes a dict of rank to value"),
+        ("distlab.chaos(cut={0: 3})", "is not built yet: kill each of the node's ranks"),
     ],
 )
 def test_a_schedule_that_cannot_be_kept_says_why(lab, call, says):

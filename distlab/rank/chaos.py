@@ -41,8 +41,14 @@ def chaos(
     kill: Mapping[int, int] | None = None,
     slow: Mapping[int, float] | None = None,
     nan: Mapping[int, int] | None = None,
+    cut: Mapping[int, int] | None = None,
 ) -> None:
     """Schedule faults for this cell: ``kill`` and ``nan`` map a rank to a step, ``slow`` to seconds."""
+    if cut is not None:
+        raise LabUsageError(
+            "distlab.chaos(cut=...) (a node's link cut at a step) is not built yet: "
+            "kill each of the node's ranks at that step instead, like kill={2: 40, 3: 40}"
+        )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     kill, nan = _steps("kill", kill, world), _steps("nan", nan, world)
