@@ -335,15 +335,15 @@ lab.push(DIED=DIED)
 # %%ddp
 import os, signal, time
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 model, opt = distlab.heal(model, opt)
 manager = distlab.rank.heal.current().manager
 committed = []  # (step, time) of every step this rank committed
-g = torch.Generator().manual_seed(100 + rank)
+g = torch.Generator(device=device).manual_seed(100 + rank)
 for step in range(150):
     opt.zero_grad()
-    model(torch.randn(32, 64, generator=g)).square().mean().backward()
+    model(torch.randn(32, 64, generator=g, device=device)).square().mean().backward()
     opt.step()
     committed.append((manager.current_step(), time.time()))
     if rank == 1 and manager.current_step() == 40 and not os.path.exists(DIED):
@@ -363,7 +363,7 @@ for step in range(150):
 with open(DIED) as f:
     died = float(f.read())
 kept = lab.run("committed", stream=False)
-digest = "import hashlib; hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()"
+digest = "import hashlib; hashlib.sha256(b''.join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()"
 weights = lab.run(digest, stream=False)
 survivor = kept[0]
 print("steps ranks 0 and 2 lost:", 150 - survivor[-1][0])
