@@ -180,9 +180,8 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         client = self._client
         ids = sorted(client.ids)[-self.world_size :]
         network = self._network
-        # Each engine's address is the one its traffic to the controller leaves from: how the others reach it.
-        controller_ip = network.switch_addr if network else controller_address(self._cluster)
-        identities = get(rpc.describe(client.direct_view(ids), controller_ip), self.timeout, "describing the engines")
+        identities = get(rpc.describe(client.direct_view(ids), self._controller_ip()), self.timeout,
+                         "describing the engines")
         self._phase("describe_s")  # includes engines finishing their import of torch
         nodes = [network.hostname(i) for i in range(network.nodes)] if network else []
         self._world = plan_world(dict(zip(ids, identities)), self.world_size, self.config.backend, host_order=nodes)
@@ -196,6 +195,11 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         # Let names defined in the notebook (functions, classes) travel to the ranks by value.
         client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
         self._phase("namespace_s")
+
+    def _controller_ip(self) -> str:
+        """The address ranks reach the controller (and the lab's lighthouse) at: the switch's on emulated
+        nodes. Each engine's own address is the one its traffic there leaves from: how the others reach it."""
+        return self._network.switch_addr if self._network else controller_address(self._cluster)
 
     def _phase(self, name: str) -> None:
         """Record how long the phase that just ended took (start-up is measured phase by phase)."""

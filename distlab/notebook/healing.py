@@ -15,10 +15,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..cluster import warm
-from ..cluster.launch import controller_address, engine_start_args
+from ..cluster.launch import engine_start_args, wait_for_engines
 from ..cluster.lighthouse import Lighthouse
 from ..cluster.nodes import Network
-from ..cluster.processes import ProcessGuard, wait_for
+from ..cluster.processes import ProcessGuard
 from ..errors import DistlabError, RankError, format_ranks
 from ..wire import HEALING_MODULES, HEALING_RANK_ENVIRONMENT
 from . import rpc
@@ -51,6 +51,7 @@ class HealsRanks:
         @property
         def debug(self) -> bool: ...
         def _phase(self, name: str) -> None: ...
+        def _controller_ip(self) -> str: ...
 
     def _stop_lighthouse(self) -> None:
         lighthouse, self._lighthouse = self._lighthouse, None
@@ -61,8 +62,7 @@ class HealsRanks:
         """torchft's lighthouse, on the address the ranks reach the controller at (loopback, or the
         switch's on emulated nodes), ended with the lab (or by its guard, if the notebook dies)."""
         assert self._folder is not None
-        host = self._network.switch_addr if self._network else controller_address(self._cluster)
-        self._lighthouse = Lighthouse.start(host, self._folder, self.timeout)
+        self._lighthouse = Lighthouse.start(self._controller_ip(), self._folder, self.timeout)
         self._guard.adopt(self._lighthouse.pid)
         if self._network is None and self.config.launcher == "local" and warm.enabled():
             # A replacement rank is forked from the template: with torchft there, it starts with it.
@@ -84,15 +84,16 @@ class HealsRanks:
         assert self._world is not None
         old = self._world.table[rank]
         client, network = self._client, self._network
-        before = set(client.ids)
+        before, sets = set(client.ids), set(self._cluster.engines)
         prefix = network.exec_prefix(self._world.hosts().index(old.host)) if network else None
         self._cluster.start_engines_sync(1, **engine_start_args(self.config.local, prefix))
         self._guard.update()
-        if not wait_for(lambda: bool(set(client.ids) - before), self.timeout, poll_s=0.01):
-            raise DistlabError(f"no engine registered within {self.timeout:g} s to take rank {rank}'s place")
+        # As a start waits for its engines (the hub asked again for one its notice missed), counting
+        # only engines that were not there before.
+        started = [name for name in self._cluster.engines if name not in sets]
+        wait_for_engines(client, 1, self.timeout, frozenset(before), self._cluster, started)
         engine_id = max(set(client.ids) - before)
-        controller_ip = network.switch_addr if network else controller_address(self._cluster)
-        (identity,) = get(rpc.describe(client.direct_view([engine_id]), controller_ip), self.timeout,
+        (identity,) = get(rpc.describe(client.direct_view([engine_id]), self._controller_ip()), self.timeout,
                           f"describing rank {rank}'s replacement")
         new = replace(old, engine_id=engine_id, pid=identity["pid"], addr=identity["addr"], health="ok")
         table = list(self._world.table)
@@ -107,14 +108,20 @@ class HealsRanks:
         self._guard.adopt_engine_helpers([new.pid])
         return client[engine_id], new
 
+    def _form_whole_group(self, replaced: list[int]) -> World:
+        """Every rank, replacements included, in one process group again; replacements answer release requests."""
+        assert self._world is not None
+        world = self._world
+        form_group(self._client, world, self.timeout, self.debug, rebuild=False, healing=self._healing)
+        self._releaser.listen(self._client, [world.table[r] for r in replaced], self.timeout)
+        return world
+
     def _replace_before(self, gone: list[int]) -> None:
         """In a lab that heals, ranks that died between cells (``%dist kill``) are started again before
         the next cell, and the whole group formed: they have none of the names earlier cells made."""
         for rank in gone:
             self._replace_rank(rank)
-        assert self._world is not None
-        form_group(self._client, self._world, self.timeout, self.debug, rebuild=False, healing=self._healing)
-        self._releaser.listen(self._client, [self._world.table[r] for r in gone], self.timeout)
+        self._form_whole_group(gone)
         print(
             f"[distlab] rank {format_ranks(gone)} had died: a new process took its place before this cell "
             "(it has none of the names earlier cells made)", flush=True,
@@ -124,12 +131,9 @@ class HealsRanks:
         """After a healing cell in which ranks were replaced: one process group of every rank again,
         for the next cell (a replacement joined the cell's quorum, never the old group), and notes
         that say what happened."""
-        assert self._world is not None
-        world = self._world
-        src = min(r.rank for r in world.table if r.rank not in outcome.replaced)
         try:
-            form_group(self._client, world, self.timeout, self.debug, rebuild=False, healing=self._healing)
-            self._releaser.listen(self._client, [world.table[r] for r in outcome.replaced], self.timeout)
+            world = self._form_whole_group(list(outcome.replaced))
+            src = min(r.rank for r in world.table if r.rank not in outcome.replaced)
             shares = [rpc.share_state(self._client[r.engine_id], src) for r in world.table]
             same = {get(ar, self.timeout, "comparing the ranks' healed state") for ar in shares}
         except (RankError, DistlabError) as exc:
