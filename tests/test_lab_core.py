@@ -16,14 +16,17 @@ import distlab
 from distlab import RankError
 from distlab.cluster.processes import wait_for
 from distlab.errors import DistlabError
-from distlab.notebook import core, labs, rpc
+from distlab.notebook import labs, rpc, spares
 from distlab.notebook.config import LabConfig, mpi_spans_hosts
 from distlab.notebook.core import LabCore
 from distlab.notebook.labs import Observer
 
 PACKAGE = Path(distlab.__file__).parent
 # The core of a lab: what runs a lab and its cells. None of it may import a view.
-CORE = ["notebook/core.py", "notebook/cells.py", "notebook/cell.py", "notebook/recovery.py", "notebook/labs.py"]
+CORE = [
+    "notebook/core.py", "notebook/cells.py", "notebook/cell.py", "notebook/recovery.py", "notebook/labs.py",
+    "notebook/spares.py",
+]
 VIEWS = ("distlab.dashboard", "distlab.server", "distlab.quiz", "distlab.exercises")
 
 
@@ -187,7 +190,7 @@ def test_engines_that_never_register_are_named_with_their_last_words_and_nothing
     # environment would) is reported with what its log says, not "check the logs" somewhere.
     monkeypatch.setenv("DISTLAB_WARM", "0")
     dying = [sys.executable, "-c", "import sys; sys.exit('no driver for this device')"]
-    monkeypatch.setattr(core, "engine_start_args", lambda local, prefix=None: {"engine_cmd": dying})
+    monkeypatch.setattr(spares, "engine_start_args", lambda local, prefix=None: {"engine_cmd": dying})
     before = {p.pid for p in distlab_processes()}
     lab = LabCore(ranks=2, timeout=5)
     with pytest.raises(DistlabError) as failed:

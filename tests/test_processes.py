@@ -10,7 +10,7 @@ from distlab.cluster.processes import ProcessGuard
 def _guard_writing_to(path: str) -> ProcessGuard:
     guard = ProcessGuard()
     guard._pgid_file = path  # as watch() sets it, without starting the watchdog
-    guard._helpers = {4242, 4343}
+    guard._helpers = {1: {4242}, 2: {4343}}  # engine pid -> its helpers' groups
     return guard
 
 

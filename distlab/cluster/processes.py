@@ -125,8 +125,9 @@ class ProcessGuard:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._pgid_file: str | None = None
         self._files: list[str] = []
-        #: Groups the engines started in sessions of their own (their nannies).
-        self._helpers: set[int] = set()
+        #: Groups each engine (by pid) started in sessions of their own (its nanny): ended with that
+        #: engine only, so that a restart's end of the old world leaves a spare engine's nanny be.
+        self._helpers: dict[int, set[int]] = {}
         #: Groups the lab started beside the cluster (a healing lab's lighthouse): they last until the stop.
         self._own: set[int] = set()
 
@@ -152,7 +153,8 @@ class ProcessGuard:
     def pgids(self) -> list[int]:
         """Every process group of the cluster: controller, engine sets, engines, their helpers."""
         pids = ipycompat.launcher_pids(self._cluster) if self._cluster is not None else []
-        return sorted(set(pids) | self._helpers | self._own)
+        helpers = set().union(*self._helpers.values()) if self._helpers else set()
+        return sorted(set(pids) | helpers | self._own)
 
     def adopt(self, pgid: int) -> None:
         """A process group the lab started beside the cluster: ended with it, or by the watchdog."""
@@ -181,19 +183,26 @@ class ProcessGuard:
         it would outlive a stop by seconds. Its group joins those the guard kills."""
         import psutil
 
+        found = False
         for pid in engine_pids:
-            with contextlib.suppress(psutil.Error):
+            if pid in self._helpers:  # one nanny an engine: found already
+                continue
+            with contextlib.suppress(psutil.Error, OSError):
                 for child in psutil.Process(pid).children():
                     if os.getpgid(child.pid) == child.pid:
-                        self._helpers.add(child.pid)
-        self.update()
+                        self._helpers.setdefault(pid, set()).add(child.pid)
+                        found = True
+        if found:
+            self.update()
 
     def end_engines(self, engine_pids: Iterable[int]) -> None:
         """After ipyparallel stopped the engines: make sure they and their helpers are gone."""
+        engine_pids = list(engine_pids)
         reap(engine_pids)
-        for pgid in self._helpers:
-            kill_group(pgid)
-        self._helpers = set()
+        for pid in engine_pids:
+            for pgid in self._helpers.pop(pid, ()):
+                kill_group(pgid)
+        self.update()
 
     def end_all(self, pgids: Iterable[int], engine_pids: Iterable[int]) -> None:
         """After ipyparallel stopped the cluster: kill every group still standing, stop the watchdog.
@@ -203,7 +212,7 @@ class ProcessGuard:
         for pgid in pgids:
             kill_group(pgid)
         reap(engine_pids)
-        self._helpers, self._own = set(), set()
+        self._helpers, self._own = {}, set()
         self._cluster = None
         if self._reaper is not None:
             self._reaper.terminate()

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from ..errors import DistlabError
 from .allocator import engine_environment
 
-__all__ = ["Template", "current", "enabled", "prewarm", "stop"]
+__all__ = ["Template", "busy", "current", "enabled", "prewarm", "stop"]
 
 # Read by Python or the libraries a rank imports when they load (or by glibc when the process
 # starts): a template whose values differ from a lab's cannot stand in for its engines' start.
@@ -119,6 +119,10 @@ class Template:
         if "loaded" not in answer:
             raise DistlabError(f"the warm-rank template could not import {', '.join(modules)}: {answer.get('error')}")
 
+    def busy(self) -> bool:
+        """Whether a request now would wait: the template still importing, or serving another request."""
+        return not self._ready or self._lock.locked()
+
     def stop(self) -> None:
         if self._proc.stdin is not None:
             try:
@@ -146,6 +150,12 @@ def current(env: Mapping[str, str]) -> Template:
             # Made from the environment asked for, so that the next request with it finds it fit.
             _template = Template(env)
         return _template
+
+
+def busy() -> bool:
+    """Whether a fork asked for now would wait (no template, or one importing or serving another request)."""
+    template = _template
+    return template is None or not template.alive() or template.busy()
 
 
 def prewarm() -> None:

@@ -65,6 +65,7 @@ class RunsCells:
         def _replace_before(self, gone: list[int]) -> None: ...
         def _on_this_machine(self, info: RankInfo) -> bool: ...
         def _whole_again(self, outcome: Any) -> None: ...
+        def _top_up_spares(self) -> None: ...
 
     # ------------------------------------------------------------------------ cells
 
@@ -263,6 +264,7 @@ class RunsCells:
             for observer in list(self._observers):
                 views.enter_context(observer.cell(cast("LabCore", self), stream))
             outcome = cell.run(timeout, printer)
+        self._top_up_spares()  # a replacement took one; a healing lab's template was busy at its start
         if outcome.replaced:
             self._whole_again(outcome)
             if stream:

@@ -27,6 +27,7 @@ _SPELLING = {
         "nodes": ("nodes", "nodes=2"), "link": ("link", 'link="1gbit"'), "latency": ("latency", 'latency="200us"'),
         "subnet": ("subnet", 'subnet="198.18.7.0/24"'), "launcher": ("launcher", 'launcher="local"'),
         "heal": ("heal", "heal=True"), "backend": ("backend", 'backend="gloo"'),
+        "spares": ("spares", "spares=2"),
     },
     "magic": {
         "ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug"),
@@ -34,6 +35,7 @@ _SPELLING = {
         "latency": ("--latency", "--latency 200us"),
         "subnet": ("--subnet", "--subnet 198.18.7.0/24"), "launcher": ("--launcher", "--launcher local"),
         "heal": ("--heal", "--heal"), "backend": ("--backend", "--backend gloo"),
+        "spares": ("--spares", "--spares 2"),
     },
 }
 
@@ -100,6 +102,10 @@ class LabConfig:
     subnet: str | None = None
     #: Per-step quorum on torchft: when a rank dies the others go on (``rank.heal``, ``cluster.lighthouse``).
     heal: bool = False
+    #: Engines kept started and registered beside the world, for a restart or a dead rank's replacement
+    #: to take instead of starting new ones (``notebook.spares``). None: as many as the world has
+    #: ranks where they are forked from the warm template (a local lab without nodes), else none.
+    spares: int | None = None
     #: "magic" when the values come from ``%dist``: messages then name its flags.
     spelling: InitVar[str] = "python"
 
@@ -116,6 +122,34 @@ class LabConfig:
         checks.flag(say["debug"][0], self.debug)
         self._check_nodes(say)
         self._check_heal(say)
+        self._check_spares(say)
+
+    def _check_spares(self, say: dict[str, tuple[str, str]]) -> None:
+        if self.spares is None:
+            return
+        checks.whole(say["spares"][0], self.spares, minimum=0, example=say["spares"][1])
+        if self.spares and not self.forks_spares:
+            why = (f"{say['nodes'][0]} starts ranks inside the nodes" if self.nodes
+                   else "ranks are started cold here (DISTLAB_WARM=0)" if self.launcher == "local"
+                   else f"the {self.launcher} launcher starts ranks elsewhere")
+            raise LabUsageError(
+                f"{say['spares'][0]} keeps engines forked from this machine's warm template, and {why}: "
+                f"leave out {say['spares'][0]}"
+            )
+
+    @property
+    def forks_spares(self) -> bool:
+        """Whether this lab's engines are forked from the warm template, so that it can keep spares."""
+        from ..cluster import warm
+
+        return self.launcher == "local" and not self.nodes and warm.enabled()
+
+    @property
+    def spare_count(self) -> int:
+        """How many spare engines the lab keeps: ``spares``, or by default one per rank where it can."""
+        if self.spares is not None:
+            return self.spares
+        return self.ranks if self.forks_spares else 0
 
     def _check_heal(self, say: dict[str, tuple[str, str]]) -> None:
         checks.flag(say["heal"][0], self.heal)

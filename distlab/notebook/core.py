@@ -30,11 +30,9 @@ from ..cluster.gpus import local_gpus
 from ..cluster.launch import (
     controller_address,
     controller_start_args,
-    engine_start_args,
     guard_iopub,
     link_client_sockets,
     make_cluster,
-    wait_for_engines,
 )
 from ..cluster.lighthouse import Lighthouse
 from ..cluster.nodes import Network
@@ -51,12 +49,13 @@ from .nodes import HasNodes
 from .postmortem import LastCell
 from .release import Releaser
 from .script import Event, Restarted
+from .spares import KeepsSpares
 from .world import RankInfo, RankTable, World, check_gpus, plan_world
 
 __all__ = ["LabCore", "RankInfo", "RankTable", "RunResult"]
 
 
-class LabCore(RunsCells, HealsRanks, HasNodes):
+class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells; no views.
 
     ``distlab.start`` gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached.
@@ -67,10 +66,11 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         self, ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local",
         debug: bool = False, nodes: int | None = None, link: str | None = None,
         latency: str | float | None = None, subnet: str | None = None, heal: bool = False,
+        spares: int | None = None,
     ) -> None:
         self._configure(LabConfig(
             ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
-            nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal,
+            nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal, spares=spares,
         ))
 
     @classmethod
@@ -106,6 +106,8 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         self._companions: dict[str, LabCore] = {}
         # In a lab that heals, what lab.push gave every rank: a replacement is given it too.
         self._pushed: dict[str, Any] = {}
+        self._spares: dict[str, int] = {}  # engine set -> pid: engines ready to become ranks (``spares``)
+        self._retired: set[int] = set()  # engine ids of ranks that are gone
 
     # The configuration, as attributes (the magics and tests read them).
     timeout = property(lambda self: self.config.timeout)
@@ -128,6 +130,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         t0 = self._phase_start = time.perf_counter()
         labs.add(self)  # stopped at the interpreter's exit, if still running
         self._history, self._pushed = [], {}
+        self._spares, self._retired = {}, set()
         self._last_cell = None
         try:
             if self.config.nodes or self.config.heal:
@@ -146,39 +149,27 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
             self._phase("controller_s")
             if self.config.heal:
                 self._start_lighthouse()
-            self._launch_engines()
+            ids = self._gather_engines(self.world_size)
             self._phase("engines_s")
-            self._build_world()
+            self._build_world(ids)
         except BaseException:
             self.stop()
             raise
         self.timings["ready_s"] = time.perf_counter() - t0
+        self._top_up_spares()
         self._tell("started")
         return self
 
-    def _launch_engines(self, leaving: frozenset[int] = frozenset()) -> None:
-        """Start the world's engines and wait until they registered; ``leaving``: engine ids of an
-        old world still exiting, which do not count."""
-        network = self._network
-        before = set(self._cluster.engines)
-        if network is None:
-            self._cluster.start_engines_sync(self.world_size, **engine_start_args(self.config.local))
-        else:
-            for node, count in enumerate(self.config.ranks_per_node()):
-                self._cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
-        self._guard.update()
-        if self._client is None:
-            if self._folder is not None:
-                link_client_sockets(self._cluster, self._folder, self.timeout)
-            self._client = self._cluster.connect_client_sync()
-            guard_iopub(self._client)
-        started = [name for name in self._cluster.engines if name not in before]
-        wait_for_engines(self._client, self.world_size, self.timeout, leaving, self._cluster, started)
+    def _connect_client(self) -> None:
+        """The notebook's ipyparallel client of the lab's controller (once its engines are starting)."""
+        if self._folder is not None:
+            link_client_sockets(self._cluster, self._folder, self.timeout)
+        self._client = self._cluster.connect_client_sync()
+        guard_iopub(self._client)
 
-    def _build_world(self) -> None:
-        """Rank table, device checks, rendezvous, process group, and the ranks' namespace."""
+    def _build_world(self, ids: list[int]) -> None:
+        """Rank table (of engines ``ids``), device checks, rendezvous, process group, and the ranks' namespace."""
         client = self._client
-        ids = sorted(client.ids)[-self.world_size :]
         network = self._network
         identities = get(rpc.describe(client.direct_view(ids), self._controller_ip()), self.timeout,
                          "describing the engines")
@@ -186,6 +177,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         nodes = [network.hostname(i) for i in range(network.nodes)] if network else []
         self._world = plan_world(dict(zip(ids, identities)), self.world_size, self.config.backend, host_order=nodes)
         self.backend = self._world.backend
+        self._claim_spares(r.pid for r in self._world.table)
         #: What the choice of backend and devices needs said (ranks sharing a GPU over gloo), or "".
         self.note = self._world.note
         form_group(client, self._world, self.timeout, self.debug, rebuild=False, healing=self._healing)
@@ -222,23 +214,25 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
         t0 = self._phase_start = time.perf_counter()
         old_ids = frozenset(r.engine_id for r in self.table)
         old_pids = self._local_pids()
-        old_sets = list(self._cluster.engines)
+        old_sets = [name for name in self._cluster.engines if name not in self._spares]
         # The old world exits (each rank as it would on its own: buffers flushed, exit handlers run)
-        # while the new one starts: a restart costs the longer of the two, not their sum.
+        # while the new one forms, on spares where the lab keeps them (else on engines started now):
+        # a restart costs the longer of the two, not their sum.
         signal_all(old_pids, signal.SIGTERM)
+        self._retired |= old_ids
         self._world, self._last_cell, self._pushed = None, None, {}
         try:
-            self._launch_engines(leaving=old_ids)
+            self._build_world(self._gather_engines(self.world_size))
+            self.timings["restart_s"] = time.perf_counter() - t0
             terminate(old_pids)  # waits (bounded) for what SIGTERM began
             for engine_set in old_sets:
                 self._cluster.stop_engines_sync(engine_set)
-            wait_for(lambda: not old_ids & set(self._client.ids), 10.0)
             self._guard.end_engines(old_pids)
-            self._build_world()
         except BaseException:
             self.stop()
             raise
-        self.timings["restart_s"] = time.perf_counter() - t0
+        self.timings["restart_done_s"] = time.perf_counter() - t0  # and the old world gone
+        self._top_up_spares()
         self._history.append(Restarted(self.world_size))
         self._tell("restarted")
         return self
@@ -267,7 +261,9 @@ class LabCore(RunsCells, HealsRanks, HasNodes):
             self._remove_network()  # a start that failed before its cluster existed
             labs.remove(self)
             return
-        pids = self._local_pids()
+        self._adopt_spare_helpers()
+        pids = self._local_pids() + list(self._spares.values())
+        self._spares = {}
         pgids = self._guard.pgids()
         if self._client is not None:
             with contextlib.suppress(Exception):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..cluster import warm
-from ..cluster.launch import engine_start_args, wait_for_engines
 from ..cluster.lighthouse import Lighthouse
 from ..cluster.nodes import Network
 from ..cluster.processes import ProcessGuard
@@ -43,6 +43,7 @@ class HealsRanks:
     _guard: ProcessGuard
     _releaser: Releaser
     _pushed: dict[str, Any]
+    _retired: set[int]
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -52,6 +53,8 @@ class HealsRanks:
         def debug(self) -> bool: ...
         def _phase(self, name: str) -> None: ...
         def _controller_ip(self) -> str: ...
+        def _gather_engines(self, count: int, node: int | None = None) -> list[int]: ...
+        def _claim_spares(self, pids: Iterable[int]) -> None: ...
 
     def _stop_lighthouse(self) -> None:
         lighthouse, self._lighthouse = self._lighthouse, None
@@ -83,18 +86,14 @@ class HealsRanks:
         but the process group (``rank.group.join_as_replacement``). Its engine view and table row."""
         assert self._world is not None
         old = self._world.table[rank]
-        client, network = self._client, self._network
-        before, sets = set(client.ids), set(self._cluster.engines)
-        prefix = network.exec_prefix(self._world.hosts().index(old.host)) if network else None
-        self._cluster.start_engines_sync(1, **engine_start_args(self.config.local, prefix))
-        self._guard.update()
-        # As a start waits for its engines (the hub asked again for one its notice missed), counting
-        # only engines that were not there before.
-        started = [name for name in self._cluster.engines if name not in sets]
-        wait_for_engines(client, 1, self.timeout, frozenset(before), self._cluster, started)
-        engine_id = max(set(client.ids) - before)
+        client = self._client
+        # A spare where the lab keeps them; else an engine started on the dead rank's node.
+        node = self._world.hosts().index(old.host) if self._network else None
+        (engine_id,) = self._gather_engines(1, node)
         (identity,) = get(rpc.describe(client.direct_view([engine_id]), self._controller_ip()), self.timeout,
                           f"describing rank {rank}'s replacement")
+        self._claim_spares([identity["pid"]])
+        self._retired.add(old.engine_id)
         new = replace(old, engine_id=engine_id, pid=identity["pid"], addr=identity["addr"], health="ok")
         table = list(self._world.table)
         table[rank] = new

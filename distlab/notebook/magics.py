@@ -1,6 +1,7 @@
 """The IPython layer: parse a magic's arguments, call the Lab, show the result. Nothing else.
 
     %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...] [--debug] [--heal]
+                     [--spares K]
                      [--nodes K [--link RATE [--latency T]] [--subnet NET]]
     %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off]
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
@@ -71,6 +72,10 @@ def _start_parser() -> MagicArgumentParser:
     p.add_argument("--debug", action="store_true", help="torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
     p.add_argument(
         "--heal", action="store_true", help="per-step quorum on torchft: a rank's death does not stop the others"
+    )
+    p.add_argument(
+        "--spares", type=_text, default=None,
+        help="engines kept ready beside the ranks, for a restart or a replacement (default: one per rank)",
     )
     p.add_argument(
         "--nodes", type=_text, default=None, help="emulated nodes (network namespaces) to spread the ranks over"
@@ -184,7 +189,7 @@ class DistMagics(Magics):
             config = LabConfig(
                 ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher,
                 debug=args.debug, nodes=args.nodes, link=args.link, latency=args.latency, subnet=args.subnet,
-                heal=args.heal,
+                heal=args.heal, spares=args.spares,
                 spelling="magic",
             )
             lab = Lab.from_config(config)
