@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 
 __all__ = [
     "CELL_FILE",
+    "HEALING_KEY",
     "HEALING_MODULES",
     "HEALING_RANK_ENVIRONMENT",
     "LEARNER_FILE",
@@ -22,8 +23,11 @@ __all__ = [
     "CollectiveEntry",
     "EngineIdentity",
     "GroupSpec",
+    "HealEvent",
+    "HealingPublish",
     "ProgressBar",
     "ProgressPublish",
+    "QuorumSpan",
     "RankJoined",
 ]
 
@@ -159,3 +163,56 @@ class ProgressPublish(TypedDict):
     rank: int
     seq: int
     bars: list[ProgressBar]
+
+
+#: The key of a healing rank's record of its quorums and heals in its ``publish_data``
+#: (``rank.quorums`` sends, ``dashboard.quorums`` folds, ``dashboard.healing`` draws).
+HEALING_KEY = "distlab.healing"
+
+
+class QuorumSpan(TypedDict):
+    """Consecutive step attempts of one rank that agree in all but their step (steps ``first`` to
+    ``last``; an attempt that did not commit is retried at the same step)."""
+
+    first: int
+    last: int
+    #: Attempts in the span: ``last - first + 1`` for committed steps, the retries for one that failed.
+    attempts: int
+    #: torchft's quorum id (a new one each time the quorum's members change).
+    quorum: int
+    #: The ranks in the quorum, in torchft's replica order (its ``recover_src_replica_rank`` indexes it).
+    members: list[int]
+    #: torchft's ``num_participants()``: the members whose gradients the step averaged.
+    participants: int
+    #: Whether this rank was one of them (not while it healed: it was sent the others' state instead).
+    participating: bool
+    committed: bool
+
+
+class HealEvent(TypedDict):
+    """A rank was sent a live peer's model and optimizer state by torchft's ``PGTransport``."""
+
+    #: The step whose quorum healed it: the first it took with the others.
+    step: int
+    #: The rank that sent the state.
+    source: int
+    #: The state's tensors, in bytes.
+    bytes: int
+    #: How long receiving took.
+    seconds: float
+
+
+class HealingPublish(TypedDict):
+    """All one rank's process recorded in the running healing cell: each publish carries it all,
+    since ipyparallel keeps only a key's latest value. A rank that died and was replaced publishes
+    again from its new process (another ``pid``)."""
+
+    rank: int
+    pid: int
+    seq: int
+    #: This process took the place of a rank that died in the cell.
+    replacement: bool
+    #: Oldest first; at most ``rank.quorums.MAX_SPANS``, the oldest left out past that (``dropped``).
+    spans: list[QuorumSpan]
+    dropped: int
+    heals: list[HealEvent]

@@ -149,3 +149,54 @@ def test_a_rank_killed_between_cells_is_started_again_before_the_next_and_the_gr
     assert set(total.values()) == {2}
     assert lab.status()[1].pid != old
     assert "rank 1 had died: a new process took its place" in capsys.readouterr().out
+
+
+# Rank 1 is killed after step 20 (``distlab.chaos``); its replacement waits 2 s before it joins (the
+# file says it is the replacement), so that the others step without it for a while after the
+# lighthouse has given up on it (1 s). The others stop 5 steps after the whole quorum is back.
+CHAOS = textwrap.dedent(
+    """
+    import os, time
+    if rank == 1 and os.path.exists(MARK):
+        time.sleep(2.0)
+    open(MARK, "w").close()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 4)
+    model, opt = distlab.heal(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    manager = distlab.rank.heal.current().manager
+    distlab.chaos(kill={1: 20})
+    whole = 0
+    for step in range(600):
+        opt.zero_grad()
+        model(torch.ones(3, 8)).sum().backward()
+        opt.step()
+        whole += manager.current_step() > 20 and manager.num_participants() == 3
+        if whole == 5:
+            break
+        time.sleep(0.02)
+    """
+)
+
+
+def test_the_record_of_a_healing_cell_shows_the_quorum_without_the_dead_rank_its_skipped_steps_and_its_heal(
+    lab_factory, tmp_path, capsys
+):
+    lab = lab_factory(ranks=3, heal=True)
+    ran = lab.run(CHAOS.replace("MARK", repr(str(tmp_path / "ran"))))
+    assert any("healed from a live peer" in note for note in ran.notes), ran.notes
+    record = lab.heals()
+    assert record is not None and record.ranks == (0, 1, 2)
+    (heal,) = [h for h in record.heals if h.replacement]
+    # Healed from a live rank, sent the model's state: a Linear(8, 4)'s 36 float32s (SGD keeps none).
+    assert heal.rank == 1 and heal.source in (0, 2) and heal.bytes == 36 * 4 and heal.seconds > 0
+    # The steps without rank 1: from the one after its death to the one its replacement healed in
+    # (where it was a member, not a participant); every other step had all three.
+    two = [s.step for s in record.steps if s.participants == (0, 2)]
+    assert two == list(range(21, heal.step + 1)) and len(two) >= 2, two
+    assert record.step(heal.step).members == (0, 1, 2)
+    assert all(s.members == (0, 2) for s in record.steps if 21 <= s.step < heal.step)
+    assert all(s.participants == (0, 1, 2) for s in record.steps if 1 < s.step < 21 or s.step > heal.step)
+    assert record.skipped == {0: [], 1: list(range(21, heal.step)), 2: []}
+    assert record.marks()[1][heal.step - 1] == "healed"
+    # Outside a kernel, the cell that streamed its output printed the record at its end.
+    assert record.text() in capsys.readouterr().out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["rate", "rate_unit"]
+__all__ = ["rate", "rate_unit", "size"]
 
 #: Decimal units, largest first (as the theory's GB/s: 1 GB = 1e9 bytes).
 _RATE_UNITS = (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3), ("B/s", 1.0))
@@ -32,3 +32,10 @@ def rate(bytes_per_s: float) -> str:
     value = rounded / scale
     decimals = max(0, 2 - math.floor(math.log10(value))) if value >= 1 else 2
     return f"{value:.{decimals}f} {name}"
+
+
+def size(nbytes: float) -> str:
+    """``nbytes`` as text in the same units: "144 B", "1.23 KB", "45.6 MB"."""
+    if nbytes < 1000:
+        return f"{nbytes:.0f} B"
+    return rate(nbytes)[: -len("/s")]

@@ -18,6 +18,10 @@ replacement that came too late to heal from a live peer (the others ended first)
 state when the cell has ended (``share_state``), and the lab says which happened. A quorum lasts
 for the cell it was made in: at the cell's end every rank's manager ends.
 
+Each step's quorum and each heal are recorded as they happen and sent to the notebook
+(``rank.quorums``): the quorum's ranks from torchft's gloo group, which its manager configures for
+each new quorum; a heal's source, bytes and seconds from its transfer (``PGTransport``).
+
 What torchft cannot narrow: each rank's manager server and its store listen on every interface of
 the host (or of the rank's node, in a lab on emulated nodes); the lighthouse listens on the lab's
 address only. ``../shared/FACTS.md`` has what was measured.
@@ -39,6 +43,7 @@ import torch.distributed as dist
 
 from ..errors import LabUsageError
 from ..wire import HEALING_RANK_ENVIRONMENT
+from . import quorums
 from .hooks import at_cell_end
 from .identity import address_toward
 
@@ -98,9 +103,7 @@ class Healing:
     """One rank's torchft manager and what it wraps; ``manager.current_step()`` is the healed step."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, lighthouse: str) -> None:
-        from torchft.checkpointing.pg_transport import PGTransport
         from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo
 
         # torchft says, at every quorum, that it cannot reset NCCL's flight recorder (there is no NCCL
         # here) and, when it heals, that torch deprecated what it calls and that a buffer it reads
@@ -111,7 +114,9 @@ class Healing:
         host = address_toward(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         # The replica group's store (one rank per group here): its manager finds its peers' through it.
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
-        self.pg = ProcessGroupGloo(timeout=_TIMEOUT)
+        # What the notebook shows of the cell's quorums and heals (``rank.quorums``).
+        self.log = quorums.begin(rank, _replacement)
+        self.pg = _recording_pg_class()(timeout=_TIMEOUT)
         self.model, self.optimizer = model, optimizer
         self.manager = Manager(
             pg=self.pg,
@@ -129,7 +134,7 @@ class Healing:
             quorum_timeout=_QUORUM_TIMEOUT,
             connect_timeout=_TIMEOUT,
             heartbeat_interval=_HEARTBEAT,
-            checkpoint_transport=PGTransport(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
+            checkpoint_transport=_recording_transport_class()(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
         )
         self.ddp: torch.nn.Module = _healing_ddp_class()(self.manager, model)
         self.opt = _healing_optimizer_class()(self.manager, optimizer)
@@ -197,9 +202,77 @@ def _healing_optimizer_class() -> Any:
 
         def step(self, closure: object = None) -> None:
             self._stop_where_the_world_did()  # before the vote: a quorum of one must not commit past the others
+            manager = self.manager
+            # Read before the vote: the step's quorum (waited for, as backward's exchange did), and
+            # whether this rank heals in it (a healing rank's gradients do not count).
+            try:
+                seen = manager.num_participants(), manager.is_participating()
+            except Exception:  # noqa: BLE001 - a failed quorum: torchft raises it where it always did
+                seen = None
+            before = manager.current_step()  # a healing rank's is the others', once healed
             super().step(closure)
+            log = quorums.current()
+            if log is not None and seen is not None:
+                log.attempt(before + 1, seen[0], seen[1], manager.current_step() > before)
+                quorums.changed()
 
     return HealingOptimizer
+
+
+@functools.cache
+def _recording_pg_class() -> Any:
+    from torchft.process_group import ProcessGroupGloo
+
+    class RecordingGloo(ProcessGroupGloo):  # type: ignore[misc]  # torchft ships no type hints
+        """torchft's gloo group, which its manager configures anew for each new quorum: the quorum's
+        id and ranks are recorded first (torchft's manager keeps its replica ids to itself)."""
+
+        def configure(
+            self, store_addr: str, replica_id: str, rank: int, world_size: int, quorum_id: int | None = None,
+            group_rank: int | None = None, group_world_size: int | None = None, global_ranks: list[int] | None = None,
+        ) -> None:
+            log = quorums.current()
+            if log is not None:
+                # global_ranks: the quorum's ranks in replica order (a replica group here is one
+                # rank, ``distlab_rank<N>``: torchft reads N from the replica id).
+                log.quorum(-1 if quorum_id is None else quorum_id, list(global_ranks or []))
+            super().configure(
+                store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size, global_ranks
+            )
+
+    return RecordingGloo
+
+
+@functools.cache
+def _recording_transport_class() -> Any:
+    from torchft.checkpointing.pg_transport import PGTransport
+
+    class RecordingTransport(PGTransport):  # type: ignore[misc]  # torchft ships no type hints
+        """torchft's transfer of a live peer's state over the quorum's group, timed and counted."""
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+            t0 = time.perf_counter()
+            state = super().recv_checkpoint(src_rank, metadata, step, timeout)
+            seconds = time.perf_counter() - t0
+            log = quorums.current()
+            if log is not None:
+                # torchft heals it to the others' ``step``: the next is the first it takes with them.
+                log.healed(step + 1, log.member(src_rank), _tensor_bytes(state), seconds)
+                quorums.changed()
+            return state
+
+    return RecordingTransport
+
+
+def _tensor_bytes(state: Any) -> int:
+    """The bytes of the tensors in a nested state dict."""
+    if isinstance(state, torch.Tensor):
+        return state.nelement() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    return 0
 
 
 _current: Healing | None = None

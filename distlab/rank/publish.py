@@ -1,12 +1,13 @@
 """A rank's one publisher: what it sends the notebook while a cell runs, rate-limited, off the training thread.
 
-Two things on a rank publish through ipyparallel's ``publish_data``: a watch's steps
-(``records.PUBLISH_KEY``, ``telemetry/watch.py``) and tqdm's bars (``wire.PROGRESS_KEY``,
-``rank/progress.py``). Each is a :class:`Source` of one :class:`Publisher`: the training thread only
+Three things on a rank publish through ipyparallel's ``publish_data``: a watch's steps
+(``records.PUBLISH_KEY``, ``telemetry/watch.py``), tqdm's bars (``wire.PROGRESS_KEY``,
+``rank/progress.py``) and a healing cell's quorums and heals (``wire.HEALING_KEY``,
+``rank/quorums.py``). Each is a :class:`Source` of one :class:`Publisher`: the training thread only
 marks new data (:meth:`Source.notify`), and one daemon thread sends what is due in one
 ``publish_data`` (a dict with a key per source), at most one per ``interval_s`` for the rank and one per
 a source's own interval for that source. ipyparallel keeps the latest value of each key on the client
-(``AsyncResult.data``, updated key by key), so one publish carrying both keys is two publishes to it.
+(``AsyncResult.data``, updated key by key), so one publish carrying several keys is a publish of each to it.
 
 The cell's end sends a source's last state from the caller's thread (:meth:`Source.flush`), before
 the reply. A send is bounded: a flush that meets a send that never returns gives up after
