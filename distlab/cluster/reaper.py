@@ -31,15 +31,35 @@ def _read_pgids(path: str) -> list[int]:
         return []
 
 
+def _helper_groups(pgids: list[int]) -> list[int]:
+    """Groups that the listed groups' leaders started in sessions of their own (an engine's nanny):
+    the lab lists those it knew of; a spare engine's may have been too new to be listed."""
+    leaders, found = set(pgids), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ppid, pgrp = int(fields[1]), int(fields[2])
+        if ppid in leaders and pgrp == int(entry):
+            found.append(pgrp)
+    return found
+
+
 def _kill_groups(pgids: list[int]) -> None:
-    for pgid in pgids:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM every group (each exits as it would on its own), then SIGKILL what is left."""
+    pgids = sorted(set(pgids) | set(_helper_groups(pgids)))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in pgids:
             try:
                 os.killpg(pgid, sig)
             except (ProcessLookupError, PermissionError):
-                break
-            if sig == signal.SIGTERM:
-                time.sleep(0.3)
+                pass
+        if sig == signal.SIGTERM:
+            time.sleep(0.3)
 
 
 def main(argv: list[str]) -> int:
