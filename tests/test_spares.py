@@ -6,6 +6,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
+from distlab.cluster import warm
 from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import LabUsageError
 from distlab.notebook.config import LabConfig
@@ -84,7 +85,8 @@ def test_a_lab_without_spares_keeps_none_and_restarts_on_engines_it_starts(lab_f
 def test_a_healing_labs_dead_rank_is_replaced_by_a_spare(lab_factory):
     lab = lab_factory(ranks=2, heal=True)
     # The template imports torchft for a healing lab just after its start; the spares it could not
-    # fork meanwhile are forked after a cell.
+    # fork meanwhile are forked when a cell starts.
+    assert wait_for(lambda: not warm.busy(), 120), "the template's torchft import did not end"
     lab.run("pass", stream=False)
     spares = _registered_spares(lab, 2)
     lab.kill(1)

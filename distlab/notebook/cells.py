@@ -257,6 +257,7 @@ class RunsCells:
                 {r: RankFailure(r, "EngineError", "the rank's process has died") for r in gone},
                 notes=["the cell ran on no rank: %dist restart (lab.restart()) brings a full world back"],
             )
+        self._top_up_spares()  # forked now, registered by the time a rank of this cell may die
         ctx = self._cell_context()
         cell = CellRun(ctx, selected, send, filename)
         printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
@@ -264,7 +265,7 @@ class RunsCells:
             for observer in list(self._observers):
                 views.enter_context(observer.cell(cast("LabCore", self), stream))
             outcome = cell.run(timeout, printer)
-        self._top_up_spares()  # a replacement took one; a healing lab's template was busy at its start
+        self._top_up_spares()  # a replacement took one
         if outcome.replaced:
             self._whole_again(outcome)
             if stream:
