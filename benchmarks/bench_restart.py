@@ -48,7 +48,7 @@ def measure(ranks: int, spares: int | None, restarts: int) -> tuple[list[float],
             if not wait_for(lambda: _spares_registered(lab), 60):
                 raise SystemExit("the spares did not register within 60 s")
             if i == 0 and lab.config.spare_count:
-                memory["spare"] = _memory_mb(lab._spares.values())
+                memory["spare"] = _memory_mb(lab._spares)
                 memory["rank"] = _memory_mb(row.pid for row in lab.table)
             t = time.perf_counter()
             lab.restart()

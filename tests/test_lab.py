@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 import distlab
+from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import CellTimeout, LabUsageError, RankError
 
 pytestmark = pytest.mark.cluster
@@ -342,7 +343,8 @@ def test_restart_gives_fresh_processes_with_the_same_ranks(lab_factory):
     new = lab.status()
     assert [r.rank for r in new] == [0, 1]
     assert {r.pid for r in new}.isdisjoint({r.pid for r in old})
-    assert not any(psutil.pid_exists(r.pid) and psutil.Process(r.pid).status() != "zombie" for r in old)
+    # The restart returns once the new world works; the old one, signalled first, ends beside it.
+    assert wait_for(lambda: not any(pid_alive(r.pid) for r in old), 10.0), [r.pid for r in old if pid_alive(r.pid)]
     assert dict(lab.run("'marker' in globals(), rank", stream=False)) == {0: (False, 0), 1: (False, 1)}
     assert dict(lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False)) == {0: 2.0, 1: 2.0}
 

@@ -22,7 +22,7 @@ def _registered_spares(lab, count: int) -> set[int]:
         return len(lab._spares) == count and len(set(lab._client.ids) - ranks - lab._retired) >= count
 
     assert wait_for(ready, 60), f"{len(lab._spares)} spares forked, {count} wanted registered"
-    return set(lab._spares.values())
+    return set(lab._spares)
 
 
 def _with_helpers(pids: set[int]) -> set[int]:
@@ -46,7 +46,7 @@ def test_a_restart_forms_its_world_on_the_spares_and_the_pool_is_forked_again(la
     lab.restart()
     # The new world is the spares, the old one is gone, and the world works.
     assert {row.pid for row in lab.table} == spares
-    assert not any(pid_alive(pid) for pid in old)
+    assert wait_for(lambda: not any(pid_alive(pid) for pid in old), 10)  # ended beside the new world
     assert set(lab.run(ALL_REDUCE, stream=False).values()) == {2}
     # New spares were forked in their place; they are neither ranks nor the old world.
     again = _registered_spares(lab, 2)

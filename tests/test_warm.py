@@ -120,7 +120,7 @@ def test_a_restart_forks_a_new_world(lab_factory):
     lab.restart(ranks=3)
     after = {row.pid for row in lab.status()}
     assert len(after) == 3 and not before & after
-    assert not any(pid_alive(pid) for pid in before)
+    assert wait_for(lambda: not any(pid_alive(pid) for pid in before), 10)  # ended beside the new world
     children = {p.pid for p in psutil.Process(warm.current(os.environ).pid).children()}
     assert after <= children
 

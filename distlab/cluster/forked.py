@@ -18,6 +18,7 @@ from ipyparallel.cluster.launcher import (
     LocalProcessLauncher,
     ProcessStateError,
 )
+from traitlets import Float
 
 from . import warm
 
@@ -58,6 +59,9 @@ class ForkedEngineSetLauncher(LocalEngineSetLauncher):
     """Engines forked from the template: ``Cluster(engine_launcher_class=...)``."""
 
     launcher_class = ForkedEngineLauncher
+    # ipyparallel sleeps 0.1 s between two engines of a set (to order their ids, or spare the machine
+    # a flood of Python start-ups): a fork costs milliseconds, and distlab orders ranks itself.
+    delay = Float(0.0, config=True, help="seconds between forking two engines of a set")
 
 
 class ForkedControllerLauncher(_Forked, LocalControllerLauncher):

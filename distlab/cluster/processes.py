@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -130,6 +131,8 @@ class ProcessGuard:
         self._helpers: dict[int, set[int]] = {}
         #: Groups the lab started beside the cluster (a healing lab's lighthouse): they last until the stop.
         self._own: set[int] = set()
+        self._lock = threading.Lock()  # _helpers: an old world's end (a thread) pops what the lab reads
+        self._ending: list[threading.Thread] = []  # old worlds ending in the background
 
     def watch(self, cluster: Any, folders: Iterable[str] = (), namespaces: Iterable[str] = ()) -> None:
         """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up);
@@ -153,7 +156,8 @@ class ProcessGuard:
     def pgids(self) -> list[int]:
         """Every process group of the cluster: controller, engine sets, engines, their helpers."""
         pids = ipycompat.launcher_pids(self._cluster) if self._cluster is not None else []
-        helpers = set().union(*self._helpers.values()) if self._helpers else set()
+        with self._lock:
+            helpers = set().union(*self._helpers.values())
         return sorted(set(pids) | helpers | self._own)
 
     def adopt(self, pgid: int) -> None:
@@ -190,7 +194,8 @@ class ProcessGuard:
             with contextlib.suppress(psutil.Error, OSError):
                 for child in psutil.Process(pid).children():
                     if os.getpgid(child.pid) == child.pid:
-                        self._helpers.setdefault(pid, set()).add(child.pid)
+                        with self._lock:
+                            self._helpers.setdefault(pid, set()).add(child.pid)
                         found = True
         if found:
             self.update()
@@ -199,10 +204,31 @@ class ProcessGuard:
         """After ipyparallel stopped the engines: make sure they and their helpers are gone."""
         engine_pids = list(engine_pids)
         reap(engine_pids)
-        for pid in engine_pids:
-            for pgid in self._helpers.pop(pid, ()):
-                kill_group(pgid)
+        self._end_helpers(engine_pids)
         self.update()
+
+    def end_engines_soon(self, engine_pids: Iterable[int], grace_s: float = 5.0) -> None:
+        """In the background: wait (``grace_s``) for engines already signalled to exit, kill what is
+        left, and their helpers. A restart returns once its new world works, not once the old one
+        has gone; a stop (``end_all``) waits for this. The watchdog's list is left to the lab's next
+        update (it reads ipyparallel's launchers, which only the lab's thread may)."""
+        pids = list(engine_pids)
+
+        def end() -> None:
+            wait_for(lambda: not any(pid_alive(pid) for pid in pids), grace_s, poll_s=0.02)
+            reap(pids, seconds=0.0)  # what the grace left is killed now
+            self._end_helpers(pids)
+
+        thread = threading.Thread(target=end, daemon=True, name="distlab-end-old-world")
+        thread.start()
+        self._ending = [t for t in self._ending if t.is_alive()] + [thread]
+
+    def _end_helpers(self, engine_pids: list[int]) -> None:
+        with self._lock:
+            groups = [self._helpers.pop(pid, set()) for pid in engine_pids]
+        for group in groups:
+            for pgid in group:
+                kill_group(pgid)
 
     def end_all(self, pgids: Iterable[int], engine_pids: Iterable[int]) -> None:
         """After ipyparallel stopped the cluster: kill every group still standing, stop the watchdog.
@@ -212,8 +238,17 @@ class ProcessGuard:
         for pgid in pgids:
             kill_group(pgid)
         reap(engine_pids)
-        self._helpers, self._own = {}, set()
+        for thread in self._ending:  # an old world still ending: its processes were killed above
+            thread.join(10.0)
+        self._ending = []
+        with self._lock:
+            self._helpers = {}
+        self._own = set()
         self._cluster = None
+        # The files before the watchdog ends: a notebook killed in between (a kernel's restart kills
+        # one whose stop outlasts its wait) then leaves nothing, the watchdog removing what is left.
+        remove_files(self._files)
+        self._files = []
         if self._reaper is not None:
             self._reaper.terminate()
             try:
@@ -226,5 +261,3 @@ class ProcessGuard:
             with contextlib.suppress(OSError):
                 os.unlink(self._pgid_file)
             self._pgid_file = None
-        remove_files(self._files)
-        self._files = []

@@ -106,7 +106,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
         self._companions: dict[str, LabCore] = {}
         # In a lab that heals, what lab.push gave every rank: a replacement is given it too.
         self._pushed: dict[str, Any] = {}
-        self._spares: dict[str, int] = {}  # engine set -> pid: engines ready to become ranks (``spares``)
+        self._spares: dict[int, str] = {}  # pid -> engine set: engines ready to become ranks (``spares``)
         self._retired: set[int] = set()  # engine ids of ranks that are gone
 
     # The configuration, as attributes (the magics and tests read them).
@@ -214,24 +214,25 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
         t0 = self._phase_start = time.perf_counter()
         old_ids = frozenset(r.engine_id for r in self.table)
         old_pids = self._local_pids()
-        old_sets = [name for name in self._cluster.engines if name not in self._spares]
+        # Ranks on other machines are ended by their launcher: their engine sets are stopped.
+        elsewhere = len(old_pids) < len(self.table)
+        old_sets = [name for name in self._cluster.engines if name not in self._spares.values()] if elsewhere else []
         # The old world exits (each rank as it would on its own: buffers flushed, exit handlers run)
-        # while the new one forms, on spares where the lab keeps them (else on engines started now):
-        # a restart costs the longer of the two, not their sum.
+        # while the new one forms, on spares where the lab keeps them (else on engines started now);
+        # the restart returns once the new world works, and the old one's end is seen to in the
+        # background (its engine sets are ipyparallel's until the lab stops).
         signal_all(old_pids, signal.SIGTERM)
+        self._guard.end_engines_soon(old_pids)
         self._retired |= old_ids
         self._world, self._last_cell, self._pushed = None, None, {}
         try:
             self._build_world(self._gather_engines(self.world_size))
-            self.timings["restart_s"] = time.perf_counter() - t0
-            terminate(old_pids)  # waits (bounded) for what SIGTERM began
             for engine_set in old_sets:
                 self._cluster.stop_engines_sync(engine_set)
-            self._guard.end_engines(old_pids)
         except BaseException:
             self.stop()
             raise
-        self.timings["restart_done_s"] = time.perf_counter() - t0  # and the old world gone
+        self.timings["restart_s"] = time.perf_counter() - t0
         self._top_up_spares()
         self._history.append(Restarted(self.world_size))
         self._tell("restarted")
@@ -262,8 +263,9 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
             labs.remove(self)
             return
         self._adopt_spare_helpers()
-        pids = self._local_pids() + list(self._spares.values())
-        self._spares = {}
+        spares, self._spares = list(self._spares), {}
+        signal_all(spares, signal.SIGKILL)  # idle engines: nothing of theirs to flush or wait for
+        pids = self._local_pids() + spares
         pgids = self._guard.pgids()
         if self._client is not None:
             with contextlib.suppress(Exception):

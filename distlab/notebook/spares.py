@@ -6,8 +6,8 @@ starting engines: it then waits only for what a world needs of engines that are 
 was taken is forked again once the lab has its world (the pool is topped up after).
 
 Spares are forked from the warm template (``cluster.warm``), so only a local lab without nodes keeps
-them (``LabConfig.forks_spares``). Each is an engine set of its own, so that ending an old world's
-engine sets never ends a spare. A spare is an idle engine: no process group, no torch.distributed
+them (``LabConfig.forks_spares``); an old world of such a lab is ended by its processes' pids, never
+by its engine sets, which may hold spares too. A spare is an idle engine: no process group, no torch.distributed
 state, none of the lab's names (it runs nothing until it is a rank). Nothing outlives the lab: spares
 are its cluster's engines, stopped with it and listed for the watchdog as every rank is.
 """
@@ -39,8 +39,8 @@ class KeepsSpares:
     _world: World | None
     _network: Network | None
     _guard: ProcessGuard
-    #: The pool: each spare's engine set, and its engine's pid.
-    _spares: dict[str, int]
+    #: The pool: each spare engine's pid, and its engine set.
+    _spares: dict[int, str]
     #: Engine ids of ranks that are gone (an old world's, a replaced rank's): a world never counts them.
     _retired: set[int]
 
@@ -71,22 +71,22 @@ class KeepsSpares:
     def _gather_engines(self, count: int, node: int | None = None) -> list[int]:
         """The engine ids of ``count`` ranks of a new world (or a replacement, on ``node``): spares
         first, the rest started now; returns once every one has registered."""
-        spares = list(self._spares) if node is None else []
+        pool = dict(self._spares) if node is None else {}
         before = set(self._cluster.engines)
-        if count > len(spares):
-            self._start_engines(count - len(spares), node)
+        if count > len(pool):
+            self._start_engines(count - len(pool), node)
         if self._client is None:
             self._connect_client()
         client = self._client
         taken = frozenset(self._retired | {r.engine_id for r in (self._world.table if self._world else ())})
         started = [name for name in self._cluster.engines if name not in before]
-        wait_for_engines(client, count, self.timeout, taken, self._cluster, started + spares)
+        wait_for_engines(client, count, self.timeout, taken, self._cluster, started + sorted(set(pool.values())))
         return sorted(set(client.ids) - taken)[:count]
 
     def _claim_spares(self, pids: Iterable[int]) -> None:
         """Engines that became ranks (by pid) leave the pool."""
         ranks = set(pids)
-        self._spares = {name: pid for name, pid in self._spares.items() if pid not in ranks}
+        self._spares = {pid: name for pid, name in self._spares.items() if pid not in ranks}
 
     def _top_up_spares(self) -> None:
         """Fork the spares the pool lacks and return: they register on their own. Skipped while the
@@ -96,16 +96,15 @@ class KeepsSpares:
         missing = self.config.spare_count - len(self._spares)
         if missing <= 0 or self._cluster is None or warm.busy():
             return
-        for _ in range(missing):
-            try:
-                name = self._cluster.start_engines_sync(1, **engine_start_args(True))
-            except DistlabError:
-                break  # the template failed: the lab goes on without spares (a restart starts engines)
-            for pid, _, _ in ipycompat.engine_states(self._cluster, [name]):  # the set's one engine
-                self._spares[name] = pid
+        try:
+            name = self._cluster.start_engines_sync(missing, **engine_start_args(True))
+        except DistlabError:
+            return  # the template failed: the lab goes on without spares (a restart starts engines)
+        for pid, _, _ in ipycompat.engine_states(self._cluster, [name]):
+            self._spares[pid] = name
         self._guard.update()
 
     def _adopt_spare_helpers(self) -> None:
         """Each spare's nanny joins the groups the lab ends (it is started just after its engine)."""
         with contextlib.suppress(Exception):
-            self._guard.adopt_engine_helpers(self._spares.values())
+            self._guard.adopt_engine_helpers(list(self._spares))
