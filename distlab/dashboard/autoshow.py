@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..notebook.labs import Observer
+from .progress import in_kernel
 
 __all__ = ["Prewarm", "autoshow", "prewarm"]
 
@@ -23,12 +24,6 @@ _started = threading.Event()  # the background import was started
 _loaded = threading.Event()  # ... and has finished (well or not)
 
 
-def _in_kernel() -> bool:
-    from IPython import get_ipython
-
-    return getattr(get_ipython(), "kernel", None) is not None
-
-
 def prewarm() -> None:
     """In a Jupyter kernel, import the dashboard's modules (ipywidgets, plotly, and through plotly
     nbformat and jsonschema, whose URI grammar alone takes about 1.7 s to build) and warm plotly's
@@ -36,7 +31,7 @@ def prewarm() -> None:
     waiting for them, and the ranks' output does not pause while they load. Elsewhere (a script)
     nothing is shown, so nothing is loaded.
     """
-    if _started.is_set() or not PREWARM or not _in_kernel():
+    if _started.is_set() or not PREWARM or not in_kernel():
         return
     _started.set()
 
@@ -65,7 +60,7 @@ def _ready() -> bool:
     In a kernel, until the background import has finished, the answer is no (and the import is
     started if it was not): the cell goes on streaming, and a later poll shows the dashboard.
     """
-    if not PREWARM or not _in_kernel():
+    if not PREWARM or not in_kernel():
         return True  # the baseline, or nowhere to show it live: import when needed
     prewarm()
     return _loaded.is_set()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..notebook.labs import Observer
+from .progress import in_kernel
 from .quorums import HealingLog, HealingRecord, render_html, render_text
 
 __all__ = ["CellHealing", "HealingConfig", "HealingViews"]
@@ -78,7 +79,7 @@ class CellHealing:
         if now - self._drawn_at < self.config.min_interval_s:
             return
         if self._live is None:
-            self._live = _in_kernel()
+            self._live = in_kernel()
         if not self._live:
             self._dirty = False  # shown once, as text, at the end
             return
@@ -118,7 +119,7 @@ class CellHealing:
             self.view.close()
             return
         if self._live is None:
-            self._live = _in_kernel()
+            self._live = in_kernel()
         if self._live:
             from IPython.display import display
 
@@ -129,15 +130,6 @@ class CellHealing:
     def _fail(self, exc: Exception) -> None:
         self._done = True
         warnings.warn(f"distlab: the healing view failed and was left: {type(exc).__name__}: {exc}", RuntimeWarning, 2)
-
-
-def _in_kernel() -> bool:
-    """Whether this process is a Jupyter kernel (a front end shows its widgets)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return getattr(get_ipython(), "kernel", None) is not None
 
 
 class HealingViews(Observer):

@@ -220,7 +220,7 @@ class CellProgress:
             self._dirty = False
             return
         if self._live is None:
-            self._live = _in_kernel()
+            self._live = in_kernel()
         if not self._live:
             self._dirty = False  # drawn once, as text, at the end
             return
@@ -267,7 +267,7 @@ class CellProgress:
             self.view.close()
         elif rows:
             if self._live is None:
-                self._live = _in_kernel()
+                self._live = in_kernel()
             if self._live:
                 from IPython.display import display
 
@@ -286,7 +286,7 @@ def _payload_of(ar: Any) -> ProgressPublish | None:
     return cast(ProgressPublish, payload) if isinstance(payload, dict) else None
 
 
-def _in_kernel() -> bool:
+def in_kernel() -> bool:
     """Whether this process is a Jupyter kernel (a front end shows its widgets)."""
     try:
         from IPython import get_ipython
