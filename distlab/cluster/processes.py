@@ -200,13 +200,6 @@ class ProcessGuard:
         if found:
             self.update()
 
-    def end_engines(self, engine_pids: Iterable[int]) -> None:
-        """After ipyparallel stopped the engines: make sure they and their helpers are gone."""
-        engine_pids = list(engine_pids)
-        reap(engine_pids)
-        self._end_helpers(engine_pids)
-        self.update()
-
     def end_engines_soon(self, engine_pids: Iterable[int], grace_s: float = 5.0) -> None:
         """In the background: wait (``grace_s``) for engines already signalled to exit, kill what is
         left, and their helpers. A restart returns once its new world works, not once the old one

@@ -265,7 +265,6 @@ class RunsCells:
             for observer in list(self._observers):
                 views.enter_context(observer.cell(cast("LabCore", self), stream))
             outcome = cell.run(timeout, printer)
-        self._top_up_spares()  # a replacement took one
         if outcome.replaced:
             self._whole_again(outcome)
             if stream:

@@ -91,7 +91,7 @@ class KeepsSpares:
     def _top_up_spares(self) -> None:
         """Fork the spares the pool lacks and return: they register on their own. Skipped while the
         template is busy (importing torchft for a healing lab), so that nothing waits on it: the next
-        top-up (when a cell starts or ends, after a restart) forks them."""
+        top-up (when a cell starts, after a restart) forks them."""
         self._adopt_spare_helpers()
         missing = self.config.spare_count - len(self._spares)
         if missing <= 0 or self._cluster is None or warm.busy():
