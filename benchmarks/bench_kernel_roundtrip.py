@@ -22,18 +22,20 @@ from jupyter_client.manager import start_new_kernel
 
 _SETUP_PX = """
 from distlab.notebook import labs
-_view = labs.current()._client.direct_view([row.engine_id for row in labs.current().table])
-_view.activate()  # %%px, %px and %autopx on these engines
+# As ipyparallel's own Client.activate does: a blocking view (a fresh direct_view's block is
+# False, and its %%px would return before the engines ran the cell).
+_view = labs.current()._client.activate([row.engine_id for row in labs.current().table])
+assert _view.block
 """
 
 
 _WAIT_LOADED = """
-import sys, time
-deadline = time.monotonic() + 240
-while not ("distlab.dashboard.figures" in sys.modules and "plotly.graph_objs" in sys.modules):
-    assert time.monotonic() < deadline, "the dashboard's modules did not load"
-    time.sleep(0.1)
-time.sleep(1.0)
+import time
+from distlab.dashboard import autoshow
+# The background import ends with warming plotly's validators (seconds of a core after the
+# modules are in sys.modules): wait for the thread's end, not for the modules.
+assert autoshow._loaded.wait(240), "the dashboard's background import did not end"
+time.sleep(0.5)
 """
 
 

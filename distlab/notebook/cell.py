@@ -25,6 +25,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from ..errors import RankFailure, format_ranks
+from . import rpc
 from .release import Releaser
 from .streams import RankPrinter
 from .world import RankInfo
@@ -105,6 +106,16 @@ class CellContext:
     replace: Callable[[int], tuple[Any, RankInfo]] | None = None
     #: Where the lab heals: the file a replacement reads the step the others' cell ended at from (``rank.heal``).
     heal_end: str = ""
+    #: engine id -> the engine to send calls to, made once per client and kept (``engine``).
+    views: dict[int, Any] = field(default_factory=dict)
+
+    def engine(self, engine_id: int) -> rpc.Engine:
+        """One engine, to send it calls (``rpc.Engine``). Made once and kept: ``client[id]`` builds
+        a new DirectView each time (traitlets and all), a millisecond of an empty cell's 20 at 2 ranks."""
+        engine = self.views.get(engine_id)
+        if engine is None:
+            engine = self.views[engine_id] = rpc.Engine(self.client, engine_id)
+        return engine
 
 
 class CellRun:
@@ -123,9 +134,24 @@ class CellRun:
         self._send = send
         self._replacements: dict[int, int] = {}
         self._end_written = False
-        self.pending: dict[int, Any] = {r: send(ctx.client[ctx.table[r].engine_id], r) for r in ranks}
+        self.pending: dict[int, Any] = {}
+        # rank -> its call's metadata (stdout, stderr, outputs, data), which ipyparallel's thread
+        # updates in place; read directly, since AsyncResult's attributes for them wait, and
+        # parse the metadata's dates, on every read.
+        self._metadata: dict[int, Any] = {}
+        for r in ranks:
+            self._sent(r, send(ctx.engine(ctx.table[r].engine_id), r))
         self._filename = filename
         self._printer: RankPrinter | None = None
+
+    def _sent(self, rank: int, ar: Any) -> None:
+        self.pending[rank] = ar
+        # The AsyncResult's own (the client drops its copy once the output is complete).
+        self._metadata[rank] = ar.metadata
+
+    def _output(self, rank: int, name: str) -> Any:
+        """What rank ``rank`` has sent so far of ``name`` (``stdout``, ``stderr``, ``outputs``, ``data``)."""
+        return self._metadata[rank].get(name)
 
     def run(self, timeout: float | None, printer: RankPrinter | None) -> CellOutcome:
         self._printer = printer
@@ -138,7 +164,7 @@ class CellRun:
         return self.outcome
 
     def result(self) -> RunResult:
-        outputs = {rank: list(ar.outputs or []) for rank, ar in self.pending.items()}
+        outputs = {rank: list(self._output(rank, "outputs") or []) for rank in self.pending}
         return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"), outputs, self.outcome.notes)
 
     # ------------------------------------------------------------------------ waiting
@@ -148,7 +174,6 @@ class CellRun:
         deadline = None if timeout is None else time.monotonic() + timeout
         first_failure_at: float | None = None
         while True:
-            self._poll()
             if self.ctx.replace is not None:
                 self._replace_the_dead()
                 self._tell_replacements_where_the_others_ended()
@@ -175,6 +200,10 @@ class CellRun:
                 self._stop()
                 return
             pending[running[0]].wait(_POLL_S)
+            if not all(ar.ready() for ar in pending.values()):
+                # Output and telemetry while ranks run; a cell that has ended gets its final poll
+                # (``_collect``) instead, so an empty one costs one poll, not three.
+                self._poll()
 
     def _replace_the_dead(self) -> None:
         """A rank that died gets a new process, which runs the cell from its top and heals (``rank.heal``)."""
@@ -194,10 +223,10 @@ class CellRun:
                 continue
             self.ctx.table[rank] = info
             if self._printer is not None:  # what the dead rank said last, then its replacement's from the start
-                self._printer.feed(rank, "stdout", ar.stdout or "", True)
-                self._printer.feed(rank, "stderr", ar.stderr or "", True)
+                self._printer.feed(rank, "stdout", self._output(rank, "stdout") or "", True)
+                self._printer.feed(rank, "stderr", self._output(rank, "stderr") or "", True)
                 self._printer.forget(rank)
-            self.pending[rank] = self._send(target, rank)
+            self._sent(rank, self._send(target, rank))
             self.outcome.replaced[rank] = time.monotonic() - t0
 
     def _tell_replacements_where_the_others_ended(self) -> None:
@@ -238,13 +267,14 @@ class CellRun:
         return [r for r in ranks if not self.pending[r].ready()]
 
     def _poll(self, final: bool = False) -> None:
-        self.ctx.on_poll({rank: _AsPolled(ar) for rank, ar in self.pending.items()}, final)
+        polled = {rank: _AsPolled(ar, self._output(rank, "data")) for rank, ar in self.pending.items()}
+        self.ctx.on_poll(polled, final)
         if self._printer is None:
             return
-        for rank, ar in sorted(self.pending.items()):
-            self._printer.feed(rank, "stdout", ar.stdout or "", final)
-            self._printer.feed(rank, "stderr", ar.stderr or "", final)
-            self._printer.show(rank, ar.outputs or [])
+        for rank in sorted(self.pending):
+            self._printer.feed(rank, "stdout", self._output(rank, "stdout") or "", final)
+            self._printer.feed(rank, "stderr", self._output(rank, "stderr") or "", final)
+            self._printer.show(rank, self._output(rank, "outputs") or [])
 
     # ------------------------------------------------------------------------ stopping
 
@@ -327,7 +357,7 @@ class CellRun:
         self._poll(final=True)
 
     def _texts(self, name: str) -> dict[int, str]:
-        return {rank: getattr(ar, name) or "" for rank, ar in self.pending.items()}
+        return {rank: self._output(rank, name) or "" for rank in self.pending}
 
 
 class _AsPolled:
@@ -340,9 +370,9 @@ class _AsPolled:
 
     __slots__ = ("_ar", "data")
 
-    def __init__(self, ar: Any) -> None:
+    def __init__(self, ar: Any, data: dict[str, Any] | None) -> None:
         self._ar = ar
-        self.data = dict(ar.data or {})
+        self.data = dict(data or {})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ar, name)

@@ -46,6 +46,7 @@ class RunsCells:
     _releaser: Releaser
     _listeners: list[Listener]
     _pushed: dict[str, Any]
+    _views: dict[int, Any]
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -297,10 +298,10 @@ class RunsCells:
 
     def _cell_context(self) -> CellContext:
         if not self.config.heal:
-            return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll)
+            return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll, views=self._views)
         return CellContext(
             self._client, self.table, self._releaser, self.kill, self._on_poll,
-            heals=True, replace=self._replace_rank, heal_end=self._healing[1],
+            heals=True, replace=self._replace_rank, heal_end=self._healing[1], views=self._views,
         )
 
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:

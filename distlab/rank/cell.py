@@ -165,9 +165,20 @@ def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) 
         return {"error": _describe_failure(exc, filename)}
     finally:
         _cell_phase = "ending"
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush_written(sys.stdout)
+        _flush_written(sys.stderr)
         hooks.cell_ended()  # open watches' last steps, tqdm bars' last state: sent before the reply
+
+
+def _flush_written(stream: Any) -> None:
+    """Flush a stream the cell wrote to, so that its text goes out before what the end hooks send.
+
+    ipykernel's flush waits for its IO thread even with nothing to send (two thread switches, per
+    stream); its ``_flush_pending`` says whether anything was written since the last flush. A
+    stream without it (not ipykernel's) is flushed.
+    """
+    if getattr(stream, "_flush_pending", True):
+        stream.flush()
 
 
 def _describe_failure(exc: BaseException, filename: str) -> CellError:

@@ -1,9 +1,10 @@
 """Where each running lab tells the Jupyter server about itself: one small JSON file per lab.
 
 A Lab writes ``<jupyter runtime dir>/distlab/<lab id>.json`` (mode 0600, in a 0700 folder; the id
-is ``lab-<pid>-<id(lab) in hex>``) when it starts or restarts, while a cell runs (at most every
-``WRITE_EVERY_S``) and when a cell ends, and removes it on stop. The file says which kernel the lab
-lives in (its connection file), the rank table and the latest training rate.
+is ``lab-<pid>-<id(lab) in hex>``) when it starts or restarts, while a cell runs (from
+``BUSY_AFTER_S`` on, at most every ``WRITE_EVERY_S``) and when a cell ends, and removes it on
+stop. The file says which kernel the lab lives in (its connection file), the rank table and the
+latest training rate.
 ``distlab.server.handlers`` reads these files for the side panel; files of processes that are gone
 are removed by the reader.
 
@@ -35,11 +36,15 @@ from ..notebook import labs
 from ..notebook.labs import Observer, id_of
 
 __all__ = [
-    "ACTIONS", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish", "read_labs", "registry_dir", "track",
+    "ACTIONS", "BUSY_AFTER_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish", "read_labs",
+    "registry_dir", "track",
 ]
 
 #: While a cell runs, the lab's file is rewritten at most this often.
 WRITE_EVERY_S = 2.0
+#: A cell shows its ranks busy once it has run this long: a quicker one (most cells) writes
+#: nothing, where a write (~1-8 ms, ``os.replace`` included) would be a fifth of an empty cell.
+BUSY_AFTER_S = 0.5
 _FORMAT = 1
 # Steps of rank 0 the step rate is measured over.
 _RATE_WINDOW = 10
@@ -50,6 +55,7 @@ ACTIONS = ("stop", "restart")
 # lab -> (when its file was last written, what it said: busy ranks, telemetry version, rank pids)
 _last_write: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
 _listening: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
+_cell_since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()  # lab -> its cell's first poll
 
 
 def registry_dir() -> Path:
@@ -91,9 +97,14 @@ def track(lab: Any) -> None:
         _listening.add(lab)
 
         def on_poll(pending: dict[int, Any], final: bool) -> None:
-            if final or time.monotonic() - _last_write.get(lab, (0.0, None))[0] >= WRITE_EVERY_S:
-                busy = set() if final else {rank for rank, ar in pending.items() if not ar.ready()}
-                publish(lab, busy=busy, ask=False)
+            now = time.monotonic()
+            if final:
+                _cell_since.pop(lab, None)
+                publish(lab, busy=set(), ask=False)  # written only if the cell changed what it says
+                return
+            since = _cell_since.setdefault(lab, now)
+            if now - since >= BUSY_AFTER_S and now - _last_write.get(lab, (0.0, None))[0] >= WRITE_EVERY_S:
+                publish(lab, busy={rank for rank, ar in pending.items() if not ar.ready()}, ask=False)
 
         lab.add_listener(on_poll)
     with contextlib.suppress(Exception):
