@@ -6,7 +6,10 @@ going idle again, the reply in hand. Both magics run in one kernel on the same l
 cell by cell so that drift hits both alike. The history the kernel keeps grows as cells run: the
 first and the last quarter of the calls are shown apart, to see the cost stay flat.
 
-    python benchmarks/bench_kernel_roundtrip.py [--calls 200] [--ranks 2] [--profile]
+    python benchmarks/bench_kernel_roundtrip.py [--calls 200] [--ranks 2] [--first-output 20] [--profile]
+
+It also times a cell that prints a line, then works for 0.2 s: from sending it to its first line
+arriving, which is what a person sees first.
 
 ``--profile`` runs cProfile in the kernel around the ``%%ddp`` cells and prints where their time went.
 """
@@ -63,6 +66,35 @@ def _run(kc: Any, code: str, timeout: float = 120.0) -> tuple[float, str]:
     return time.perf_counter() - t0, "".join(out)
 
 
+def _first_output(kc: Any, code: str, timeout: float = 120.0) -> float:
+    """Seconds from sending ``code`` to the first line any rank printed arriving from the kernel."""
+    t0 = time.perf_counter()
+    msg_id = kc.execute(code)
+    first = None
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+        # %%ddp prints its ranks' lines (stream); %%px shows each engine's as a display it updates.
+        content = msg["content"]
+        text = content.get("text", "") if msg["msg_type"] == "stream" else content.get("data", {}).get("text/plain", "")
+        if first is None and "ready" in text:
+            first = time.perf_counter() - t0
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    assert first is not None, f"{code!r} printed nothing"
+    return first
+
+
+# A cell that prints at once, then works: what a person sees first is the print.
+_PRINTS = "print('ready', flush=True)\nimport time\ntime.sleep(0.2)"
+
+
 def _p(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] * 1e3
 
@@ -72,6 +104,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--first-output", type=int, default=20, help="cells timed to their first line of output")
     args = parser.parse_args()
     print("| ranks | `%%px` p50 (ms) | `%%ddp` p50 (ms) | ratio | `%%px` p90 | `%%ddp` p90 | "
           "`%%ddp` p50, first quarter | last quarter |")
@@ -98,11 +131,19 @@ def main() -> None:
                 if i >= warmup:
                     px.append(a)
                     ddp.append(b)
+            firsts: dict[str, list[float]] = {"px": [], "ddp": []}
+            for _ in range(args.first_output):
+                firsts["px"].append(_first_output(kc, "%%px\n" + _PRINTS))
+                firsts["ddp"].append(_first_output(kc, "%%ddp\n" + _PRINTS))
             q = max(2, len(ddp) // 4)
             first, last = statistics.median(ddp[:q]) * 1e3, statistics.median(ddp[-q:]) * 1e3
             a50, b50 = statistics.median(px) * 1e3, statistics.median(ddp) * 1e3
             print(f"| {n} | {a50:.1f} | {b50:.1f} | {b50 / a50:.2f}x | {_p(px, 90):.1f} | {_p(ddp, 90):.1f} | "
                   f"{first:.1f} | {last:.1f} |", flush=True)
+            if args.first_output:
+                print(f"  first line of output (a cell that prints, then sleeps 0.2 s), p50 of {args.first_output}: "
+                      f"%%px {statistics.median(firsts['px']) * 1e3:.1f} ms, "
+                      f"%%ddp {statistics.median(firsts['ddp']) * 1e3:.1f} ms", flush=True)
             if args.profile:
                 print(_run(kc, "pstats.Stats(_prof).sort_stats('cumulative').print_stats(40)")[1])
                 print(_run(kc, "pstats.Stats(_prof).sort_stats('tottime').print_stats(25)")[1])

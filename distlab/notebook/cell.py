@@ -17,6 +17,7 @@ import contextlib
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,11 @@ FAILURE_GRACE_S = 0.3
 # In a lab that heals, how many times one rank is replaced in one cell before it is left dead.
 MAX_REPLACEMENTS = 3
 _POLL_S = 0.02
+# A rank's output wakes the cell's loop at once, but it polls at most this often: a rank printing
+# line after line (flushed) would otherwise have the notebook poll, listeners and all, per line.
+_MIN_POLL_GAP_S = 0.005
+# What a rank sends that a poll shows: its lines, its displays, its published data (telemetry, bars).
+_NEWS = frozenset({"stream", "display_data", "data_message", "error"})
 # How gloo and NCCL word a collective failing because a peer process went away.
 _PEER_GONE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited", re.IGNORECASE
@@ -135,6 +141,7 @@ class CellRun:
         self._replacements: dict[int, int] = {}
         self._end_written = False
         self.pending: dict[int, Any] = {}
+        self._news = threading.Event()  # set when a rank sent output or ended (``_heard``)
         # rank -> its call's metadata (stdout, stderr, outputs, data), which ipyparallel's thread
         # updates in place; read directly, since AsyncResult's attributes for them wait, and
         # parse the metadata's dates, on every read.
@@ -143,11 +150,24 @@ class CellRun:
             self._sent(r, send(ctx.engine(ctx.table[r].engine_id), r))
         self._filename = filename
         self._printer: RankPrinter | None = None
+        self._polled_at = 0.0
 
     def _sent(self, rank: int, ar: Any) -> None:
         self.pending[rank] = ar
         # The AsyncResult's own (the client drops its copy once the output is complete).
         self._metadata[rank] = ar.metadata
+        # Woken by the rank's output as it arrives, as %%px streams it, not at the next 20 ms
+        # tick: ipyparallel calls a message's ``iopub_callbacks`` after it has updated the
+        # metadata. Without them (another ipyparallel), the loop polls every ``_POLL_S``.
+        for future in getattr(ar, "_children", None) or ():
+            callbacks = getattr(future, "iopub_callbacks", None)
+            if isinstance(callbacks, list):
+                callbacks.append(self._heard)
+        ar.add_done_callback(lambda _: self._news.set())
+
+    def _heard(self, msg: dict[str, Any]) -> None:
+        if msg.get("header", {}).get("msg_type") in _NEWS:
+            self._news.set()
 
     def _output(self, rank: int, name: str) -> Any:
         """What rank ``rank`` has sent so far of ``name`` (``stdout``, ``stderr``, ``outputs``, ``data``)."""
@@ -199,11 +219,14 @@ class CellRun:
                 outcome.stopped_because = f"the cell ran past its {timeout:g} s deadline"
                 self._stop()
                 return
-            pending[running[0]].wait(_POLL_S)
-            if not all(ar.ready() for ar in pending.values()):
-                # Output and telemetry while ranks run; a cell that has ended gets its final poll
-                # (``_collect``) instead, so an empty one costs one poll, not three.
-                self._poll()
+            self._news.wait(_POLL_S)
+            self._news.clear()  # before the poll reads: what arrives after it wakes the next wait
+            if all(ar.ready() for ar in pending.values()):
+                continue  # the cell has ended: its final poll (``_collect``) shows the rest
+            gap = self._polled_at + _MIN_POLL_GAP_S - time.monotonic()
+            if gap > 0:
+                time.sleep(gap)
+            self._poll()  # output and telemetry while ranks run
 
     def _replace_the_dead(self) -> None:
         """A rank that died gets a new process, which runs the cell from its top and heals (``rank.heal``)."""
@@ -267,6 +290,7 @@ class CellRun:
         return [r for r in ranks if not self.pending[r].ready()]
 
     def _poll(self, final: bool = False) -> None:
+        self._polled_at = time.monotonic()
         polled = {rank: _AsPolled(ar, self._output(rank, "data")) for rank, ar in self.pending.items()}
         self.ctx.on_poll(polled, final)
         if self._printer is None:

@@ -82,7 +82,7 @@ class Pending(Protocol[T_co]):
 
 def _call(target: Any, wrapper: str, *args: Any) -> Any:
     module, name = RANK_FUNCTIONS[wrapper]
-    return target.apply_async(on_rank, module, name, *args)
+    return target.apply_async(on_rank, (module, name, args))
 
 
 class Engine:
@@ -106,8 +106,24 @@ class Engine:
     def apply_async(self, f: Any, *args: Any) -> Any:
         from ipyparallel.client.asyncresult import AsyncResult
 
-        future = self._client.send_apply_request(self._socket, f, args, {}, metadata={"label": None}, ident=self._ident)
+        future = self._client.send_apply_request(
+            self._socket, _pickled(f), args, {}, metadata={"label": None}, ident=self._ident
+        )
         return AsyncResult(self._client, future, fname=f.__name__, targets=self._targets, owner=True)
+
+
+_PICKLED: dict[Any, Any] = {}
+
+
+def _pickled(f: Any) -> Any:
+    """``f`` pickled once for every call that sends it (ipyparallel's ``PrePickled``, as a view
+    uses for one call to several engines); the only ``f`` sent is ``on_rank``."""
+    pickled = _PICKLED.get(f)
+    if pickled is None:
+        from ipyparallel.serialize import PrePickled
+
+        pickled = _PICKLED[f] = PrePickled(f)
+    return pickled
 
 
 def describe(target: Any, controller_ip: str) -> Pending[list[EngineIdentity]]:

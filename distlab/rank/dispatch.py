@@ -13,6 +13,9 @@ from typing import Any
 __all__ = ["on_rank"]
 
 
-def on_rank(module: str, name: str, *args: Any) -> Any:
-    """Run ``distlab.rank.<module>.<name>(*args)`` on the engine that receives this call."""
+def on_rank(call: tuple[str, str, tuple[Any, ...]]) -> Any:
+    """Run ``distlab.rank.<module>.<name>(*args)``, for ``call = (module, name, args)``, on the engine
+    that receives this call. One argument, not three and the args: ipyparallel pickles each
+    argument of a call on its own (on an empty cell's path, six pickles a rank became one)."""
+    module, name, args = call
     return getattr(import_module(f"distlab.rank.{module}"), name)(*args)
