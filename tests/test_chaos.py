@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from distlab import RankError
+from distlab.errors import CellTimeout
 
 pytestmark = pytest.mark.cluster
 
@@ -78,9 +79,62 @@ def test_kill_in_a_lab_that_heals_kills_once_and_the_replacement_goes_on(lab_fac
         ("distlab.chaos(kill={1: 0})", "rank 1's step must be a whole number from 1"),
         ("distlab.chaos(slow={0: -1})", "rank 0's delay must be seconds, 0 or more"),
         ("distlab.chaos(nan=[1, 2])", "takes a dict of rank to value"),
-        ("distlab.chaos(cut={0: 3})", "is not built yet: kill each of the node's ranks"),
+        ("distlab.chaos(cut={0: 3})", "cuts a node's link, which needs a lab on emulated nodes: %dist start"),
     ],
 )
 def test_a_schedule_that_cannot_be_kept_says_why(lab, call, says):
     with pytest.raises(RankError, match=says.replace("(", r"\(").replace(")", r"\)")):
         lab.run(call, stream=False)
+
+
+HEALING_ON_NODES = textwrap.dedent(
+    """
+    import time
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    model, opt = distlab.heal(net, torch.optim.SGD(net.parameters(), lr=0.01))
+    distlab.chaos(cut={1: 10})
+    for step in range(300):
+        opt.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        time.sleep(0.03)
+    """
+)
+
+
+def test_a_cut_node_in_a_lab_that_heals_is_fenced_and_its_ranks_come_back(lab_factory):
+    # Two nodes of two ranks; node 1's link goes down after step 10. Its ranks are fenced; the
+    # quorum of node 0 goes on; the lab brings the link back up to start the replacements there.
+    lab = lab_factory(ranks=4, nodes=2, heal=True)
+    out = lab.run(HEALING_ON_NODES, stream=False, timeout=240)
+    record = lab.heals()
+    # Node 0's ranks never stopped: every step is theirs. Node 1's were out from step 11 on.
+    assert {s.step for s in record.steps if {0, 1} <= set(s.participants)} == set(range(2, 301)), record
+    assert min(record.skipped[2]) == min(record.skipped[3]) == 11, record
+    assert any("rank 2-3 died" in note for note in out.notes), out.notes
+    weights = lab.run("[p.detach().tolist() for p in net.parameters()]", stream=False)
+    assert all(weights[r] == weights[0] for r in range(4)), weights
+    # The link is up again: node 1's new ranks and node 0's work together.
+    assert lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False) == dict.fromkeys(range(4), 4.0)
+
+
+def test_a_cut_node_of_a_lab_that_does_not_heal_hangs_its_peers_until_the_deadline(lab_factory):
+    # Unlike a death, a cut resets no connection: the others' next all-reduce with node 1 waits.
+    lab = lab_factory(ranks=4, nodes=2)
+    with pytest.raises(CellTimeout) as failed:
+        lab.run(PLAIN.replace("SCHEDULE", "distlab.chaos(cut={1: 2})"), stream=False, timeout=8)
+    # Node 0's ranks did not fail by themselves (a dead peer's reset connection would have failed
+    # them at once): they waited until distlab stopped them at the deadline.
+    assert {failed.value.failures[r].ename for r in (0, 1)} == {"Stopped"}, failed.value
+    # Node 1's ranks, stuck in the all-reduce and out of reach, were killed: a restart brings the
+    # world back, and with it node 1's link.
+    lab.restart()
+    assert lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False) == dict.fromkeys(range(4), 4.0)
+    assert "is not a node of this lab (0 to 1)" in _refusal(lab, "distlab.chaos(cut={2: 3})")
+
+
+def _refusal(lab, call):
+    with pytest.raises(RankError) as refused:
+        lab.run(call, stream=False)
+    return str(refused.value)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import DistlabError, LabUsageError
@@ -50,11 +51,13 @@ class Lighthouse:
     log: str
 
     @classmethod
-    def start(cls, host: str, folder: str, timeout_s: float = 30.0) -> Lighthouse:
+    def start(cls, host: str, folder: str, timeout_s: float = 30.0, prefix: Sequence[str] = ()) -> Lighthouse:
+        """Start one, bound to ``host``; ``prefix`` runs it where that address is (on emulated
+        nodes, the switch's namespace: ``Network.exec_prefix(None)``, which execs it, pid and all)."""
         log = os.path.join(folder, "lighthouse.log")
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [executable(), "--bind", f"{host}:0", "--min_replicas", "1",
+                [*prefix, executable(), "--bind", f"{host}:0", "--min_replicas", "1",
                  "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},

@@ -341,6 +341,12 @@ class Network:
         self._shape(link, replace=True)
         self.link = link
 
+    def reconnect(self) -> None:
+        """Bring every node's link up again: one a rank cut (``distlab.chaos(cut=...)``) stays down
+        until the lab starts an engine on the nodes (a replacement, a restart). Its shaping stays."""
+        for i in range(self.nodes):
+            _run(["ip", "-n", self.node_ns(i), "link", "set", "eth0", "up"], "bringing a node's link up")
+
     def sent_bytes(self) -> dict[int, int]:
         """Bytes each node has sent onto its link so far, as its queue counted them (``tc -s``)."""
         sent = {}

@@ -286,7 +286,7 @@ class RunsCells:
             try:
                 assert self._world is not None
                 form_group(self._client, self._world, self.timeout, self.debug, rebuild=True)
-            except (RankError, DistlabError) as exc:
+            except (RankError, DistlabError, IndexError) as exc:  # IndexError: an engine is gone
                 # A group that cannot be rebuilt in place is rebuilt with the processes.
                 self.restart()
                 outcome.notes.append(recovery.rebuild_failed(exc))

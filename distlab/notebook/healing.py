@@ -65,7 +65,8 @@ class HealsRanks:
         """torchft's lighthouse, on the address the ranks reach the controller at (loopback, or the
         switch's on emulated nodes), ended with the lab (or by its guard, if the notebook dies)."""
         assert self._folder is not None
-        self._lighthouse = Lighthouse.start(self._controller_ip(), self._folder, self.timeout)
+        prefix = self._network.exec_prefix(None) if self._network is not None else ()
+        self._lighthouse = Lighthouse.start(self._controller_ip(), self._folder, self.timeout, prefix)
         self._guard.adopt(self._lighthouse.pid)
         if self._network is None and self.config.launcher == "local" and warm.enabled():
             # A replacement rank is forked from the template: with torchft there, it starts with it.
@@ -135,7 +136,7 @@ class HealsRanks:
             src = min(r.rank for r in world.table if r.rank not in outcome.replaced)
             shares = [rpc.share_state(self._client[r.engine_id], src) for r in world.table]
             same = {get(ar, self.timeout, "comparing the ranks' healed state") for ar in shares}
-        except (RankError, DistlabError) as exc:
+        except (RankError, DistlabError, IndexError) as exc:  # IndexError: ipyparallel's "No such engine"
             outcome.notes.append(f"the process group could not be formed again ({str(exc).splitlines()[0]}): "
                                  "%dist restart (lab.restart()) brings a full world back")
             return

@@ -61,7 +61,10 @@ class KeepsSpares:
         network = self._network
         if network is None:
             self._cluster.start_engines_sync(count, **engine_start_args(self.config.local))
-        elif node is not None:
+            self._guard.update()
+            return
+        network.reconnect()  # a node whose link a cell cut is reachable again for its new engines
+        if node is not None:
             self._cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
         else:
             for each, per_node in enumerate(self.config.ranks_per_node()):

@@ -9,18 +9,31 @@ says of it, counted in optimizer steps:
 - ``nan={rank: step}``: the rank's gradients are NaN at its ``step``-th step, after they were averaged
   and before the update: its weights become NaN and the replicas differ; at the next step the NaN
   reaches its loss, and through the averaged gradients every rank's weights.
+- ``cut={node: step}`` (a lab on emulated nodes): right after the ``step``-th step, the node's link
+  goes down (its ranks bring their namespace's interface down: a network partition). Unlike a
+  death, nothing tells the others: no connection is reset, their next collective with the node just
+  waits, for the process group's timeout or the cell's deadline. In a lab that heals, the node's
+  ranks are then fenced (SIGKILLed, as a cluster's health check ends a partitioned node's job): the
+  others' quorum goes on without them after the lighthouse's heartbeat timeout, and their
+  replacements, started on the node once the lab has brought its link back, heal from a live peer.
+  Elsewhere the node's ranks go on, cut off, until their cell ends, which brings the link back up;
+  the lab also brings every link up before it starts engines on the nodes (a restart).
 
 Steps are counted by hooks on every optimizer (torch's global step hooks), from the call on; in a
-cell that heals (``distlab.heal``) they are the quorum's steps, so that a replacement, which heals
-past the step its predecessor died at, is not killed again. The schedule lasts until the cell ends.
+cell that heals (``distlab.heal``) they are the quorum's steps. A replacement rank, which runs the
+cell from its top, keeps only ``slow``: the kills, cuts and NaNs were its predecessor's. The
+schedule lasts until the cell ends.
 Each event says so on the rank's output first, so that the notebook shows what was done and when.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -35,6 +48,11 @@ from .hooks import at_cell_end
 __all__ = ["chaos"]
 
 _handles: list[Any] = []
+_cut_here: list[int] = []  # the node whose link this rank cut in the running cell
+#: A node's one interface (``cluster.nodes``).
+_LINK = "eth0"
+# How long a rank about to be killed gives its last line to reach the notebook.
+_LAST_WORDS_S = 0.1
 
 
 def chaos(
@@ -43,16 +61,18 @@ def chaos(
     nan: Mapping[int, int] | None = None,
     cut: Mapping[int, int] | None = None,
 ) -> None:
-    """Schedule faults for this cell: ``kill`` and ``nan`` map a rank to a step, ``slow`` to seconds."""
-    if cut is not None:
-        raise LabUsageError(
-            "distlab.chaos(cut=...) (a node's link cut at a step) is not built yet: "
-            "kill each of the node's ranks at that step instead, like kill={2: 40, 3: 40}"
-        )
+    """Schedule faults for this cell: ``kill``, ``nan`` map a rank to a step, ``slow`` to seconds,
+    ``cut`` a node to a step."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     kill, nan = _steps("kill", kill, world), _steps("nan", nan, world)
     slow = _seconds(slow, world)
+    cuts = _cuts(cut)
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    if heal.is_replacement():
+        # The kills, cuts and NaNs were its predecessor's, and done: replayed here (a replacement
+        # that came after the others ended trains on alone, from step 1) they would fault it again.
+        kill, nan, cuts = {}, {}, {}
     _stop()
     state = {"count": 0}
 
@@ -77,12 +97,62 @@ def chaos(
         state["count"] += 1
         step = this_step()
         if kill.get(rank) == step:
-            print(f"[chaos] rank {rank}: killed after step {step}", flush=True)
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die(f"[chaos] rank {rank}: killed after step {step}")
+        if cuts.get(node) == step:
+            print(f"[chaos] rank {rank}: node {node}'s link cut after step {step}", flush=True)
+            if heal.current() is not None:
+                _die(f"[chaos] rank {rank}: fenced (killed), its node cut off", cut=True)
+            _link("down")
+            _cut_here.append(node)
 
     _handles.append(register_optimizer_step_pre_hook(before))
     _handles.append(register_optimizer_step_post_hook(after))
+
+
+def _die(last_words: str, cut: bool = False) -> None:
+    """Say why, let the line leave (a flush hands it to the engine's IO thread, not yet to the
+    notebook), cut the link if asked, and die as a crash does: SIGKILL, no exit handlers."""
+    print(last_words, flush=True)
+    sys.stderr.flush()
+    time.sleep(_LAST_WORDS_S)
+    if cut:
+        _link("down")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _cuts(schedule: Mapping[int, int] | None) -> dict[int, int]:
+    if schedule is None:
+        return {}
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if not _on_emulated_nodes() or nodes < 2:
+        raise LabUsageError(
+            "distlab.chaos(cut=...) cuts a node's link, which needs a lab on emulated nodes: "
+            "%dist start -n 4 --nodes 2 (distlab.start(ranks=4, nodes=2)), or kill the node's ranks instead"
+        )
+    if not isinstance(schedule, Mapping):
+        raise LabUsageError("distlab.chaos(cut=...) takes a dict of node to step, like cut={1: 40}")
+    out: dict[int, int] = {}
+    for node, step in schedule.items():
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
+            raise LabUsageError(f"distlab.chaos(cut=...): {node!r} is not a node of this lab (0 to {nodes - 1})")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise LabUsageError(
+                f"distlab.chaos(cut=...): node {node}'s step must be a whole number from 1 (got {step!r})"
+            )
+        out[node] = step
+    return out
+
+
+def _on_emulated_nodes() -> bool:
+    """Whether this rank runs on a node distlab made: its host name is the node's, and its only
+    interface but loopback is the node's link (``cluster.nodes``)."""
+    node = os.environ.get("GROUP_RANK", "")
+    return socket.gethostname() == f"node{node}" and os.path.exists(f"/sys/class/net/{_LINK}")
+
+
+def _link(state: str) -> None:
+    """The node's link down or up, from inside its namespace (the rank's own)."""
+    subprocess.run(["ip", "link", "set", "dev", _LINK, state], check=True, capture_output=True, timeout=10)
 
 
 def _steps(name: str, schedule: Mapping[int, int] | None, world: int) -> dict[int, int]:
@@ -120,6 +190,10 @@ def _items(name: str, schedule: Mapping[int, Any] | None, world: int) -> list[tu
 
 @at_cell_end
 def _stop() -> None:
-    """The schedule ends with its cell."""
+    """The schedule ends with its cell, and a link this rank cut comes back up."""
     while _handles:
         _handles.pop().remove()
+    if _cut_here:
+        _cut_here.clear()
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            _link("up")

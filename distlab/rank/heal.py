@@ -48,7 +48,8 @@ from .hooks import at_cell_end
 from .identity import address_toward
 
 __all__ = [
-    "Healing", "WorldFinished", "current", "ended_step", "heal", "set_lighthouse", "share_state", "shutdown"
+    "Healing", "WorldFinished", "current", "ended_step", "heal", "is_replacement", "set_lighthouse", "share_state",
+    "shutdown",
 ]
 
 _LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: its Manager reads it too
@@ -69,6 +70,11 @@ def became_replacement(replacing: bool = True) -> None:
     (``rank.group.join_as_replacement``); False once it joined the whole group (``init_rank``)."""
     global _replacement
     _replacement = replacing
+
+
+def is_replacement() -> bool:
+    """Whether this process took the place of a rank that died while the running cell ran."""
+    return _replacement
 
 
 def set_lighthouse(address: str, end_file: str = "") -> None:
