@@ -42,51 +42,44 @@ time.sleep(0.5)
 """
 
 
-def _run(kc: Any, code: str, timeout: float = 120.0) -> tuple[float, str]:
-    """(seconds from sending ``code`` to the kernel's reply and its going idle, what it printed);
-    fails on an error."""
+def _execute(kc: Any, code: str, timeout: float, marker: str | None) -> tuple[float, str, float | None]:
+    """Run ``code``: (seconds from sending it to the kernel's reply and its going idle, what it
+    printed, seconds to the first output containing ``marker``); fails on an error."""
     t0 = time.perf_counter()
     msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=timeout)
-    out = []
+    out, first = [], None
     while True:
         msg = kc.get_iopub_msg(timeout=timeout)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
+        content = msg["content"]
         if msg["msg_type"] == "error":
-            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+            raise RuntimeError("\n".join(content["traceback"]))
         if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            out.append(content["text"])
+        # %%ddp prints its ranks' lines (stream); %%px shows each engine's as a display it updates.
+        text = content.get("text", "") if msg["msg_type"] == "stream" else content.get("data", {}).get("text/plain", "")
+        if first is None and marker is not None and marker in text:
+            first = time.perf_counter() - t0
+        if msg["msg_type"] == "status" and content["execution_state"] == "idle":
             break
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
     if reply["content"]["status"] != "ok":
         raise RuntimeError(f"{code!r}: {reply['content']}")
-    return time.perf_counter() - t0, "".join(out)
+    return time.perf_counter() - t0, "".join(out), first
+
+
+def _run(kc: Any, code: str, timeout: float = 120.0) -> tuple[float, str]:
+    """(seconds from sending ``code`` to the kernel's reply and its going idle, what it printed)."""
+    seconds, printed, _ = _execute(kc, code, timeout, None)
+    return seconds, printed
 
 
 def _first_output(kc: Any, code: str, timeout: float = 120.0) -> float:
     """Seconds from sending ``code`` to the first line any rank printed arriving from the kernel."""
-    t0 = time.perf_counter()
-    msg_id = kc.execute(code)
-    first = None
-    while True:
-        msg = kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "error":
-            raise RuntimeError("\n".join(msg["content"]["traceback"]))
-        # %%ddp prints its ranks' lines (stream); %%px shows each engine's as a display it updates.
-        content = msg["content"]
-        text = content.get("text", "") if msg["msg_type"] == "stream" else content.get("data", {}).get("text/plain", "")
-        if first is None and "ready" in text:
-            first = time.perf_counter() - t0
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    reply = kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=timeout)
+    _, _, first = _execute(kc, code, timeout, "ready")
     assert first is not None, f"{code!r} printed nothing"
     return first
 

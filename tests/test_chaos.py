@@ -48,23 +48,26 @@ def test_nan_and_slow_act_on_the_scheduled_rank_at_the_scheduled_step(lab):
     assert lab.run("nans", stream=False)[0] == [False] * 6
 
 
+# A healing cell of 300 steps of ~35 ms: long enough for a replacement to heal from a live peer.
+HEALING = textwrap.dedent(
+    """
+    import time
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    model, opt = distlab.heal(net, torch.optim.SGD(net.parameters(), lr=0.01))
+    SCHEDULE
+    for step in range(300):
+        opt.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        time.sleep(0.03)
+    """
+)
+
+
 def test_kill_in_a_lab_that_heals_kills_once_and_the_replacement_goes_on(lab_factory):
     lab = lab_factory(ranks=2, heal=True)
-    code = textwrap.dedent(
-        """
-        import time
-        torch.manual_seed(0)
-        net = torch.nn.Linear(4, 2)
-        model, opt = distlab.heal(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        distlab.chaos(kill={1: 10})
-        for step in range(150):
-            opt.zero_grad()
-            model(torch.ones(3, 4)).sum().backward()
-            opt.step()
-            time.sleep(0.05)
-        """
-    )
-    out = lab.run(code, stream=False)
+    out = lab.run(HEALING.replace("SCHEDULE", "distlab.chaos(kill={1: 10})"), stream=False)
     assert any("healed from a live peer" in note for note in out.notes), out.notes
     # The replacement healed past step 10: it was not killed again (its output is the new process's).
     assert "[chaos]" not in out.stdout[1]
@@ -87,27 +90,11 @@ def test_a_schedule_that_cannot_be_kept_says_why(lab, call, says):
         lab.run(call, stream=False)
 
 
-HEALING_ON_NODES = textwrap.dedent(
-    """
-    import time
-    torch.manual_seed(0)
-    net = torch.nn.Linear(4, 2)
-    model, opt = distlab.heal(net, torch.optim.SGD(net.parameters(), lr=0.01))
-    distlab.chaos(cut={1: 10})
-    for step in range(300):
-        opt.zero_grad()
-        model(torch.ones(3, 4)).sum().backward()
-        opt.step()
-        time.sleep(0.03)
-    """
-)
-
-
 def test_a_cut_node_in_a_lab_that_heals_is_fenced_and_its_ranks_come_back(lab_factory):
     # Two nodes of two ranks; node 1's link goes down after step 10. Its ranks are fenced; the
     # quorum of node 0 goes on; the lab brings the link back up to start the replacements there.
     lab = lab_factory(ranks=4, nodes=2, heal=True)
-    out = lab.run(HEALING_ON_NODES, stream=False, timeout=240)
+    out = lab.run(HEALING.replace("SCHEDULE", "distlab.chaos(cut={1: 10})"), stream=False, timeout=240)
     record = lab.heals()
     # Node 0's ranks never stopped: every step is theirs. Node 1's were out from step 11 on.
     assert {s.step for s in record.steps if {0, 1} <= set(s.participants)} == set(range(2, 301)), record

@@ -29,13 +29,11 @@ __all__ = [
 
 
 @functools.cache  # a process never moves to another machine
-@functools.cache
 def machine_id() -> str:
     """Which machine this is: the kernel's boot id, the same in every namespace of one machine.
 
     Host names differ between the emulated nodes of one machine (and may repeat across real ones);
-    the notebook signals and reaps a rank's process itself only where this matches its own. Read
-    once per process (every cell asks): a process, forked or not, stays on the machine it began on.
+    the notebook signals and reaps a rank's process itself only where this matches its own.
     """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:

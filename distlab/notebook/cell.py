@@ -113,14 +113,14 @@ class CellContext:
     #: Where the lab heals: the file a replacement reads the step the others' cell ended at from (``rank.heal``).
     heal_end: str = ""
     #: engine id -> the engine to send calls to, made once per client and kept (``engine``).
-    views: dict[int, Any] = field(default_factory=dict)
+    engines: dict[int, rpc.Engine] = field(default_factory=dict)
 
     def engine(self, engine_id: int) -> rpc.Engine:
         """One engine, to send it calls (``rpc.Engine``). Made once and kept: ``client[id]`` builds
         a new DirectView each time (traitlets and all), a millisecond of an empty cell's 20 at 2 ranks."""
-        engine = self.views.get(engine_id)
+        engine = self.engines.get(engine_id)
         if engine is None:
-            engine = self.views[engine_id] = rpc.Engine(self.client, engine_id)
+            engine = self.engines[engine_id] = rpc.Engine(self.client, engine_id)
         return engine
 
 

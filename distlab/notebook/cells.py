@@ -46,7 +46,7 @@ class RunsCells:
     _releaser: Releaser
     _listeners: list[Listener]
     _pushed: dict[str, Any]
-    _views: dict[int, Any]
+    _engines: dict[int, rpc.Engine]
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -286,7 +286,7 @@ class RunsCells:
             try:
                 assert self._world is not None
                 form_group(self._client, self._world, self.timeout, self.debug, rebuild=True)
-            except (RankError, DistlabError, IndexError) as exc:  # IndexError: an engine is gone
+            except (RankError, DistlabError) as exc:
                 # A group that cannot be rebuilt in place is rebuilt with the processes.
                 self.restart()
                 outcome.notes.append(recovery.rebuild_failed(exc))
@@ -298,10 +298,12 @@ class RunsCells:
 
     def _cell_context(self) -> CellContext:
         if not self.config.heal:
-            return CellContext(self._client, self.table, self._releaser, self.kill, self._on_poll, views=self._views)
+            return CellContext(
+                self._client, self.table, self._releaser, self.kill, self._on_poll, engines=self._engines
+            )
         return CellContext(
             self._client, self.table, self._releaser, self.kill, self._on_poll,
-            heals=True, replace=self._replace_rank, heal_end=self._healing[1], views=self._views,
+            heals=True, replace=self._replace_rank, heal_end=self._healing[1], engines=self._engines,
         )
 
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:

@@ -87,7 +87,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
         self.world_size = self.config.ranks
         self._cluster: Any = None  # ipyparallel.Cluster
         self._client: Any = None  # ipyparallel.Client
-        self._views: dict[int, Any] = {}  # engine id -> a view of it, for cells (``cell.CellContext.engine``)
+        self._engines: dict[int, rpc.Engine] = {}  # engine id -> what cells send to it (``cell.CellContext.engine``)
         self._world: World | None = None
         self._guard = ProcessGuard()
         self._network: Network | None = None  # the emulated nodes, when config.nodes is set
@@ -166,7 +166,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
         if self._folder is not None:
             link_client_sockets(self._cluster, self._folder, self.timeout)
         self._client = self._cluster.connect_client_sync()
-        self._views = {}
+        self._engines = {}
         guard_iopub(self._client)
 
     def _build_world(self, ids: list[int]) -> None:
@@ -273,7 +273,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
-            self._views = {}
+            self._engines = {}
         terminate(pids)  # all at once: ipyparallel's stop goes one engine at a time
         with contextlib.suppress(Exception):
             cluster.stop_cluster_sync()

@@ -49,8 +49,14 @@ def form_group(
 
     ``rebuild``: the ranks joined before and join again the same way, on the new port.
     ``healing``: a healing lab's torchft lighthouse and end file (``rank.heal``). Raises
-    RankError naming the ranks that failed or did not join within the timeout.
+    RankError naming the ranks that failed or did not join within the timeout, or whose engine is
+    gone (it died, or its node was cut off, and the controller let it go).
     """
+    registered = set(client.ids)
+    gone = {r.rank: RankFailure(r.rank, "EngineError", "its engine is gone") for r in world.table
+            if r.engine_id not in registered}
+    if gone:
+        raise RankError(gone, notes=["the process group could not be initialised"])
     rank0 = world.table[0]
     port = get(
         rpc.open_store(client[rank0.engine_id], world.master_addr, timeout_s), timeout_s,

@@ -136,7 +136,7 @@ class HealsRanks:
             src = min(r.rank for r in world.table if r.rank not in outcome.replaced)
             shares = [rpc.share_state(self._client[r.engine_id], src) for r in world.table]
             same = {get(ar, self.timeout, "comparing the ranks' healed state") for ar in shares}
-        except (RankError, DistlabError, IndexError) as exc:  # IndexError: ipyparallel's "No such engine"
+        except (RankError, DistlabError) as exc:
             outcome.notes.append(f"the process group could not be formed again ({str(exc).splitlines()[0]}): "
                                  "%dist restart (lab.restart()) brings a full world back")
             return

@@ -105,13 +105,11 @@ def rebuild_failed(exc: BaseException) -> str:
 
 def group_problem(ctx: CellContext) -> str | None:
     """None if every rank's group completes a tiny all-reduce, else which ranks' does not, and why."""
-    checks: dict[int, Any] = {}
-    problems = {}
-    for r in ctx.table:
-        try:
-            checks[r.rank] = rpc.check_group(ctx.client[r.engine_id], HEALTH_TIMEOUT_S)
-        except IndexError:  # ipyparallel's "No such engine": it unregistered (killed, or cut off)
-            problems[r.rank] = "its engine is gone"
+    registered = set(ctx.client.ids)
+    problems = {r.rank: "its engine is gone" for r in ctx.table if r.engine_id not in registered}
+    checks: dict[int, Any] = {
+        r.rank: rpc.check_group(ctx.client[r.engine_id], HEALTH_TIMEOUT_S) for r in ctx.table if r.rank not in problems
+    }
     for rank, ar in checks.items():
         try:
             verdict = ar.get(timeout=HEALTH_TIMEOUT_S + 2)

@@ -61,14 +61,13 @@ class KeepsSpares:
         network = self._network
         if network is None:
             self._cluster.start_engines_sync(count, **engine_start_args(self.config.local))
-            self._guard.update()
-            return
-        network.reconnect()  # a node whose link a cell cut is reachable again for its new engines
-        if node is not None:
-            self._cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
         else:
-            for each, per_node in enumerate(self.config.ranks_per_node()):
-                self._cluster.start_engines_sync(per_node, **engine_start_args(True, network.exec_prefix(each)))
+            network.reconnect()  # a node whose link a cell cut is reachable again for its new engines
+            if node is not None:
+                self._cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
+            else:
+                for each, per_node in enumerate(self.config.ranks_per_node()):
+                    self._cluster.start_engines_sync(per_node, **engine_start_args(True, network.exec_prefix(each)))
         self._guard.update()
 
     def _gather_engines(self, count: int, node: int | None = None) -> list[int]:
