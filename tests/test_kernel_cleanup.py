@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -85,7 +87,8 @@ def test_no_distlab_process_or_namespace_outlives_its_kernel(how, line):
         deadline = time.monotonic() + 5.0  # the reaper removes them just after the processes
         while any(os.path.exists(f) for f in folders) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(os.path.exists(f) for f in folders), f"{how}: left behind: {folders}"
+        left = sorted(f for f in folders if os.path.exists(f))
+        assert not left, f"{how}: left behind: {left}"
     finally:
         for p in procs:
             try:
@@ -95,3 +98,27 @@ def test_no_distlab_process_or_namespace_outlives_its_kernel(how, line):
         if km.is_alive():
             kc.stop_channels()
             km.shutdown_kernel(now=True)
+
+
+def test_a_notebook_killed_part_way_through_a_stop_leaves_nothing_behind():
+    # A kernel's shutdown runs the stop at exit, and kills the kernel if it outlasts 2.5 s: on a
+    # loaded machine that lands anywhere in the stop. Here the process dies after the cluster's
+    # processes and files are gone, before the lab's folder and its lighthouse's reaping.
+    code = (
+        "import os, signal, distlab\n"
+        "from distlab.notebook.core import LabCore\n"
+        "lab = distlab.Lab(ranks=2, heal=True, timeout=60).start()\n"
+        "print(lab._folder, lab._lighthouse.pid, flush=True)\n"
+        "LabCore._stop_lighthouse = lambda self: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "lab.stop()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    folder, lighthouse = out.stdout.split()
+    assert os.path.isdir(os.path.dirname(folder))
+    deadline = time.monotonic() + 10.0  # the watchdog polls its parent every 0.2 s
+    while (os.path.exists(folder) or psutil.pid_exists(int(lighthouse))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(folder), os.listdir(folder)
+    assert not psutil.pid_exists(int(lighthouse)) or psutil.Process(int(lighthouse)).status() == psutil.STATUS_ZOMBIE
+

@@ -224,7 +224,9 @@ class ProcessGuard:
                 kill_group(pgid)
 
     def end_all(self, pgids: Iterable[int], engine_pids: Iterable[int]) -> None:
-        """After ipyparallel stopped the cluster: kill every group still standing, stop the watchdog.
+        """After ipyparallel stopped the cluster: kill every group still standing, remove the
+        cluster's files. The watchdog stays until :meth:`close`, once the lab has removed what it
+        made beside the cluster (its folder, its network).
 
         ``pgids``: :meth:`pgids` as it was before the stop (ipyparallel forgets its launchers' pids).
         """
@@ -238,10 +240,13 @@ class ProcessGuard:
             self._helpers = {}
         self._own = set()
         self._cluster = None
-        # The files before the watchdog ends: a notebook killed in between (a kernel's restart kills
-        # one whose stop outlasts its wait) then leaves nothing, the watchdog removing what is left.
         remove_files(self._files)
         self._files = []
+
+    def close(self) -> None:
+        """Stop the watchdog: the last step of a lab's stop. Until then a notebook killed part way
+        through the stop (a kernel's shutdown kills one whose stop outlasts its wait: 2.5 s, then
+        SIGTERM) leaves nothing behind, the watchdog removing what the stop had not reached."""
         if self._reaper is not None:
             self._reaper.terminate()
             try:

@@ -281,6 +281,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
         self._stop_lighthouse()
         self._world = None
         self._remove_network()
+        self._guard.close()  # last: the watchdog covers everything above if the notebook dies mid-stop
         labs.remove(self)
         self._tell("stopped")
 

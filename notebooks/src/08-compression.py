@@ -257,9 +257,12 @@ if on_nodes:
     print("batch 8: fp16 is at least 1.5x faster than fp32:", fast["fp16_compress_hook"] > 1.5)
     print("batch 8: PowerSGD (rank 1 and 4) is at least 5x faster than fp32, and 2x faster than fp16:",
           all(fast[n] > 5 and fast[n] > 2 * fast["fp16_compress_hook"] for n in HOOKS[2:]))
-    print("batch 16,384: even no communication at all would be under 1.6x faster than fp32:", limit < 1.6)
-    print("batch 16,384: no hook is 1.6x faster than fp32, and each gains less than at batch 8:",
-          all(slow[n] < 1.6 and slow[n] < fast[n] for n in HOOKS[1:]))
+    # The model's ceiling at batch 16,384 is 1 + all-reduce / compute, about 1.25x. The checks allow 2x:
+    # these 1.5 s steps share the two cores with whatever else runs (a browser, other tests beside
+    # this notebook in CI), and a burst during a round moves that round's ratio by a third or more.
+    print("batch 16,384: even no communication at all would be under 2x faster than fp32:", limit < 2)
+    print("batch 16,384: no hook is 2x faster than fp32, and each gains less than at batch 8:",
+          all(slow[n] < 2 and slow[n] < fast[n] for n in HOOKS[1:]))
 else:
     print("no link here: loopback is about as fast as compressing, nothing to check")
 
