@@ -63,8 +63,9 @@ def ring(repeats: int) -> None:
                 bandwidth = lab.link.bytes_per_s
                 _median_time(lab, 4 * MB, 1)  # warm up: first connections, first buffers
                 small = [(s, _median_time(lab, s, repeats * 2)) for s in (4096, 65536)]
+                # What the bandwidth term leaves, per step of the ring: 2(N-1) steps per all-reduce.
                 a = statistics.median(
-                    max(0.0, (t - theory.ring_allreduce_time_s(s, n, bandwidth)) / (n - 1)) for s, t in small
+                    max(0.0, (t - theory.ring_allreduce_time_s(s, n, bandwidth)) / (2 * (n - 1))) for s, t in small
                 )
                 for size_mb in sizes:
                     measured = _median_time(lab, size_mb * MB, repeats)

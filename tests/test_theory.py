@@ -17,9 +17,9 @@ def test_global_batch_of_the_curriculum_is_256():
 
 
 def test_ring_allreduce_of_the_curriculum_takes_about_24_ms():
-    # N=4, S=400 MB, B=25 GB/s, a=5 us: 1.5 * 16 ms + 15 us.
+    # N=4, S=400 MB, B=25 GB/s, a=5 us: 1.5 * 16 ms + 2(N-1) = 6 steps of 5 us, 30 us.
     time_s = theory.ring_allreduce_time_s(size_bytes=400e6, workers=4, bandwidth_bytes_per_s=25e9, latency_s=5e-6)
-    assert time_s == pytest.approx(24.015e-3, rel=1e-12)
+    assert time_s == pytest.approx(24.030e-3, rel=1e-12)
     assert round(time_s * 1e3, 1) == 24.0
 
 
@@ -34,8 +34,8 @@ def test_zero3_over_8_devices_brings_it_to_4_gb_and_7_gb_with_activations():
 
 
 def test_busbw_is_algbw_times_2_n_minus_1_over_n():
-    algbw = theory.algbw_bytes_per_s(400e6, 0.024015)
-    assert theory.busbw_bytes_per_s(400e6, 0.024015, workers=4) == pytest.approx(algbw * 1.5)
+    algbw = theory.algbw_bytes_per_s(400e6, 0.024030)
+    assert theory.busbw_bytes_per_s(400e6, 0.024030, workers=4) == pytest.approx(algbw * 1.5)
 
 
 # --- batch and learning rate --------------------------------------------------------------------
@@ -95,7 +95,8 @@ def test_one_worker_communicates_nothing():
 
 
 def test_zero_bytes_cost_only_latency():
-    assert theory.ring_allreduce_time_s(0, 4, 25e9, 5e-6) == pytest.approx(15e-6)
+    # A reduce-scatter's 3 steps, then an all-gather's 3: 6 x 5 us.
+    assert theory.ring_allreduce_time_s(0, 4, 25e9, 5e-6) == pytest.approx(30e-6)
     assert theory.bucketed_allreduce_time_s(0, 25e6, 4, 25e9, 5e-6) == 0
     assert theory.algbw_bytes_per_s(0, 1.0) == 0
 
@@ -111,7 +112,8 @@ def test_one_bucket_costs_the_same_as_one_allreduce_and_tiny_buckets_pay_latency
     one_bucket = theory.bucketed_allreduce_time_s(100e6, 100e6, 8, 10e9, 50e-6)
     assert one_bucket == pytest.approx(theory.ring_allreduce_time_s(100e6, 8, 10e9, 50e-6))
     tiny = theory.bucketed_allreduce_time_s(100e6, 100e3, 8, 10e9, 50e-6)
-    assert tiny - one_bucket == pytest.approx((1000 - 1) * 7 * 50e-6)
+    # 999 more all-reduces, each of 2(N-1) = 14 steps of 50 us.
+    assert tiny - one_bucket == pytest.approx((1000 - 1) * 14 * 50e-6)
 
 
 def test_parameter_server_load_grows_with_workers_and_shrinks_with_shards():
@@ -146,9 +148,9 @@ def test_overlap_hides_all_but_the_last_bucket_or_all_but_the_first_wait():
     # A slow backward: the link keeps up, only the last bucket's all-reduce is left after it.
     compute_bound = theory.overlapped_backward_time_s(1.0, [10e6] * 10, 2, 1e9)
     assert compute_bound == pytest.approx(1.0 + 0.01)
-    # A fast backward: the link is busy from the first bucket on.
+    # A fast backward: the link is busy from the first bucket on; each all-reduce pays 2(N-1) = 2 latencies.
     link_bound = theory.overlapped_backward_time_s(0.01, [10e6] * 10, 2, 1e9, latency_s=1e-3)
-    assert link_bound == pytest.approx(0.001 + 10 * (0.01 + 1e-3))
+    assert link_bound == pytest.approx(0.001 + 10 * (0.01 + 2e-3))
 
 
 def test_fit_recovers_latency_and_bandwidth_from_exact_timings():
@@ -157,7 +159,7 @@ def test_fit_recovers_latency_and_bandwidth_from_exact_timings():
     fit = theory.fit_latency_bandwidth(timings, workers=4)
     assert fit.latency_s == pytest.approx(5e-6, rel=1e-6)
     assert fit.bandwidth_bytes_per_s == pytest.approx(25e9, rel=1e-9)
-    assert fit.allreduce_time_s(400e6, 4) == pytest.approx(24.015e-3)
+    assert fit.allreduce_time_s(400e6, 4) == pytest.approx(24.030e-3)
 
 
 def test_fit_accepts_measurements_at_several_world_sizes():
@@ -306,12 +308,25 @@ def test_the_planning_exercise_ddp_does_not_fit_and_the_worked_zero1_plan_holds(
     assert "FAILS" in str(wrong) and "does not hold" in str(wrong)
 
 
-def test_zero3_communicates_one_and_a_half_allreduces_per_micro_batch():
+def test_zero2_and_zero3_communicate_per_micro_batch_and_ddp_once_per_step():
     one = theory.ring_allreduce_time_s(2e9, 6, 10e9)
+    assert one == pytest.approx(2 * 5 / 6 * 2e9 / 10e9)
     assert theory.communication_per_step_s("ddp", 4, 2e9, 6, 10e9) == pytest.approx(one)
-    assert theory.communication_per_step_s("zero1", 4, 2e9, 6, 10e9) == pytest.approx(one)
     assert theory.communication_per_step_s("zero2", 3, 2e9, 6, 10e9) == pytest.approx(2 * one)
     assert theory.communication_per_step_s("fsdp", 4, 2e9, 6, 10e9) == pytest.approx(6 * one)
+
+
+def test_zero1_as_pytorch_builds_it_adds_a_broadcast_of_the_updated_shards_to_ddps_allreduce():
+    # ZeroRedundancyOptimizer under DDP: DDP's all-reduce of the 2 GB, 2(5/6) x 2 GB / 10 GB/s + 10 x 10 us,
+    # then every rank's updated shard to the 5 others, an all-gather's 5/6 x 2 GB / 10 GB/s + 5 x 10 us.
+    ddp = 2 * 5 / 6 * 2e9 / 10e9 + 10 * 10e-6
+    broadcasts = 5 / 6 * 2e9 / 10e9 + 5 * 10e-6
+    assert theory.communication_per_step_s("ddp", 3, 2e9, 6, 10e9, 10e-6) == pytest.approx(ddp)
+    assert theory.communication_per_step_s("zero1", 3, 2e9, 6, 10e9, 10e-6) == pytest.approx(ddp + broadcasts)
+    assert ddp + broadcasts == pytest.approx(0.50015)
+    # The planning exercise's worked ZeRO-1 plan: 16 x 3 samples at 8 per second, then those 0.5 s.
+    worked = theory.check_plan("zero1", 16, 3, 3.375e-4, ["loss", "throughput", "peak_memory"])
+    assert worked.step_time_s == pytest.approx(6 + 0.50015)
 
 
 def test_a_plan_with_an_unknown_parallelism_or_metric_is_refused_with_the_choices():

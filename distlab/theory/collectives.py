@@ -92,8 +92,8 @@ def collective_time_s(
     (all-reduce has two: 2(N-1)), N-1 for all-to-all, and the N-1 hops of the broadcast chain. Every
     step pays ``latency_s`` in full.
 
-    This counts 2(N-1) latencies for an all-reduce; :func:`ring_allreduce_time_s` (the curriculum's
-    model) counts one per hop of the ring, (N-1). Their bandwidth terms are the same.
+    For ``"all_reduce"`` this is :func:`ring_allreduce_time_s`: ``2(N-1)/N * S/B + 2(N-1) * a``, a
+    reduce-scatter then an all-gather (Thakur, Rabenseifner and Gropp 2005).
     """
     checks.choice("op", op, COLLECTIVES)
     n = _count("world_size", world_size)

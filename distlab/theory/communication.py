@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .. import checks
 from ._checks import _count, _non_negative, _positive, _sequence
-from .collectives import COLLECTIVES, _bus_factor
+from .collectives import COLLECTIVES, _bus_factor, _steps
 
 # --------------------------------------------------------------------------------------------------
 # Communication
@@ -22,19 +22,26 @@ def _ring_factor(workers: int) -> float:
     return _bus_factor("all_reduce", _count("workers", workers))
 
 
+def _ring_steps(workers: int) -> int:
+    # The reduce-scatter's N-1 steps, then the all-gather's N-1: each pays the latency once.
+    return _steps("all_reduce", _count("workers", workers))
+
+
 def ring_allreduce_time_s(
     size_bytes: float, workers: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0
 ) -> float:
-    """Time of a ring all-reduce: ``2(N-1)/N * S/B + (N-1) * a``.
+    """Time of a ring all-reduce: ``2(N-1)/N * S/B + 2(N-1) * a``.
 
-    Each worker sends 2(N-1)/N of the buffer (reduce-scatter, then all-gather) over a link of
-    ``bandwidth_bytes_per_s``, and the ring pays ``latency_s`` per hop. One worker has nothing to do: 0 s.
+    A ring all-reduce is a reduce-scatter then an all-gather, N-1 steps each, one after another
+    (Thakur, Rabenseifner and Gropp 2005): each worker sends 2(N-1)/N of the buffer over a link of
+    ``bandwidth_bytes_per_s``, and each of the 2(N-1) steps pays ``latency_s``. The same model as
+    :func:`collective_time_s` for ``"all_reduce"``. One worker has nothing to do: 0 s.
     """
     n = _count("workers", workers)
     size = _non_negative("size_bytes", size_bytes)
     bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
     latency = _non_negative("latency_s", latency_s)
-    return _ring_factor(n) * size / bandwidth + (n - 1) * latency
+    return _ring_factor(n) * size / bandwidth + _ring_steps(n) * latency
 
 
 def ring_allreduce_sent_bytes(size_bytes: float, workers: int) -> float:
@@ -51,12 +58,13 @@ def bucketed_allreduce_time_s(
 ) -> float:
     """Ring all-reduce of ``size_bytes`` sent in buckets of ``bucket_bytes``, one after another.
 
-    Every bucket pays the latency term again, so many tiny buckets (or tensors reduced one by one) are
-    latency-bound; the bandwidth term is the same whatever the bucket size.
+    Every bucket is an all-reduce of its own and pays the latency term, 2(N-1) * a, again, so many tiny
+    buckets (or tensors reduced one by one) are latency-bound; the bandwidth term is the same whatever
+    the bucket size.
     """
     bandwidth_term_s = ring_allreduce_time_s(size_bytes, workers, bandwidth_bytes_per_s)
     buckets = math.ceil(size_bytes / _positive("bucket_bytes", bucket_bytes))
-    return bandwidth_term_s + buckets * (workers - 1) * _non_negative("latency_s", latency_s)
+    return bandwidth_term_s + buckets * _ring_steps(workers) * _non_negative("latency_s", latency_s)
 
 
 def overlapped_backward_time_s(
@@ -177,7 +185,7 @@ def fit_latency_bandwidth(measurements: Iterable[Sequence[float]], workers: int 
     """Fit latency ``a`` and bandwidth ``B`` of the ring model to measured all-reduce times.
 
     ``measurements`` holds ``(workers, size_bytes, time_s)`` triples, or ``(size_bytes, time_s)`` pairs
-    when ``workers`` is given. The model ``T = 2(N-1)/N * S * (1/B) + (N-1) * a`` is linear in 1/B and a,
+    when ``workers`` is given. The model ``T = 2(N-1)/N * S * (1/B) + 2(N-1) * a`` is linear in 1/B and a,
     so this is least squares on two unknowns; a fitted negative latency (noise on a fast link) is
     clamped to 0 and the bandwidth refitted alone.
     """
@@ -192,7 +200,7 @@ def fit_latency_bandwidth(measurements: Iterable[Sequence[float]], workers: int 
         n = _count(f"workers of measurements[{index}]", values[0], minimum=2)
         size = _non_negative(f"size_bytes of measurements[{index}]", values[1])
         time = _positive(f"time_s of measurements[{index}]", values[2])
-        rows.append((_ring_factor(n) * size, n - 1.0, time))
+        rows.append((_ring_factor(n) * size, float(_ring_steps(n)), time))
     if len({(x, y) for x, y, _ in rows}) < 2:
         raise ValueError("need measurements at two or more different sizes to separate latency from bandwidth")
 

@@ -35,8 +35,10 @@ def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam")
 
     ``precision`` names the layout of the model states:
 
-    * ``"mixed"``, the ZeRO / Megatron-LM layout: fp16/bf16 weights (2) and gradients (2), and an fp32
-      master copy (4) that the optimizer owns, so it counts with the optimizer states;
+    * ``"mixed"``, the ZeRO paper's mixed-precision layout (Rajbhandari et al. 2020): fp16 weights (2)
+      and gradients (2), and an fp32 master copy (4) that the optimizer owns, so it counts with the
+      optimizer states. Megatron-LM keeps fp32 gradients when it trains in bf16 (2 + 4 + 12 = 18 bytes
+      with Adam, its distributed-optimizer guide), a layout not modelled here;
     * ``"autocast"``, what ``torch.autocast`` keeps: fp32 weights (4) and gradients (4), no master copy.
       The matrix multiplies run in 16 bits on casts made during the forward; the stored states are
       those of fp32 training;
@@ -55,7 +57,7 @@ def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam")
 
 def bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam") -> int:
     """Total training bytes per parameter: 16 for mixed-precision Adam, 2 + 2 + 4 + 4 + 4 in the ZeRO
-    layout (``"mixed"``) and 4 + 4 + 4 + 4 under ``torch.autocast`` (``"autocast"``)."""
+    paper's layout (``"mixed"``) and 4 + 4 + 4 + 4 under ``torch.autocast`` (``"autocast"``)."""
     return state_bytes_per_parameter(precision, optimizer).total
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .. import checks
 from ._checks import _count, _fraction, _positive
 from .batch import global_batch_size, scaled_learning_rate
+from .collectives import collective_time_s
 from .communication import ring_allreduce_time_s
 from .memory import memory_breakdown, state_bytes_per_parameter
 from .scaling import expected_scaling_efficiency
@@ -112,10 +113,14 @@ def communication_per_step_s(
 ) -> float:
     """Communication of one optimizer step of data parallelism, ring collectives, no overlap.
 
-    With ``S = gradient_bytes`` and ``A = accumulation_steps`` (ZeRO, Rajbhandari et al. 2020):
-    ``"ddp"`` and ``"zero1"`` keep whole gradients, accumulate locally (``no_sync``) and move ``2S``
-    per rank once per step (an all-reduce, or ZeRO-1's reduce-scatter + all-gather). ``"zero2"``
-    keeps only its gradient shard, so each micro-batch's gradients are reduce-scattered (``S``), and the
+    With ``S = gradient_bytes`` (the parameters are taken to be the gradients' size, as in the mixed
+    and fp32 layouts) and ``A = accumulation_steps``: ``"ddp"`` keeps whole gradients, accumulates
+    locally (``no_sync``) and all-reduces them once per step. ``"zero1"`` is PyTorch's
+    ``ZeroRedundancyOptimizer`` under DDP, the form notebook 11 plans with: the same all-reduce, then
+    each rank broadcasts the shard of the parameters it updated, an all-gather's worth,
+    ``(N-1)/N * S`` per rank: 1.5 all-reduces per step. (The ZeRO paper's ZeRO-1, Rajbhandari et al.
+    2020, reduce-scatters the gradients instead and moves one all-reduce's worth.) ``"zero2"`` keeps
+    only its gradient shard, so each micro-batch's gradients are reduce-scattered (``S``), and the
     updated parameters all-gathered once (``S``): ``(A + 1)/2`` all-reduces. ``"zero3"`` / ``"fsdp"``
     gather the parameters before each forward and each backward and reduce-scatter the gradients, on
     every micro-batch: ``1.5 A`` all-reduces.
@@ -123,8 +128,11 @@ def communication_per_step_s(
     stage = _stage(parallelism)
     a = _count("accumulation_steps", accumulation_steps)
     allreduce = ring_allreduce_time_s(gradient_bytes, devices, bandwidth_bytes_per_s, latency_s)
-    if stage <= 1:
+    if stage == 0:
         return allreduce
+    if stage == 1:
+        broadcasts = collective_time_s("all_gather", gradient_bytes, devices, bandwidth_bytes_per_s, latency_s)
+        return allreduce + broadcasts
     if stage == 2:
         return (a + 1) / 2 * allreduce
     return 1.5 * a * allreduce

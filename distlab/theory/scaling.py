@@ -50,7 +50,7 @@ def expected_scaling_efficiency(compute_time_s: float, comm_time_s: float, overl
     """Expected efficiency of data parallelism: compute / (compute + exposed communication), per step.
 
     ``compute_time_s`` is one worker's compute per step and ``comm_time_s`` the communication per step
-    *at the world size in question*: it grows with N (a ring all-reduce's ``2(N-1)/N`` and ``(N-1)a``,
+    *at the world size in question*: it grows with N (a ring all-reduce's ``2(N-1)/N`` and ``2(N-1)a``,
     :func:`ring_allreduce_time_s`), so weak-scaling efficiency falls as workers are added even though
     each worker's compute stays the same. In strong scaling, pass the compute of ``1/N`` of the job:
     the result is then the speed-up over N (:func:`strong_scaling_speedup` divided by N).

@@ -118,8 +118,10 @@ def _activation(micro_batch: int, seq_len: int, hidden: int, bytes_per_element: 
 
 
 def ddp_bytes_per_step(gradients_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends per step in DDP: one ring all-reduce of the gradients, 2(N-1)/N * Psi
-    (ZeRO-1 and ZeRO-2 move the same: reduce-scatter of gradients, all-gather of parameters)."""
+    """Bytes each rank sends per step in DDP: one ring all-reduce of the gradients, 2(N-1)/N * Psi.
+    The ZeRO paper's ZeRO-1 and ZeRO-2 move the same (reduce-scatter of gradients, all-gather of
+    parameters); PyTorch's ``ZeroRedundancyOptimizer`` under DDP keeps the all-reduce and adds a
+    broadcast of each rank's updated shard, (N-1)/N * Psi more."""
     return collective_bytes("all_reduce", gradients_bytes, world_size).sent_bytes
 
 
