@@ -248,6 +248,10 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert status_item.inner_text() == "distlab: 2 ranks · ok"
     _shot(page, "3-side-panel")
 
+    # The panel's Stacks button: every rank's live frames, read by the server (between cells: idle).
+    lab.locator("button.distlab-stacks-button").click()
+    lab.locator(".distlab-stacks", has_text="ranks 0-1 (MainThread): idle, no cell running").wait_for(timeout=30_000)
+
     # Restart from the panel: fresh rank processes, shown in the panel.
     old_pids = {r["pid"] for r in ranks}
     lab.locator("button.distlab-restart").click()

@@ -178,6 +178,9 @@ def test_a_lab_outside_this_servers_kernels_is_refused_in_one_line_and_left_runn
         status, body = _post(jupyter, f"/distlab/labs/{state.stem}/stop")
         assert status == 404, body
         assert f"runs in process {script.pid}, which is not a kernel of this server" in _one_line(body)
+        status, body = jupyter.request("GET", f"/distlab/labs/{state.stem}/stacks")
+        assert status == 404, body
+        assert _one_line(body).endswith("(a script, or another server's kernel): read its stacks there")
         assert _alive(rank["pid"]) and state.exists()
 
         script.communicate(input="", timeout=60)  # the script stops its lab and exits
@@ -240,6 +243,53 @@ def test_an_action_behind_a_running_cell_answers_at_its_deadline_and_runs_when_t
             await kernels.interrupt_kernel(kernel_id)  # the cell ends; the queued stop runs
             await until(lambda: read_labs() == [], 120, "the queued stop to stop the lab")
             await until(lambda: not _alive(rank["pid"]), 30, "the lab's engine to exit")
+        finally:
+            client.stop_channels()
+            await kernels.shutdown_all(now=True)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.cluster
+def test_the_stacks_of_a_lab_whose_kernel_runs_a_cell_are_read_by_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stacks_of_lab (what GET /distlab/labs/<id>/stacks calls) while the lab's kernel is busy with a
+    cell on the ranks: the kernel is not asked, the ranks are read from outside."""
+    import asyncio
+
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+    from distlab.server.handlers import LabActionError, stacks_of_lab
+    from distlab.server.registry import read_labs
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+
+    async def scenario() -> None:
+        kernels = AsyncMappingKernelManager(connection_dir=str(tmp_path))
+        kernel_id = await kernels.start_kernel(kernel_name="python3")
+        client = kernels.get_kernel(kernel_id).client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=120)
+            started = await client.execute("import distlab\nlab = distlab.start(ranks=2)", reply=True, timeout=180)
+            assert started["content"]["status"] == "ok", started["content"]
+            (lab,) = read_labs()
+            client.execute('lab.run("import time\\ndef waiting_here():\\n    time.sleep(300)\\nwaiting_here()")')
+            for _ in range(300):  # until both ranks are in the cell's function
+                taken = await stacks_of_lab(kernels, lab["id"])
+                if "waiting_here" in taken["text"]:
+                    break
+                await asyncio.sleep(0.2)
+            assert taken["text"].splitlines() == [
+                "ranks 0-1 (MainThread), most recent call last:",
+                "    <module> (<cell>:4)",
+                "    waiting_here (<cell>:3)",
+            ], taken
+            assert taken["missing"] == {} and taken["id"] == lab["id"]
+            with pytest.raises(LabActionError) as unknown:
+                await stacks_of_lab(kernels, "lab-1-abc")
+            assert unknown.value.status == 404 and "no running lab 'lab-1-abc'" in unknown.value.message
         finally:
             client.stop_channels()
             await kernels.shutdown_all(now=True)

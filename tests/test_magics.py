@@ -19,6 +19,7 @@ BAD_BEFORE_START = [
     ("dist", "start -n 2 --timeout soon", "--timeout must be a number of seconds"),
     ("dist", "start -n 2 --launcher pigeon", "unknown launcher 'pigeon'"),
     ("dist", "start -n __import__('os').getpid()", "-n must be a whole number"),  # never evaluated
+    ("dist", "stacks", "no lab is running: start one with %dist start -n 2"),
     ("dist", "start -n 2 --nodes 0", "--nodes must be >= 1"),
     ("dist", "start -n 2 --nodes two", "--nodes must be a whole number"),
     ("dist", "start -n 2 --nodes 3", "--nodes 3 is more nodes than ranks (-n 2)"),
@@ -64,6 +65,9 @@ BAD_WHILE_RUNNING = [
     ("dist", "export", "the following arguments are required: file"),
     ("dist", "export a.py b.py", "unrecognized arguments"),
     ("dist", "export no-cell-yet.py", "no cell has run on every rank yet: there is nothing to export"),
+    ("dist", "stacks 5", "rank 5 does not exist in a world of 2"),
+    ("dist", "stacks 0 1", "unrecognized arguments"),
+    ("dist", "stacks --deep", "unrecognized arguments"),
 ]
 
 BAD_ON_NODES = [

@@ -114,6 +114,9 @@ class CellContext:
     heal_end: str = ""
     #: engine id -> the engine to send calls to, made once per client and kept (``engine``).
     engines: dict[int, rpc.Engine] = field(default_factory=dict)
+    #: The live stacks of the given ranks, as a note (``LabCore._stacks_of_stopped``): read before a
+    #: cell's ranks are stopped at its deadline or by Ctrl-C, to show where they were.
+    stacks: Callable[[list[int]], str] | None = None
 
     def engine(self, engine_id: int) -> rpc.Engine:
         """One engine, to send it calls (``rpc.Engine``). Made once and kept: ``client[id]`` builds
@@ -179,6 +182,7 @@ class CellRun:
             self._wait(timeout)
         except KeyboardInterrupt:
             self.outcome.interrupted = True
+            self._note_stacks()
             self._stop()
         self._collect()
         return self.outcome
@@ -217,6 +221,7 @@ class CellRun:
                 outcome.timed_out = True
                 outcome.stopped = running
                 outcome.stopped_because = f"the cell ran past its {timeout:g} s deadline"
+                self._note_stacks()
                 self._stop()
                 return
             self._news.wait(_POLL_S)
@@ -301,6 +306,13 @@ class CellRun:
             self._printer.show(rank, self._output(rank, "outputs") or [])
 
     # ------------------------------------------------------------------------ stopping
+
+    def _note_stacks(self) -> None:
+        """Where the ranks still running are, read before they are stopped: a hang's place."""
+        running = [r for r, ar in self.pending.items() if not ar.ready()]
+        if self.ctx.stacks is not None and running:
+            with contextlib.suppress(Exception):  # the stop goes on whatever the reading does
+                self.outcome.notes.append(self.ctx.stacks(running))
 
     def _stop(self, abort_first: bool = False) -> None:
         """Interrupt ranks still in the cell; free any stuck in a collective; kill what will not stop.

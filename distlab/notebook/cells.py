@@ -47,6 +47,7 @@ class RunsCells:
     _listeners: list[Listener]
     _pushed: dict[str, Any]
     _engines: dict[int, rpc.Engine]
+    _cell_source: str
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -66,6 +67,7 @@ class RunsCells:
         def _replace_before(self, gone: list[int]) -> None: ...
         def _on_this_machine(self, info: RankInfo) -> bool: ...
         def _whole_again(self, outcome: Any) -> None: ...
+        def _stacks_of_stopped(self, ranks: list[int]) -> str: ...
         def _top_up_spares(self) -> None: ...
 
     # ------------------------------------------------------------------------ cells
@@ -144,6 +146,7 @@ class RunsCells:
         checks.choice("want", want, ("value", "repr"))
         checks.flag("record", record)
         selected = self.ranks(ranks)
+        self._cell_source = code
         result = self._run_on(selected, timeout, stream, lambda engine, rank: rpc.run_cell(engine, code, rank, want))
         if record:
             self._history.append(CellRan(code, self._subset(selected)))
@@ -170,6 +173,7 @@ class RunsCells:
         name, text = read_script(path)
         argv = [name, *script_args(args)]
         full = os.path.abspath(name)  # the file's name on the ranks, in tracebacks and __file__
+        self._cell_source = ""  # the script's frames name its file, which py-spy reads
         result = self._run_on(
             self.ranks(), timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full
         )
@@ -299,11 +303,13 @@ class RunsCells:
     def _cell_context(self) -> CellContext:
         if not self.config.heal:
             return CellContext(
-                self._client, self.table, self._releaser, self.kill, self._on_poll, engines=self._engines
+                self._client, self.table, self._releaser, self.kill, self._on_poll, engines=self._engines,
+                stacks=self._stacks_of_stopped,
             )
         return CellContext(
             self._client, self.table, self._releaser, self.kill, self._on_poll,
             heals=True, replace=self._replace_rank, heal_end=self._healing[1], engines=self._engines,
+            stacks=self._stacks_of_stopped,
         )
 
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:

@@ -50,12 +50,13 @@ from .postmortem import LastCell
 from .release import Releaser
 from .script import Event, Restarted
 from .spares import KeepsSpares
+from .stacks import ReadsStacks
 from .world import RankInfo, RankTable, World, check_gpus, plan_world
 
 __all__ = ["LabCore", "RankInfo", "RankTable", "RunResult"]
 
 
-class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
+class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells; no views.
 
     ``distlab.start`` gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached.
@@ -103,6 +104,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares):
         self._history: list[Event] = []
         # Which ranks the last cell ran on, failed on, killed (``postmortem``); None before the world's first.
         self._last_cell: LastCell | None = None
+        self._cell_source = ""  # the running (or last) cell's code: its lines in live stacks
         # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
         self._companions: dict[str, LabCore] = {}
         # In a lab that heals, what lab.push gave every rank: a replacement is given it too.

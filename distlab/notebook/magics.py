@@ -30,7 +30,7 @@ from .config import LabConfig
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
-_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export", "debug")
+_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks")
 
 
 def _text(text: str) -> Any:
@@ -123,6 +123,14 @@ def _debug_parser() -> MagicArgumentParser:
     return p
 
 
+def _stacks_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%dist stacks", add_help=False)
+    p.add_argument("ranks", nargs="?", default=None, help="the ranks, like 0,2-3 (default: all)")
+    p.add_argument("--native", action="store_true", help="with the C and C++ frames (torch's, gloo's)")
+    p.add_argument("--all", action="store_true", help="every thread, not only the one that runs cells")
+    return p
+
+
 def _export_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist export", add_help=False)
     p.add_argument("file", help="the script to write, like train.py")
@@ -149,6 +157,7 @@ class DistMagics(Magics):
 
         %dist start -n 2 [--debug] | status | restart [-n N] | kill R | stop | run FILE.py [ARGS] | export FILE.py
         %dist debug [RANK]: the failed rank's frames and their locals, summarised
+        %dist stacks [RANKS] [--native] [--all]: every rank's live frames, read now from outside it
         """
         try:
             words = shlex.split(line)
@@ -175,6 +184,8 @@ class DistMagics(Magics):
             return self._export(_export_parser().parse_args(rest).file)
         if sub == "debug":
             return self._debug(_debug_parser().parse_args(rest).rank)
+        if sub == "stacks":
+            return self._stacks(_stacks_parser().parse_args(rest))
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -294,6 +305,16 @@ class DistMagics(Magics):
         except (LabUsageError, DistlabError) as exc:
             raise UsageError(str(exc)) from None
         display(found)  # the frames as HTML in a notebook, as text in a terminal
+
+    def _stacks(self, args: argparse.Namespace) -> None:
+        from ..errors import DistlabError
+
+        lab = self._running_lab()
+        try:
+            taken = lab.stacks(args.ranks, native=args.native)
+        except (LabUsageError, DistlabError) as exc:
+            raise UsageError(str(exc)) from None
+        print(taken.text(all_threads=args.all))
 
     def _stop(self) -> None:
         if self.lab is None or not self.lab.running:

@@ -2,12 +2,15 @@
 
     GET  /distlab/labs                  -> {"labs": [...]}
     POST /distlab/labs/<lab id>/<action> -> {"id", "action", "kernel_id", "message"}   (stop, restart)
+    GET  /distlab/labs/<lab id>/stacks   -> {"id", "text", "seconds", "missing"}   (live stacks)
 
 Each lab writes its own state file (``distlab.server.registry``); the server reads them, keeps
 those whose kernel belongs to this server, and names the kernel's notebook from the session
 manager. An action runs ``registry.act`` in the lab's kernel, so it reaches a lab however it was
-started (``%dist start`` or ``distlab.start()``). The handlers are thin: the work is in
-``labs_in_server`` and ``act_on_lab``, plain async functions.
+started (``%dist start`` or ``distlab.start()``). The stacks are read here, in the server, from
+outside the ranks' processes (``cluster.stacks``): the lab's kernel is busy with the cell that
+hangs, when they are wanted most. The handlers are thin: the work is in ``labs_in_server``,
+``act_on_lab`` and ``stacks_of_lab``, plain async functions.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _authorized(action: str) -> Callable[[_Method], _Method]:
     decorator: Callable[[_Method], _Method] = authorized(action=action)
     return decorator
 
-__all__ = ["ACTION_TIMEOUT_S", "LabActionError", "act_on_lab", "labs_in_server", "setup_handlers"]
+__all__ = ["ACTION_TIMEOUT_S", "LabActionError", "act_on_lab", "labs_in_server", "setup_handlers", "stacks_of_lab"]
 
 #: How long an action may take, from the request to the kernel's answer. An action waits behind a
 #: cell running in that kernel, as a typed ``%dist stop`` would; and a restart starts new engines.
@@ -86,15 +89,7 @@ async def act_on_lab(
     the kernel said. Raises LabActionError (4xx: the request is wrong; 5xx: the kernel failed)."""
     if action not in ACTIONS:
         raise LabActionError(400, f"unknown action {action!r}: a lab can be sent {' or '.join(ACTIONS)}")
-    lab = next((lab for lab in read_labs() if lab["id"] == lab_id), None)
-    if lab is None:
-        raise LabActionError(404, f"no running lab {lab_id!r}: GET /distlab/labs lists the running labs")
-    kernel_id = _kernels_by_connection_file(kernel_manager).get(lab.get("connection_file") or "")
-    if kernel_id is None:
-        raise LabActionError(
-            404, f"lab {lab_id!r} runs in process {lab['pid']}, which is not a kernel of this server "
-            "(a script, or another server's kernel): stop it there",
-        )
+    _, kernel_id = _lab_of_this_server(kernel_manager, lab_id, f"{action} it")
     # The id is one the registry wrote (a file name), the action one of ACTIONS: repr() quotes both.
     expression = f"__import__('distlab.server.registry', fromlist=['act']).act({lab_id!r}, {action!r})"
     where = f"kernel {kernel_id}"
@@ -119,6 +114,42 @@ async def act_on_lab(
             raise LabActionError(404, evalue)
         raise LabActionError(500, f"{action} failed in {where}: {ename}: {evalue}")
     return {"id": lab_id, "action": action, "kernel_id": kernel_id, "message": str(outcome["value"])}
+
+
+async def stacks_of_lab(kernel_manager: Any, lab_id: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The live stacks of lab ``lab_id``'s ranks on this machine (the lab's kernel must be one of
+    this server's), read without its kernel, which may be running the cell that hangs."""
+    import asyncio
+
+    from ..cluster import stacks
+    from ..cluster.processes import machine_id
+    from ..errors import DistlabError
+
+    lab, _ = _lab_of_this_server(kernel_manager, lab_id, "read its stacks")
+    here = machine_id()
+    pids = {row["rank"]: row["pid"] for row in lab["ranks"] if row.get("machine") == here}
+    try:
+        taken = await asyncio.get_running_loop().run_in_executor(None, stacks.take, pids, False, timeout)
+    except DistlabError as exc:  # py-spy missing
+        raise LabActionError(501, str(exc)) from None
+    for row in lab["ranks"]:
+        if row["rank"] not in pids:
+            taken.missing[row["rank"]] = f"it runs on {row['host']}: stacks are read on the lab's machine only"
+    return {"id": lab_id, "text": taken.text(), "seconds": round(taken.seconds, 3), "missing": taken.missing}
+
+
+def _lab_of_this_server(kernel_manager: Any, lab_id: str, doing: str) -> tuple[dict[str, Any], str]:
+    """The registry's entry of ``lab_id`` and its kernel, one of this server's (else LabActionError 404)."""
+    lab = next((lab for lab in read_labs() if lab["id"] == lab_id), None)
+    if lab is None:
+        raise LabActionError(404, f"no running lab {lab_id!r}: GET /distlab/labs lists the running labs")
+    kernel_id = _kernels_by_connection_file(kernel_manager).get(lab.get("connection_file") or "")
+    if kernel_id is None:
+        raise LabActionError(
+            404, f"lab {lab_id!r} runs in process {lab['pid']}, which is not a kernel of this server "
+            f"(a script, or another server's kernel): {doing} there",
+        )
+    return lab, kernel_id
 
 
 class LabsHandler(APIHandler):
@@ -153,8 +184,27 @@ class LabActionHandler(APIHandler):
         self.finish(json.dumps(done))
 
 
+class LabStacksHandler(APIHandler):
+    """``GET /distlab/labs/<id>/stacks``; for logged-in users allowed to run code in kernels (a
+    stack shows the code and where it runs). Errors: ``{"message": <one line>}``."""
+
+    auth_resource = "kernels"
+
+    @tornado.web.authenticated
+    @_authorized(action="execute")
+    async def get(self, lab_id: str) -> None:
+        try:
+            done = await stacks_of_lab(self.kernel_manager, lab_id)
+        except LabActionError as error:
+            self.set_status(error.status)
+            done = {"message": error.message}
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(done))
+
+
 def setup_handlers(web_app: Any) -> None:
     labs = url_path_join(web_app.settings["base_url"], "distlab", "labs")
+    stacks = url_path_join(labs, "([^/]+)", "stacks")
     # Any id and action reach the handler, so a wrong one gets act_on_lab's line, not a bare 404.
     action = url_path_join(labs, "([^/]+)", "([^/]+)")
-    web_app.add_handlers(".*$", [(labs, LabsHandler), (action, LabActionHandler)])
+    web_app.add_handlers(".*$", [(labs, LabsHandler), (stacks, LabStacksHandler), (action, LabActionHandler)])

@@ -2,7 +2,9 @@
  * distlab's JupyterLab side: a "Distributed" side panel listing the labs running in this
  * server's kernels (GET /distlab/labs, polled), with stop and restart buttons (POST
  * /distlab/labs/<id>/stop or /restart: the server stops or restarts that lab in its kernel,
- * however it was started), and a status-bar item for the lab of the current notebook. The panel
+ * however it was started), a stacks button (GET /distlab/labs/<id>/stacks: every rank's live
+ * frames, read by the server from outside the ranks, so it answers while the lab's kernel is busy
+ * with a cell that hangs), and a status-bar item for the lab of the current notebook. The panel
  * is a thin view: every fact comes from the Lab, via the server.
  */
 
@@ -136,6 +138,25 @@ async function actOnLab(
   return body.message ?? '';
 }
 
+/**
+ * Every rank's live stacks, as text (ranks with the same stack shown once). The server reads them
+ * without the lab's kernel. Rejects with the server's one-line message.
+ */
+async function stacksOfLab(settings: ServerConnection.ISettings, lab: ILabInfo): Promise<string> {
+  const url = URLExt.join(settings.baseUrl, 'distlab', 'labs', encodeURIComponent(lab.id), 'stacks');
+  const response = await ServerConnection.makeRequest(url, {}, settings);
+  let body: { message?: string; text?: string } = {};
+  try {
+    body = (await response.json()) as { message?: string; text?: string };
+  } catch {
+    // not JSON (a proxy's error page): the status says enough
+  }
+  if (!response.ok) {
+    throw new Error(body.message ?? `the server answered ${response.status}`);
+  }
+  return body.text ?? '';
+}
+
 function fmtRate(lab: ILabInfo): string {
   const t = lab.training;
   if (t.step === null) {
@@ -179,7 +200,8 @@ function el<K extends keyof HTMLElementTagNameMap>(
 class LabsPanel extends Widget {
   constructor(
     private _model: LabsModel,
-    private _act: (lab: ILabInfo, what: 'stop' | 'restart') => Promise<string>
+    private _act: (lab: ILabInfo, what: 'stop' | 'restart') => Promise<string>,
+    private _readStacks: (lab: ILabInfo) => Promise<string>
   ) {
     super();
     this.id = 'distlab-panel';
@@ -191,7 +213,7 @@ class LabsPanel extends Widget {
   }
 
   render(): void {
-    const state = JSON.stringify([this._model.labs, this._model.error, this._pending, this._messages]);
+    const state = JSON.stringify([this._model.labs, this._model.error, this._pending, this._messages, this._stacks]);
     if (state === this._shown) {
       return; // unchanged: keep the DOM (and any focus) as it is
     }
@@ -258,12 +280,32 @@ class LabsPanel extends Widget {
       button.onclick = () => void this._run(lab, what);
       buttons.appendChild(button);
     }
+    // Not disabled while a cell runs: that is when a rank's stack is wanted most.
+    const stacks = el('button', 'jp-Button jp-mod-styled distlab-stacks-button', 'Stacks');
+    stacks.title = "Every rank's live frames now, read from outside the ranks (works while a cell hangs)";
+    stacks.onclick = () => void this._showStacks(lab);
+    buttons.appendChild(stacks);
     box.appendChild(buttons);
     const message = this._messages[lab.id];
     if (message) {
       box.appendChild(el('p', 'distlab-message', message));
     }
+    const shown = this._stacks[lab.id];
+    if (shown !== undefined) {
+      box.appendChild(el('pre', 'distlab-stacks', shown));
+    }
     return box;
+  }
+
+  private async _showStacks(lab: ILabInfo): Promise<void> {
+    this._stacks[lab.id] = 'reading the ranks…';
+    this.render();
+    try {
+      this._stacks[lab.id] = await this._readStacks(lab);
+    } catch (reason) {
+      this._stacks[lab.id] = `stacks not read: ${(reason as Error).message}`;
+    }
+    this.render();
   }
 
   private async _run(lab: ILabInfo, what: 'stop' | 'restart'): Promise<void> {
@@ -283,6 +325,7 @@ class LabsPanel extends Widget {
   // By lab id: a kernel may run more than one lab (distlab.start() twice).
   private _pending: { [labId: string]: 'stop' | 'restart' } = {};
   private _messages: { [labId: string]: string } = {};
+  private _stacks: { [labId: string]: string } = {};
 }
 
 /** Status-bar item: the current notebook's lab, its world size and health. */
@@ -339,7 +382,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const model = new LabsModel(app.serviceManager.serverSettings);
     const act = (lab: ILabInfo, what: 'stop' | 'restart') =>
       actOnLab(app.serviceManager.serverSettings, lab, what);
-    const panel = new LabsPanel(model, act);
+    const panel = new LabsPanel(model, act, lab => stacksOfLab(app.serviceManager.serverSettings, lab));
     app.shell.add(panel, 'left', { rank: 950 });
     if (statusBar) {
       const item = new LabStatus(model, tracker, () => app.shell.activateById(panel.id));
