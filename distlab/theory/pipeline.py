@@ -3,8 +3,10 @@ micro-batches' activations a stage holds at once, the time of a step, and the or
 ``torch.distributed.pipelining`` runs each stage's forwards and backwards (with a timeline to draw).
 
 p stages, m micro-batches, v chunks (model pieces) per device for the interleaved schedule. Sources:
-Huang et al. 2019 (GPipe); Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
-GPU Clusters Using Megatron-LM" (1F1B, interleaved 1F1B).
+Huang et al. 2019 (GPipe); Narayanan et al. 2019, "PipeDream" (1F1B), in its flushed, synchronous
+form (PipeDream-Flush, Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training");
+Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM" (interleaved 1F1B).
 """
 
 from __future__ import annotations

@@ -144,8 +144,9 @@ print("tensors compared:", len(mine))
 #
 # $$\text{bubble} = \frac{p-1}{m+p-1}$$
 #
-# so more micro-batches shrink it (GPipe, Huang et al. 2019; the 1F1B schedule has the same bubble
-# with less memory, Narayanan et al. 2021). Before measuring, predict:
+# so more micro-batches shrink it (GPipe, Huang et al. 2019; the 1F1B schedule of PipeDream,
+# Narayanan et al. 2019, run with a flush at the end of each step, has the same bubble with less
+# memory). Before measuring, predict:
 
 # %%
 from distlab.quiz import predict

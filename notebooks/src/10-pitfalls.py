@@ -34,8 +34,12 @@ print(env, "| backend:", dist.get_backend(), "| get_rank():", dist.get_rank())
 #
 # `%%ddp --timeout 5` gives the cell 5 seconds. distlab then stops the stuck rank, says **which rank
 # was stuck on which line**, and rebuilds the process group so the next cell works. (A bare
-# `torchrun` job would sit there until the process group's own timeout, 10 to 30 minutes by default,
-# and then report a timeout without naming anyone.)
+# `torchrun` job would sit there until the process group's own timeout, 10 minutes on NCCL and 30 on
+# gloo by default. On NCCL, the watchdog then reports the collective that timed out, with its
+# sequence number, on each rank, and the flight recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE` and
+# `TORCH_NCCL_DUMP_ON_TIMEOUT=1`) dumps every rank's recent collectives, from which its analyser,
+# `torchfrtrace`, names the ranks that never joined: PyTorch's flight recorder tutorial. Neither
+# names the line of Python a rank was stuck on.)
 
 # %% tags=["raises-exception"]
 # %%ddp --timeout 5

@@ -289,8 +289,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 def setup():
     """This rank's device, and the process group (no backend named: NCCL on GPUs, else gloo)."""
     device = torch.device("cpu")
-    if torch.cuda.is_available():   # a GPU per local rank; ranks take turns when there are fewer GPUs
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    # NCCL needs a GPU of its own for each process (init_process_group's documentation: sharing one
+    # can deadlock), so the ranks use the GPUs only where every local rank has one.
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     dist.init_process_group(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     return device

@@ -48,7 +48,7 @@ nodes = "--nodes 4 --link 1gbit" if on_nodes else ""
 #
 # On N ranks, with `S` the size in bytes as `distlab.theory.collective_bytes` counts it:
 #
-# | collective | rank r holds before | every rank holds after | each rank sends, on a ring |
+# | collective | rank r holds before | every rank holds after | each rank sends |
 # |---|---|---|---|
 # | `all_reduce` | a tensor of S bytes | the element-wise sum | 2(N-1)/N · S |
 # | `reduce_scatter` | a tensor of S bytes, N chunks | chunk r of the sum (S/N) | (N-1)/N · S |
@@ -59,8 +59,10 @@ nodes = "--nodes 4 --link 1gbit" if on_nodes else ""
 # Where the ring numbers come from: in a ring, each rank passes one chunk of S/N to its neighbour per
 # step. A reduce-scatter takes N-1 steps (each chunk travels round the ring, picking up every rank's
 # share), an all-gather N-1 more (each finished chunk travels round again), so an all-reduce, which is
-# the two one after the other, sends 2(N-1) chunks. The theory's broadcast is a pipelined chain:
-# the root sends S to the next rank, which forwards it, and so on (NCCL's ring broadcast).
+# the two one after the other, sends 2(N-1) chunks. The all-to-all is no ring: each rank sends chunk
+# j straight to rank j, N-1 pairwise exchanges of S/N, nothing forwarded, which also comes to
+# (N-1)/N · S. The theory's broadcast is a pipelined chain: the root sends S to the next rank, which
+# forwards it, and so on (NCCL's ring broadcast).
 #
 # First, what each does, on tensors small enough to read. Rank r holds `[10r, 10r+1, 10r+2, 10r+3]`:
 
@@ -235,7 +237,8 @@ print("random floats, 4 ranks, other bits from:", [way for way, (c, _) in floats
 # ## 1.2 Bytes on the links
 #
 # Theory first: `theory.collective_bytes(op, S, N, rank)` gives the bytes one rank sends and receives
-# in one collective, on the ring (and chain) NCCL uses. For S = 4 MiB on 4 ranks:
+# in one collective, on the ring (and chain) NCCL uses, and in the all-to-all's pairwise exchanges.
+# For S = 4 MiB on 4 ranks:
 
 # %% tags=["nbval-check-output"]
 MiB = 1 << 20
@@ -374,8 +377,9 @@ guess.reveal(received["reduce_scatter", 4][2]) if on_nodes else "no link here: n
 # %% [markdown]
 # What the counters say, op by op:
 #
-# * **all-reduce, all-gather, all-to-all and the ring by hand** move what the ring model says, on every
-#   rank, at 4 and at 2 ranks (ranks 2 and 3 stay idle in the pair's rows).
+# * **all-reduce, all-gather, all-to-all and the ring by hand** move what the theory says (the rings'
+#   bytes, and the all-to-all's pairwise (N-1)/N · S: the "ring ops" of the checks), on every rank, at
+#   4 and at 2 ranks (ranks 2 and 3 stay idle in the pair's rows).
 # * **gloo's reduce-scatter moves twice the theory**: exactly an all-reduce's bytes, 2(N-1)/N · S
 #   instead of (N-1)/N · S, because it is one (above; the list form too, being N all-reduces of S/N).
 #   The reduce-scatter written by hand with `isend`/`recv` moves the ring's (N-1)/N · S. NCCL's

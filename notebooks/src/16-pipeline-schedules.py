@@ -9,10 +9,13 @@
 # * **GPipe** (Huang et al., 2019): every forward, then every backward. Idle `(p-1)/(m+p-1)` of the
 #   time with `p` stages and `m` micro-batches, and every stage keeps the activations of all `m`
 #   micro-batches until their backward;
-# * **1F1B** (one forward, one backward; Narayanan et al., 2021): a stage starts the backward of a
-#   micro-batch as soon as it can, so stage `s` holds at most `p - s` micro-batches' activations.
-#   The bubble is the same as GPipe's: 1F1B saves memory, not time;
-# * **interleaved 1F1B** (same paper): each rank holds `v` smaller pieces ("chunks") of the model
+# * **1F1B** (one forward, one backward; PipeDream, Narayanan et al., SOSP 2019, in the synchronous
+#   form with a flush at the end of each step that torch runs, PipeDream-Flush, Narayanan et al.
+#   2021): a stage starts the backward of a micro-batch as soon as it can, so stage `s` holds at
+#   most `p - s` micro-batches' activations. The bubble is the same as GPipe's: 1F1B saves memory,
+#   not time;
+# * **interleaved 1F1B** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+#   GPU Clusters Using Megatron-LM"): each rank holds `v` smaller pieces ("chunks") of the model
 #   instead of one, rank 0 the 1st and 3rd quarters, rank 1 the 2nd and 4th. A micro-batch goes round
 #   the ranks `v` times, the pipeline fills `v` times faster, and the bubble is `v` times shorter:
 #   `(p-1)/(v·m+p-1)`. The price: `v` times more messages, and more activations in flight.
