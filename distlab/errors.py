@@ -6,6 +6,7 @@ A failed cell on N ranks must read like one error, not N: identical tracebacks a
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ class RankFailure:
     ename: str
     evalue: str
     traceback: str = ""
+    #: When the rank raised it (seconds since the epoch; 0: not known): the report leads with the first.
+    at: float = 0.0
 
     @property
     def headline(self) -> str:
@@ -74,20 +77,30 @@ class RankError(DistlabError):
         return list(self.failures)
 
     def groups(self) -> list[tuple[list[int], RankFailure]]:
-        """Failures grouped by identical (ename, evalue, traceback), in order of their first rank."""
+        """Failures grouped by identical (ename, evalue, traceback), the cause first: ranks that died,
+        then those that raised (the first to raise first), then those distlab stopped because of them."""
         grouped: dict[tuple[str, str, str], list[int]] = {}
         for rank, failure in self.failures.items():
             key = (failure.ename, failure.evalue, _normalise_traceback(failure.traceback, rank))
             grouped.setdefault(key, []).append(rank)
-        return [(ranks, self.failures[ranks[0]]) for ranks in grouped.values()]
+        groups = [(ranks, self.failures[ranks[0]]) for ranks in grouped.values()]
+
+        def cause_first(group: tuple[list[int], RankFailure]) -> tuple[int, float, int]:
+            ranks, failure = group
+            kind = 0 if failure.ename == "EngineError" else 2 if failure.ename in STOPPED else 1
+            return kind, min(self.failures[r].at for r in ranks) or float("inf"), ranks[0]
+
+        return sorted(groups, key=cause_first)
 
     def _render(self, with_tracebacks: bool) -> str:
         lines = []
         for ranks, failure in self.groups():
             label = "rank" if len(ranks) == 1 else "ranks"
             lines.append(f"{label} {format_ranks(ranks)}: {failure.headline}")
-            if with_tracebacks and failure.traceback:
-                lines.append(_indent(failure.traceback.rstrip()))
+            # A rank distlab stopped takes its one line: where it was is in it, and its frames
+            # (torch's own, mostly) stay for %dist debug.
+            if with_tracebacks and failure.traceback and failure.ename not in STOPPED:
+                lines.append(_indent(_short_paths(failure.traceback.rstrip())))
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -161,6 +174,24 @@ def diagnose_collectives(
         calls = ", ".join(f"rank {r} {_describe_op(last[r])}" for r in ahead)
         return f"collective #{front}: the ranks disagree on what it is ({calls})"
     return None
+
+
+#: Failures of ranks distlab stopped because of another's (a deadline, a failed or dead peer, Ctrl-C).
+STOPPED = ("Stopped", "KeyboardInterrupt")
+# A file's path up to its package (site-packages, or the standard library's folder): a machine's
+# paths do not belong in a saved notebook, and the package's path says where the frame is.
+_PACKAGE_PATHS = (
+    re.compile(r'File "[^"]*/(?:site|dist)-packages/'),
+    re.compile(r'File "[^"]*/lib/python3\.\d+/'),
+    # distlab installed from its source folder (editable): that folder, as this machine has it.
+    re.compile(re.escape('File "' + os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)),
+)
+
+
+def _short_paths(traceback: str) -> str:
+    for path in _PACKAGE_PATHS:  # a package's first: site-packages lies under lib/python3.x too
+        traceback = path.sub('File "', traceback)
+    return traceback
 
 
 def _normalise_traceback(text: str, rank: int) -> str:

@@ -113,6 +113,7 @@ class CellError(TypedDict):
     ename: str
     evalue: str
     traceback: str
+    at: float  # when the rank raised it (time.time()): the report leads with the first
 
 
 #: What a healing rank imports (``distlab.heal``): the warm template preloads them where a lab heals,

@@ -1,5 +1,8 @@
+import os
+
 import pytest
 
+import distlab
 from distlab.errors import LabUsageError, RankError, RankFailure, format_ranks, parse_ranks
 
 
@@ -59,6 +62,36 @@ def test_identical_failures_on_several_ranks_are_grouped_and_shown_once():
     rendered = err.render()
     assert rendered.count("ZeroDivisionError: division by zero") == 2  # headline + one traceback
     assert err.ranks == [0, 1, 2, 3]
+
+
+def test_the_report_leads_with_its_cause_and_the_ranks_stopped_for_it_take_a_line_each():
+    torch_frame = (
+        '  File "/home/ada/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, '
+        "in all_reduce\n    work.wait()\n"
+    )
+    stopped = RankFailure(
+        0, "Stopped", "stopped by distlab: rank 2 failed; it was at line 10: dist.all_reduce(t)",
+        f'Traceback (most recent call last):\n  File "<rank 0 cell>", line 10\n{torch_frame}RuntimeError: GLHF\n',
+    )
+    first = RankFailure(2, "ValueError", "corrupt shard", f"Traceback:\n{torch_frame}ValueError: corrupt shard\n", 50.0)
+    later = RankFailure(1, "KeyError", "'x'", "Traceback ...\nKeyError: 'x'\n", 51.5)
+    report = RankError({0: stopped, 1: later, 2: first}, notes=["process group rebuilt"]).render().splitlines()
+    # The first rank to raise, then the next; the rank distlab stopped last, in one line, no frames.
+    assert [line for line in report if not line.startswith(" ")] == [
+        "rank 2: ValueError: corrupt shard",
+        "rank 1: KeyError: 'x'",
+        "rank 0: Stopped: stopped by distlab: rank 2 failed; it was at line 10: dist.all_reduce(t)",
+        "process group rebuilt",
+    ]
+    assert "GLHF" not in "\n".join(report)
+    # No machine's paths: a frame in a package is named from the package.
+    assert '      File "torch/distributed/distributed_c10d.py", line 3252, in all_reduce' in report
+    installed = os.path.dirname(distlab.__file__)  # site-packages/distlab, or the source folder's (editable)
+    mine = RankError({0: RankFailure(0, "X", "", f'  File "{installed}/rank/cell.py", line 4\n')}).render()
+    assert '  File "distlab/rank/cell.py", line 4' in mine
+    # A rank that died comes before those that raised.
+    died = RankError({1: later, 3: RankFailure(3, "EngineError", "the rank's process died")})
+    assert died.summary.splitlines()[0] == "rank 3: EngineError: the rank's process died"
 
 
 def test_outside_ipython_the_message_carries_each_distinct_traceback_once():

@@ -363,7 +363,8 @@ class CellRun:
                 continue
             if "error" in reply:
                 err = reply["error"]
-                outcome.failures[rank] = RankFailure(rank, err["ename"], err["evalue"], err["traceback"])
+                failure = RankFailure(rank, err["ename"], err["evalue"], err["traceback"], err.get("at", 0.0))
+                outcome.failures[rank] = failure
             else:
                 outcome.values[rank] = reply.get("value", reply.get("repr"))
         # A rank's reply can overtake its last output (they travel on different channels).

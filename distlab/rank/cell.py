@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import types
 from collections.abc import Callable
@@ -194,4 +195,4 @@ def _describe_failure(exc: BaseException, filename: str) -> CellError:
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(trimmed)
     lines += traceback.format_exception_only(type(exc), exc)
-    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": "".join(lines)}
+    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": "".join(lines), "at": time.time()}
