@@ -8,7 +8,8 @@ from distlab.records import StepRecord
 
 
 def _records(bandwidth: float, latency_s: float = 1e-4) -> list[StepRecord]:
-    """Two ranks' steps whose all-reduces took what the ring model says over 2 ranks (T = S / B + a)."""
+    """Two ranks' steps whose all-reduces took what the ring model says over 2 ranks: T = S / B + 2a, one
+    latency for the reduce-scatter's step and one for the all-gather's (``latency_s`` is the 2a)."""
     sizes = [4096 * 4**i for i in range(5)]  # 4 KB to 1 MB
     return [
         {"rank": rank, "step": step, "t": float(step), "epoch": None, "loss": None, "metrics": {},
