@@ -2,7 +2,8 @@
 # # 06 · Memory: what training holds per parameter, and sharding it
 #
 # Plain data parallelism keeps a **full copy of everything** on every device: weights, gradients and
-# optimizer states. For Adam in mixed precision that is about **16 bytes per parameter**:
+# optimizer states. For Adam in mixed precision that is about **16 bytes per parameter**, as the ZeRO
+# paper counts it (Rajbhandari et al. 2020; other systems keep other layouts, notebook 07):
 #
 # | what | bytes |
 # |---|---|
