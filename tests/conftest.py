@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,22 @@ def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: py
 def _quiz_progress_in_tmp(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test writes quiz progress into the real Jupyter data directory."""
     monkeypatch.setenv("DISTLAB_QUIZ_PROGRESS", str(tmp_path))
+
+
+def rank_lines(out: str) -> list[str]:
+    """Streamed output with each folded line (``[ranks 0-1] x``, printed alike by those ranks) given
+    back to each rank (``[rank 0] x``, ``[rank 1] x``): for tests about what each rank printed."""
+    from distlab.errors import parse_ranks
+
+    lines = []
+    for line in out.splitlines():
+        folded = re.match(r"\[ranks ([\d,-]+)\] (.*)", line)
+        if folded is None:
+            lines.append(line)
+            continue
+        ranks = parse_ranks(folded.group(1), 1 + max(int(n) for n in re.findall(r"\d+", folded.group(1))))
+        lines.extend(f"[rank {r}] {folded.group(2)}" for r in ranks)
+    return lines
 
 
 def python_lines(code: str, timeout_s: float) -> list[str]:

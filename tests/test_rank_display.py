@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from _jupyter import execute
+from conftest import rank_lines
 from jupyter_client.manager import start_new_kernel
 
 import distlab
@@ -158,7 +159,7 @@ def test_a_widget_made_on_a_rank_in_a_terminal_ipython_leaves_the_lab_working(ip
         "print('still here')",
     )
     out = capsys.readouterr().out
-    assert "[rank 1] IntSlider(value=1)" in out and "[rank 1] still here" in out, out
+    assert "[rank 1] IntSlider(value=1)" in out and "[rank 1] still here" in rank_lines(out), out
     lab = distlab.current_lab()
     assert sorted({(r["rank"], r["step"]) for r in lab.telemetry.records()}) == [
         (r, s) for r in (0, 1) for s in range(3)

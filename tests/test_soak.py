@@ -12,7 +12,7 @@ import tracemalloc
 
 import psutil
 import pytest
-from conftest import distlab_processes
+from conftest import distlab_processes, rank_lines
 
 CYCLES = 20
 CELLS_PER_CYCLE = 10  # 200 %%ddp cells in all
@@ -27,8 +27,9 @@ def _footprint() -> tuple[int, set[int]]:
 
 
 def _allreduce_lines(out: str) -> list[str]:
-    """The lines the soak's cells print about their all-reduce; a start line's "in 2.0 s" is not one."""
-    return sorted(line for line in out.splitlines() if ": all-reduce gave " in line)
+    """The lines the soak's cells print about their all-reduce, rank by rank (a line both printed
+    shows once, folded); a start line's "in 2.0 s" is not one."""
+    return sorted(line for line in rank_lines(out) if ": all-reduce gave " in line)
 
 
 def test_the_soak_counts_the_lines_its_cells_print_not_a_number_other_lines_hold():

@@ -304,6 +304,7 @@ class CellRun:
             self._printer.feed(rank, "stdout", self._output(rank, "stdout") or "", final)
             self._printer.feed(rank, "stderr", self._output(rank, "stderr") or "", final)
             self._printer.show(rank, self._output(rank, "outputs") or [])
+        self._printer.flush(final, ended=[r for r, ar in self.pending.items() if ar.ready()])
 
     # ------------------------------------------------------------------------ stopping
 

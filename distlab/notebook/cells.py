@@ -265,7 +265,7 @@ class RunsCells:
         self._top_up_spares()  # forked now, registered by the time a rank of this cell may die
         ctx = self._cell_context()
         cell = CellRun(ctx, selected, send, filename)
-        printer = RankPrinter(label_width=len(str(self.world_size - 1))) if stream else None
+        printer = RankPrinter(label_width=len(str(self.world_size - 1)), ranks=selected) if stream else None
         with contextlib.ExitStack() as views:  # what observers show while a cell runs (progress bars)
             for observer in list(self._observers):
                 views.enter_context(observer.cell(cast("LabCore", self), stream))
