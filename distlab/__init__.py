@@ -30,6 +30,7 @@ __all__ = [
     "__version__",
     "chaos",
     "current_lab",
+    "divergence",
     "heal",
     "load_ipython_extension",
     "log",
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from .notebook.lab import Lab, start
     from .notebook.labs import current as current_lab
     from .rank.chaos import chaos
+    from .rank.divergence import divergence
     from .rank.heal import heal
     from .telemetry.watch import log, watch  # the module: mypy takes telemetry.watch for the submodule
 
@@ -59,6 +61,7 @@ _LAZY = {
     "log": "telemetry",
     "heal": "rank.heal",  # on a rank, in a cell of a lab started with heal=True
     "chaos": "rank.chaos",  # on a rank, in a cell: faults on a schedule
+    "divergence": "rank.divergence",  # on a rank, in a cell: the first op where replicas part
 }
 _RENAMED = {"current_lab": "current"}  # public name -> its name in its module
 _SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")
