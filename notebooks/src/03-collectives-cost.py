@@ -6,14 +6,16 @@
 # how DDP packs gradients into **buckets**: what a bucket costs, what it buys, and what it holds.
 #
 # The model for a ring all-reduce of `S` bytes over `N` workers, on links of bandwidth `B` with a
-# per-message latency `a`:
+# latency `a` for each step of the ring:
 #
-# $$T \approx \frac{2(N-1)}{N}\cdot\frac{S}{B} + (N-1)\,a$$
+# $$T \approx \frac{2(N-1)}{N}\cdot\frac{S}{B} + 2(N-1)\,a$$
 #
-# In the ring, each worker sends (and receives) `2(N-1)/N` of the buffer: half of that in a
-# reduce-scatter (each worker ends up owning the sum of one slice), half in an all-gather (the
-# slices are passed round). Small messages are dominated by the latency term, large ones by the
-# bandwidth term.
+# The ring all-reduce is a reduce-scatter (each worker ends up owning the sum of one slice) followed
+# by an all-gather (the summed slices are passed round), N-1 steps each, one after another (Thakur,
+# Rabenseifner and Gropp 2005). In each step every worker sends one slice of `S/N` bytes to its
+# neighbour, so each worker sends (and receives) `2(N-1)/N` of the buffer in all, and each of the
+# `2(N-1)` steps waits for its message: the latency term. Small messages are dominated by the latency
+# term, large ones by the bandwidth term.
 #
 # The two ranks run on two **emulated nodes** (network namespaces, as in notebook 12) joined by a
 # link shaped to 100 Mbit/s each way, so the bytes cross a real, slow link whose rate we know, as
@@ -149,7 +151,8 @@ print("a 4 MiB all-reduce takes longer than a 256 B one:", t_of[4 * MB] > t_of[2
 
 # %% [markdown]
 # The model in numbers for a bigger machine, from `distlab.theory`: 4 workers, a 400 MB gradient,
-# 25 GB/s links, 5 us latency. The bandwidth term is 1.5 x 16 ms = 24 ms, the latency term 15 us:
+# 25 GB/s links, 5 us latency. The bandwidth term is 1.5 x 16 ms = 24 ms, the latency term
+# 2(N-1) = 6 steps of 5 us, 30 us:
 
 # %% tags=["nbval-check-output"]
 t = theory.ring_allreduce_time_s(400e6, workers=4, bandwidth_bytes_per_s=25e9, latency_s=5e-6)
@@ -159,9 +162,10 @@ print("bytes each worker sends, MB:", theory.ring_allreduce_sent_bytes(400e6, 4)
 # %% [markdown]
 # ## Many tiny tensors: the latency trap
 #
-# Reducing 256 small tensors one at a time pays the latency 256 times; flattening them into one
-# buffer pays it once. Same bytes, so the difference between the two is 255 latencies: that is how
-# `a` is measured here (N - 1 = 1, so the ring pays `a` once per all-reduce).
+# Reducing 256 small tensors one at a time pays the latency term 256 times; flattening them into one
+# buffer pays it once. Same bytes, so the difference between the two is 255 latency terms: that is how
+# `a` is measured here. With N = 2 an all-reduce is one step of reduce-scatter and one of all-gather,
+# so each pays `2(N-1) a = 2a`, and `a` is the difference over 2 x 255.
 
 # %%
 # %%ddp
@@ -177,21 +181,21 @@ at_once_s = timed(lambda: dist.all_reduce(flat), 3)
 
 # %%
 one_by_one_s, at_once_s = lab.pull("one_by_one_s", ranks=0)[0], lab.pull("at_once_s", ranks=0)[0]
-latency = (one_by_one_s[0] - at_once_s[0]) / 255
+latency = (one_by_one_s[0] - at_once_s[0]) / (2 * 255)    # 255 more all-reduces, 2(N-1) = 2 steps each
 print(f"256 all-reduces of 1 KiB: {one_by_one_s[0] * 1e3:.0f} ms ({one_by_one_s[1] * 1e3:.0f}-{one_by_one_s[2] * 1e3:.0f}); "
       f"one of 256 KiB: {at_once_s[0] * 1e3:.1f} ms ({at_once_s[1] * 1e3:.1f}-{at_once_s[2] * 1e3:.1f})")
 print(f"flattening made it {one_by_one_s[0] / at_once_s[0]:.0f}x faster; "
-      f"the latency: a = (difference) / 255 = {latency * 1e3:.2f} ms per all-reduce")
+      f"the latency: a = (difference) / (2 x 255) = {latency * 1e3:.2f} ms per step, {2 * latency * 1e3:.2f} ms per all-reduce")
 
 # %% tags=["nbval-check-output"]
 print("one flat all-reduce beats 256 small ones, by more than 3x:", 3 * at_once_s[0] < one_by_one_s[0])
 
 # %% [markdown]
-# On this machine a millisecond of latency is mostly not the wire: it is two processes on two cores
-# waking up, passing through the kernel's network stack, and gloo's handshakes, and it varies with
-# whatever else the cores are doing (the spread in brackets). On GPUs with NCCL, `a` is a few
-# microseconds within a node and tens of microseconds between nodes, and `B` tens to hundreds of
-# GB/s; the trap is the same, at a smaller scale.
+# On this machine the latency, a millisecond or two per all-reduce, is mostly not the wire: it is two
+# processes on two cores waking up, passing through the kernel's network stack, and gloo's
+# handshakes, and it varies with whatever else the cores are doing (the spread in brackets). On GPUs
+# with NCCL, `a` is a few microseconds within a node and tens of microseconds between nodes, and `B`
+# tens to hundreds of GB/s; the trap is the same, at a smaller scale.
 #
 # ## Buckets pay the latency once each
 #
@@ -200,8 +204,9 @@ print("one flat all-reduce beats 256 small ones, by more than 3x:", 3 * at_once_
 # out in 1, 4, 16, 64 or 256 buckets, one all-reduce after another; the five are measured in turn,
 # five rounds, so that they share whatever load the machine has. The model
 # (`theory.bucketed_allreduce_time_s`) pays the bandwidth term once for the whole MiB, with the `B`
-# fitted above, and the latency once per bucket: `T(k) = S/B + k a` for N = 2. It is a straight line
-# in the number of buckets `k`; its slope `a` is fitted to these five points (least squares).
+# fitted above, and the latency term once per bucket: `T(k) = S/B + 2k a` for N = 2 (each bucket's
+# all-reduce is 2(N-1) = 2 steps). It is a straight line in the number of buckets `k`; its slope `2a`
+# is fitted to these five points (least squares).
 
 # %%
 # %%ddp
@@ -225,10 +230,11 @@ bucket_times = lab.pull("bucket_times", ranks=0)[0]
 B = fit.bandwidth_bytes_per_s
 measured = {k: t for k, t, _, _ in bucket_times}
 bandwidth_term = theory.ring_allreduce_time_s(MB, 2, B)
-a_fit = max(0.0, sum(k * (t - bandwidth_term) for k, t in measured.items()) / sum(k * k for k in measured))
+slope = max(0.0, sum(k * (t - bandwidth_term) for k, t in measured.items()) / sum(k * k for k in measured))
+a_fit = slope / 2                                      # a bucket's all-reduce is 2(N-1) = 2 steps of the ring
 model = {k: theory.bucketed_allreduce_time_s(MB, MB / k, 2, B, a_fit) for k in measured}
-print(f"bandwidth term S/B = {bandwidth_term * 1e3:.1f} ms; fitted latency a = {a_fit * 1e3:.2f} ms per bucket "
-      f"(the tiny tensors gave {latency * 1e3:.2f} ms)\n")
+print(f"bandwidth term S/B = {bandwidth_term * 1e3:.1f} ms; fitted latency a = {a_fit * 1e3:.2f} ms per step, "
+      f"{slope * 1e3:.2f} ms per bucket (the tiny tensors gave a = {latency * 1e3:.2f} ms)\n")
 print(f"{'buckets':>8} {'bucket size':>12} {'measured (min-max)':>24} {'model':>10} {'measured/model':>15}")
 for k, t, lo, hi in bucket_times:
     print(f"{k:>8} {MB // k // 1024:>8} KiB {t * 1e3:>8.1f} ms ({lo * 1e3:6.1f}-{hi * 1e3:6.1f}) "
@@ -238,8 +244,8 @@ for k, t, lo, hi in bucket_times:
 # Up to 16 buckets the latency is small next to the 90 ms of the bandwidth term and the times barely
 # move; at 64 buckets (16 KiB each) it starts to show, and at 256 buckets (4 KiB each) it dominates:
 # several times the bandwidth term for the same bytes. The fitted `a` is of the order of the one the
-# tiny tensors gave, a millisecond or so; both move with the machine's load from run to run, which is
-# why the fit is made on the same rounds as the measurements it is compared with.
+# tiny tensors gave, under a millisecond per step; both move with the machine's load from run to
+# run, which is why the fit is made on the same rounds as the measurements it is compared with.
 #
 # With 1 and 4 buckets the link's bandwidth sets the time, and the fastest of the rounds is held to
 # the model below: a round that other work on the machine slowed shows in the median and the spread.
@@ -325,7 +331,7 @@ CAPS = ("100", "1", "0.5", "0.25")
 alone = overlap[0]["no_sync"]
 fwd, bwd = alone["forward_s"], alone["backward_s"]
 grad_bytes = sum(alone["bucket_bytes"])
-a = a_fit                                              # the latency per all-reduce, fitted above
+a = a_fit                                              # the latency per step of the ring, fitted above
 print(f"compute alone: forward {fwd * 1e3:.0f} ms, backward {bwd * 1e3:.0f} ms, step {alone['step_s'] * 1e3:.0f} ms; "
       f"all-reduce of the {grad_bytes / 1e6:.1f} MB alone, ring model: "
       f"{theory.ring_allreduce_time_s(grad_bytes, 2, B, a) * 1e3:.0f} ms\n")
