@@ -181,20 +181,23 @@ print("bf16 loss within 5% of fp32:", abs(bf16_loss - fp32_loss) < 0.05 * fp32_l
 # %% [markdown]
 # ## What mixed precision keeps in memory: two layouts
 #
-# "Mixed precision" names two different ways of storing the model states, and both come to about
-# **16 bytes per parameter with Adam**:
+# "Mixed precision" names several ways of storing the model states. Two of them come to
+# **16 bytes per parameter with Adam**, and a third, Megatron-LM's for bf16, to 18:
 #
 # | layout | weights | gradients | fp32 master weights | Adam m + v | total |
 # |---|---|---|---|---|---|
 # | `torch.autocast` (what you just ran) | 4 (fp32) | 4 (fp32) | none | 4 + 4 | 16 |
-# | ZeRO / Megatron-LM | 2 (fp16/bf16) | 2 (fp16/bf16) | 4 | 4 + 4 | 16 |
+# | the ZeRO paper's mixed-precision Adam | 2 (fp16) | 2 (fp16) | 4 | 4 + 4 | 16 |
+# | Megatron-LM, bf16 | 2 (bf16) | 4 (fp32) | 4 | 4 + 4 | 18 |
 #
 # Under autocast the weights and their gradients stay fp32 (the check above printed fp32 weight
 # gradients): the 16-bit copies of the weights that the matrix multiplies use are made during the
 # forward and freed once the backward has used them, so the stored states are those of fp32
-# training. The ZeRO / Megatron layout stores the weights and gradients in 16 bits and keeps an fp32
-# **master** copy of the weights for the optimizer to update. Before counting what the ranks hold,
-# predict:
+# training. The ZeRO paper (Rajbhandari et al. 2020) counts fp16 weights and gradients and an fp32
+# **master** copy of the weights for the optimizer to update: 2 + 2 + 12. Megatron-LM, training in
+# bf16, keeps the master copy too but accumulates and all-reduces the gradients in fp32: 2 + 4 + 12
+# (its distributed-optimizer guide: 18 bytes per parameter for bf16 weights with fp32 gradients).
+# Before counting what the ranks hold, predict:
 
 # %%
 from distlab.quiz import predict
@@ -250,14 +253,15 @@ guess.reveal(measured_per_parameter)
 # The count matches to the byte: 4 + 4 + 8 = 16 bytes per parameter, all of it fp32. (Activations come
 # on top in both layouts, mostly bf16 under autocast; and DDP keeps its gradient buckets, notebook 06.)
 #
-# PyTorch's own optimizers do not keep the ZeRO / Megatron layout (DeepSpeed and Megatron-LM do), so
-# take its numbers from `distlab.theory`. Same total, but split differently, and the split matters
-# once the states are sharded (notebook 06): ZeRO-1 shards only the optimizer states, so what stays
-# whole on every device is 4 bytes per parameter in the ZeRO layout against 8 under autocast. The
-# 16-bit gradients also halve the bytes DDP all-reduces.
+# PyTorch's own optimizers do not keep the ZeRO paper's layout (DeepSpeed's ZeRO does, in fp16), so
+# take its numbers from `distlab.theory`. Same total as autocast, but split differently, and the split
+# matters once the states are sharded (notebook 06): ZeRO-1 shards only the optimizer states, so what
+# stays whole on every device is 4 bytes per parameter in the ZeRO paper's layout against 8 under
+# autocast. Its fp16 gradients also halve the bytes DDP all-reduces; Megatron-LM's fp32 gradients for
+# bf16 do not: they trade those bytes for sums accumulated and reduced in fp32.
 
 # %% tags=["nbval-check-output"]
-for layout, name in (("autocast", "autocast"), ("mixed", "ZeRO / Megatron")):
+for layout, name in (("autocast", "autocast"), ("mixed", "ZeRO paper")):
     b = theory.state_bytes_per_parameter(layout, "adam")
     one = theory.memory_breakdown(1, devices=8, zero_stage=1, precision=layout, optimizer="adam")
     print(f"{name:>16}: weights {b.weights} + gradients {b.gradients} + optimizer states {b.optimizer_states} "
