@@ -209,7 +209,7 @@ for batch in BATCHES:
 fp16_comm.reveal(step_time[("fp16_compress_hook", 8)] - step_time[("no communication", 8)])
 
 # %% [markdown]
-# How to read it. With a batch of 8 the step is the link's: fp32 takes about the model's time (5-10%
+# How to read it. With a batch of 8 the step is the link's: fp32 takes about the model's time (5-15%
 # more: mostly the headers, as notebook 12 counts them), fp16 about half of that, and PowerSGD sends so little that the link
 # hardly matters; what is left of its step is the compute, the compression itself (a few matrix
 # products, an orthogonalisation and the error feedback's passes over the gradients), and three
