@@ -192,7 +192,8 @@ def spread(times):
 #
 # If time is linear in the number of batches, the T(k) lie on a line `T(k) = c + k x step`: fit the
 # line (least squares), and look at what is left over. (`c` is what a run costs besides its steps:
-# nothing much here, since the clock starts at the first step.)
+# nothing much here, since the clock starts at the first step; the fit puts it within a step of zero,
+# either side.)
 
 # %%
 T = {k: min(marks[k - 1] for marks in one) for k in STEPS}
@@ -207,8 +208,8 @@ print(f"the line: T(k) = {fixed_s * 1e3:.0f} ms + k x {step_s * 1e3:.1f} ms; "
       f"theory.training_time_s(1000, step) = {theory.training_time_s(1000, step_s):.0f} s for 1,000 batches")
 
 # %% [markdown]
-# On a quiet machine every T(k) lies within a few percent of the line (at most 2.2% in the runs made
-# while writing this lab). The residuals are shown, not checked: other work that comes and goes on the
+# On a quiet machine every T(k) lies within a few percent of the line (at most 2.2% to 4.3% in the
+# runs made while writing this lab). The residuals are shown, not checked: other work that comes and goes on the
 # machine (on 2 shared cores, anything else running) can slow every repeat of one k and spare another,
 # and the fastest of five no longer lands on the line (8% off in a run beside a test suite).
 
@@ -294,7 +295,7 @@ print("2 ranks trained the same model as 1 rank:",
 #
 # * compute per rank shrinks as 1/N in strong scaling (each rank gets 1/N of the global batch), and
 #   stays the same in weak scaling (each rank keeps its 1,024 samples);
-# * the ring all-reduce of the S bytes of gradients costs `2(N-1)/N * S/B + (N-1)a`, the same in both,
+# * the ring all-reduce of the S bytes of gradients costs `2(N-1)/N * S/B + 2(N-1)a`, the same in both,
 #   and it *grows* with N: its bandwidth term towards `2S/B`, its latency term without bound.
 
 # %%
@@ -312,7 +313,7 @@ for n in (1, 2, 4, 8, 16, 64):
 # that was already small and leaves the all-reduce, which does not shrink. Weak scaling holds up much
 # better, since each rank keeps its compute, but not perfectly: its efficiency is
 # compute / (compute + communication(N)), and the communication per step grows with N (the ring's
-# `2(N-1)/N` factor, the latency term `(N-1)a`). Three levers move these curves:
+# `2(N-1)/N` factor, the latency term `2(N-1)a`). Three levers move these curves:
 #
 # * **overlap** communication with the backward pass (DDP's buckets; almost nothing overlaps here);
 # * **a larger batch per rank** (weak scaling, or accumulation): more compute for the same bytes sent;
@@ -340,15 +341,16 @@ print("weak scaling, 8 workers each as fast as 1, 100 s -> 125 s: efficiency",
 # ## Plan a run
 #
 # You have **6 devices of 16 GB** and **2 hours**, and want to train a **1B-parameter** model with
-# **Adam in mixed precision** (16 bytes per parameter: 16-bit weights and gradients, an fp32 master
-# copy, Adam's two moments) on 250,000 samples. What you know about the job
+# **Adam in mixed precision** (16 bytes per parameter as the ZeRO paper counts them: 16-bit weights
+# and gradients, an fp32 master copy, Adam's two moments) on 250,000 samples. What you know about the job
 # (`theory.TrainingJob()`): one device computes 8 samples per second; activations take about 0.25 GB
 # per sample of a device's batch; the devices are joined by 10 GB/s links; the recipe you start from
 # used a learning rate of 3e-4 at a global batch of 256.
 #
 # Propose:
 #
-# * the parallelism: `"ddp"`, `"zero1"`, `"zero2"`, or `"zero3"` (`"fsdp"`, PyTorch's form of it);
+# * the parallelism: `"ddp"`, `"zero1"` (DDP with `ZeroRedundancyOptimizer`), `"zero2"`, or `"zero3"`
+#   (`"fsdp"`, PyTorch's form of it);
 # * the per-device batch and the gradient-accumulation steps (the global batch follows);
 # * the learning rate for that global batch;
 # * three metrics to watch, from `theory.plan.METRICS`.
@@ -370,15 +372,18 @@ theory.check_plan(parallelism="ddp", per_device_batch=8, accumulation_steps=1, l
 # * **Not DDP.** DDP keeps all 16 bytes per parameter on every device: 16 GB for the model states
 #   alone, before any activation. It does not fit, whatever the batch.
 # * **ZeRO-1** shards only the 12 bytes of optimizer state (master copy and moments) over the 6
-#   devices: 2 + 2 + 12/6 = 6 bytes per parameter, 6 GB, and it communicates what DDP does (a
-#   reduce-scatter and an all-gather: one all-reduce's worth per step). ZeRO-2 (4.3 GB) and ZeRO-3
-#   (16/6 = 2.7 GB) fit too, but ZeRO-2 reduce-scatters on every micro-batch when accumulating, and
-#   ZeRO-3 gathers the parameters twice per micro-batch (1.5x DDP's traffic, per micro-batch): with
-#   6 devices there is room enough that ZeRO-1 is the cheaper choice. In PyTorch: DDP with
-#   `ZeroRedundancyOptimizer`.
+#   devices: 2 + 2 + 12/6 = 6 bytes per parameter, 6 GB. In PyTorch it is DDP with
+#   `ZeroRedundancyOptimizer`, and it communicates more than DDP: DDP's all-reduce of the gradients,
+#   then each rank broadcasts the parameters it updated, an all-gather's worth (notebooks 06 and 15):
+#   1.5 all-reduces per step. (The ZeRO paper's ZeRO-1 reduce-scatters the gradients instead, one
+#   all-reduce's worth in all.) ZeRO-2 (4.3 GB) and ZeRO-3 (16/6 = 2.7 GB) fit too, but ZeRO-2
+#   reduce-scatters on every micro-batch when accumulating (2 all-reduces' worth per step at 3
+#   micro-batches), and ZeRO-3 gathers the parameters twice per micro-batch (1.5x DDP's traffic, per
+#   micro-batch): with 6 devices there is room enough that ZeRO-1 is the cheaper choice.
 # * **Batch:** 16 per device leaves room (6 + 16 x 0.25 = 10 GB of 14.4 usable). Accumulating 3
 #   micro-batches gives a global batch of 16 x 6 x 3 = 288, close to the recipe's 256, and 6 s of
-#   compute per 0.33 s all-reduce: 95% efficiency, 1.5 h for the 250,000 samples.
+#   compute per 0.33 s all-reduce and 0.17 s of broadcasts: 92% efficiency, 1.6 h for the 250,000
+#   samples.
 # * **Learning rate:** linear rule, 3e-4 x 288 / 256 = 3.375e-4, with a warm-up, then tune.
 # * **Metrics:** the loss (health), the throughput in samples per second (speed: will it finish in
 #   2 hours?), and the peak memory per device (headroom).
