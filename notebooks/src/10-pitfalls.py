@@ -210,10 +210,12 @@ def bn_run(broadcast_buffers, steps=10):
     model.eval()
     with torch.no_grad():
         out = model(probe)                           # evaluation, through the DDP wrapper
+    trained_nets[broadcast_buffers] = net
     # what the notebook pulls, on the CPU
     return {"after training": trained.cpu(), "after an eval forward": net[1].running_mean.clone().cpu(),
             "eval output": out.cpu()}
 
+trained_nets = {}
 bn = bn_run(broadcast_buffers=False)
 
 # %% [markdown]
@@ -236,6 +238,19 @@ print(f"largest difference between the ranks' eval outputs: "
 print("parameters diverged (distlab.watch):", verdict().diverged)
 print("running_mean equal on both ranks:", same("after an eval forward"))
 print("eval outputs equal on both ranks:", same("eval output"))
+
+# %% [markdown]
+# The checksums say *that* the replicas differ; `distlab.divergence(model, batch)` says *where* they
+# part. Every rank calls it in a cell: it runs one step of the model on rank 0's batch (sent to every
+# rank first, so the inputs agree), hashes the outputs of every op torch runs, exactly, on every rank,
+# and compares the ranks op by op. The first op whose outputs differ while every op before it agreed
+# must have used state that differs: it names the op, the module it ran in, and that module's
+# parameters and buffers that differ between the ranks. On the model trained without
+# `broadcast_buffers`, in evaluation mode:
+
+# %% tags=["nbval-check-output"]
+# %%ddp
+print(distlab.divergence(trained_nets[False], probe))
 
 # %% [markdown]
 # Now the default, `broadcast_buffers=True`:
