@@ -9,10 +9,11 @@
 # loopback; ranks on different nodes go over the links. Every node has its own link to one switch (a
 # star), which is what the ring model assumes:
 #
-# $$T \approx \frac{2(N-1)}{N}\cdot\frac{S}{B} + (N-1)\,a$$
+# $$T \approx \frac{2(N-1)}{N}\cdot\frac{S}{B} + 2(N-1)\,a$$
 #
 # for a ring all-reduce of `S` bytes over `N` workers, links of bandwidth `B`, and a latency `a` per
-# ring step. This kernel has no `netem`, so no delay is added to the links: they impose a rate only.
+# ring step: a reduce-scatter then an all-gather, N-1 steps each (Thakur, Rabenseifner and Gropp
+# 2005). This kernel has no `netem`, so no delay is added to the links: they impose a rate only.
 #
 # In this lab: the same all-reduce between two ranks on one node and on two nodes, with the bytes that
 # crossed the links; a hierarchical all-reduce built from subgroups against the flat ring; then the
@@ -201,7 +202,11 @@ if on_nodes:
 # So each node sends S onto its link instead of 1.5 S (2/3 of the bytes), and the time is about
 # `S/B` plus the two local steps. In general, with k ranks on each of M nodes, numbered node by node,
 # the flat ring sends `2(kM-1)/(kM) * S` onto each node's link (towards 2 S as kM grows), the
-# hierarchical one `2(M-1)/M * S`.
+# hierarchical one `2(M-1)/M * S`: `k(M-1)/(kM-1)` of the flat ring's bytes. The saving is largest
+# with two nodes (a third here; less than half however many ranks share a node) and shrinks as the
+# nodes grow in number: 8 nodes of 8 ranks send 0.89 of the flat ring's bytes, and the ratio tends
+# to 1. What stays is the shorter ring over the links: `2(M-1)` steps that pay their latency there,
+# not `2(kM-1)`.
 #
 # First, is it right? Sums of integers are exact in float32 (here far below 2^24), so the two must
 # agree bit for bit:
