@@ -125,3 +125,15 @@ def _refusal(lab, call):
     with pytest.raises(RankError) as refused:
         lab.run(call, stream=False)
     return str(refused.value)
+
+
+def test_a_link_that_cannot_be_set_says_so_in_one_line(monkeypatch):
+    from distlab.rank import chaos
+
+    monkeypatch.setattr(chaos, "_LINK", "distlab-no-such-link")
+    with pytest.raises(RuntimeError) as info:
+        chaos._link("up")
+    head = "distlab.chaos could not bring the node's link (distlab-no-such-link) up: "
+    said = str(info.value)
+    assert said.startswith(head) and len(said) > len(head) and "\n" not in said  # ip's own words follow
+

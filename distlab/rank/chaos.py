@@ -152,7 +152,10 @@ def _on_emulated_nodes() -> bool:
 
 def _link(state: str) -> None:
     """The node's link down or up, from inside its namespace (the rank's own)."""
-    subprocess.run(["ip", "link", "set", "dev", _LINK, state], check=True, capture_output=True, timeout=10)
+    done = subprocess.run(["ip", "link", "set", "dev", _LINK, state], capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        said = done.stderr.strip() or f"ip exited with {done.returncode}"
+        raise RuntimeError(f"distlab.chaos could not bring the node's link ({_LINK}) {state}: {said}")
 
 
 def _steps(name: str, schedule: Mapping[int, int] | None, world: int) -> dict[int, int]:
