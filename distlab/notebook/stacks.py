@@ -19,7 +19,7 @@ from .world import RankInfo, RankTable
 
 __all__ = ["ReadsStacks"]
 
-#: How long the stacks of a cell being stopped may take: py-spy reads a rank in 0.05-0.3 s.
+#: How long the stacks of a cell being stopped may take: py-spy read 4 ranks in 0.04 s here (RESULTS).
 STOPPING_TIMEOUT_S = 5.0
 
 
