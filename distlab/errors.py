@@ -140,14 +140,34 @@ STUCK, FAILED, FINISHED, ABSENT = "still in the cell", "its cell failed", "its c
 def diagnose_collectives(
     traces: Mapping[int, Sequence[CollectiveEntry]], doing: Mapping[int, str]
 ) -> str | None:
-    """Who never arrived at a collective, and where the others waited; None if nothing is amiss.
+    """Who never arrived at a collective, and where the others waited, in each process group; None if
+    nothing is amiss.
 
-    ``traces``: each rank's latest collectives on the default group (``bootstrap.collective_trace``),
+    ``traces``: each rank's latest collectives in every group it belongs to (``rank.flight.collective_trace``),
     read after the cell was stopped; ``doing``: each rank's state then (STUCK, FAILED, FINISHED or
-    ABSENT). The ranks whose latest collective is the furthest one were waiting in it; a rank behind
-    never reached it. If every rank reached the same collective but they disagree on its op or
-    shapes, that mismatch is the hang.
+    ABSENT). In a group, the members whose latest collective is the furthest one were waiting in it;
+    a member behind never reached it. If every member reached the same collective but they disagree
+    on its op or shapes, that mismatch is the hang. A hang in a sub-group (a device mesh's
+    dimension) names the group; the default group's note reads as it always did.
     """
+    groups: dict[str, tuple[str, list[int]]] = {}  # name -> (description, members)
+    for entries in traces.values():
+        for e in entries:
+            groups.setdefault(e.get("group", "0"), (e.get("desc", "default_pg"), list(e.get("members") or [])))
+    found = []
+    for name, (desc, members) in sorted(groups.items(), key=lambda g: (g[0] != "0", g[0])):
+        ranks = [r for r in traces if not members or r in members]
+        mine = {r: [e for e in traces[r] if e.get("group", "0") == name] for r in ranks}
+        label = "" if name == "0" else f" in group {desc or name} of ranks {format_ranks(members or ranks)}"
+        note = _diagnose_group(mine, doing, label)
+        if note is not None:
+            found.append(note)
+    return "\n".join(found) or None
+
+
+def _diagnose_group(
+    traces: Mapping[int, Sequence[CollectiveEntry]], doing: Mapping[int, str], label: str
+) -> str | None:
     collectives = {r: [e for e in t if not e.get("p2p")] for r, t in traces.items()}
     # Only ranks that made a collective have a last one; the others count as at #0.
     last = {r: entries[-1] for r, entries in collectives.items() if entries}
@@ -160,7 +180,7 @@ def diagnose_collectives(
     if behind:
         waiting = [r for r in ahead if doing.get(r) == STUCK] or ahead
         where = _describe_op(last[waiting[0]])
-        lines = [f"collective #{front} ({where}): rank {format_ranks(waiting)} waited in it"]
+        lines = [f"collective #{front}{label} ({where}): rank {format_ranks(waiting)} waited in it"]
         by_last: dict[str, list[int]] = {}
         for r in behind:
             e = last.get(r)
@@ -172,7 +192,7 @@ def diagnose_collectives(
     seen = {_describe_op(last[r]) for r in ahead}
     if len(seen) > 1:
         calls = ", ".join(f"rank {r} {_describe_op(last[r])}" for r in ahead)
-        return f"collective #{front}: the ranks disagree on what it is ({calls})"
+        return f"collective #{front}{label}: the ranks disagree on what it is ({calls})"
     return None
 
 

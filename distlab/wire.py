@@ -107,6 +107,11 @@ class CollectiveEntry(TypedDict):
     shapes: list[list[int]]
     dtypes: list[str]
     p2p: bool
+    #: The process group's name (its id, "0" for the default group), its description (a mesh
+    #: dimension's is "mesh_<dim>"), and its members' global ranks.
+    group: str
+    desc: str
+    members: list[int]
 
 
 class CellError(TypedDict):

@@ -181,6 +181,18 @@ def test_restart_with_a_new_size_and_bad_sizes(lab_factory):
          "collective #2 (barrier): rank 0-1 waited in it; "
          "rank 2 never arrived (its last was #1, broadcast of [3] int64; its cell failed); "
          "rank 3 never arrived (it had made no collective; not in this cell)"),
+        # A hang in a sub-group (a mesh dimension): named, among its own members only. The default
+        # group agrees, and ranks 2-3's own tp group finished its collective.
+        ({r: [{"seq": 3, "op": "barrier", "shapes": [], "dtypes": [], "group": "0", "desc": "default_pg",
+               "members": [0, 1, 2, 3]},
+              *([{"seq": 1, "op": "all_reduce", "shapes": [[4]], "dtypes": ["Float"], "group": "2",
+                  "desc": "mesh_tp", "members": [0, 1]}] if r == 0 else []),
+              *([{"seq": 1, "op": "all_reduce", "shapes": [[4]], "dtypes": ["Float"], "group": "3",
+                  "desc": "mesh_tp", "members": [2, 3]}] if r > 1 else [])]
+          for r in range(4)},
+         {0: STUCK, 1: FINISHED, 2: FINISHED, 3: FINISHED},
+         "collective #1 in group mesh_tp of ranks 0-1 (all_reduce of [4] float32): rank 0 waited in it; "
+         "rank 1 never arrived (it had made no collective; its cell had finished)"),
         # Point-to-point operations are numbered apart and do not count as collectives.
         ({0: [{"seq": 1, "op": "all_reduce", "shapes": [[1]], "dtypes": ["Float"]},
               {"seq": 1, "op": "send", "shapes": [[1]], "dtypes": ["Float"], "p2p": True}],

@@ -274,6 +274,18 @@ def _forwarding(ours: Callable[..., Any], theirs: Callable[..., Any]) -> Callabl
     return replacement
 
 
+def group_members() -> dict[str, list[int]]:
+    """Each process group this rank belongs to, by the name its flight-recorder entries carry
+    (``_world.pg_names``): the global ranks in it. The recorder's own ``pg_config`` lists them for
+    NCCL groups only."""
+    world = dist.distributed_c10d._world
+    members = {}
+    for group, name in list(world.pg_names.items()):
+        with contextlib.suppress(Exception):  # a group torn down while we read
+            members[str(name)] = sorted(world.pg_group_ranks[group])
+    return members
+
+
 def flight_recorder_dump() -> dict[str, Any] | None:
     """torch's flight recorder (the latest collectives of this process, every group), or None.
 

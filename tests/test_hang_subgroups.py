@@ -1,0 +1,49 @@
+"""A hang inside a sub-group (a dimension of a 2x2 device mesh) is diagnosed by its group: which
+collective, which members waited, which never arrived; the default group's note stays as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab.errors import CellTimeout
+
+pytestmark = pytest.mark.cluster
+
+MESH = (
+    "from torch.distributed.device_mesh import init_device_mesh\n"
+    "mesh = init_device_mesh('cpu', (2, 2), mesh_dim_names=('dp', 'tp'))\n"
+)
+
+
+def _hang_note(lab, code: str, setup: str = "") -> str:
+    lab.run(MESH + setup, stream=False)  # imports and models before the cell with a deadline
+    with pytest.raises(CellTimeout) as info:
+        lab.run(code, timeout=6, stream=False)
+    return "\n".join(info.value.notes)
+
+
+def test_a_tensor_parallel_group_that_one_rank_skips_is_named_with_who_waited(lab_factory):
+    lab = lab_factory(ranks=4)
+    note = _hang_note(lab, "t = torch.ones(4)\nif rank != 1:\n    dist.all_reduce(t, group=mesh['tp'].get_group())\n")
+    # tp groups are ranks 0-1 and 2-3: 2-3 finished theirs; rank 0 waits for rank 1.
+    assert ("collective #1 in group mesh_tp of ranks 0-1 (all_reduce of [4] float32): rank 0 waited in it; "
+            "rank 1 never arrived (it had made no collective; its cell had finished)") in note, note
+    assert "ranks 2-3" not in note and "of ranks 2,3" not in note
+    # The lab is usable again.
+    assert lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False) == dict.fromkeys(range(4), 4.0)
+
+
+def test_an_fsdp2_forward_that_one_rank_skips_names_the_data_parallel_group(lab_factory):
+    lab = lab_factory(ranks=4)
+    setup = (
+        "from torch.distributed.fsdp import fully_shard\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))\n"
+        "_ = fully_shard(model, mesh=mesh['dp'])\n"
+    )
+    note = _hang_note(lab, "if rank != 3:\n    model(torch.ones(2, 8)).sum().backward()\n", setup)
+    # dp groups are ranks 0,2 and 1,3: FSDP2's all-gather of the parameters waits for rank 3.
+    line = next((n for n in note.splitlines() if "in group mesh_dp of ranks 1,3" in n), None)
+    assert line is not None, note
+    assert "rank 1 waited in it" in line and "rank 3 never arrived" in line, line
+    assert "all_gather" in line, line
