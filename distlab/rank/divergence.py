@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import format_ranks
 from ..wire import CELL_FILE
+from .torchcompat import tree_leaves
+from .torchcompat_dispatch import DispatchMode, op_name
 
 __all__ = ["Divergence", "divergence"]
 
@@ -78,7 +78,7 @@ class Divergence:
         return "\n".join(lines)
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(DispatchMode):  # torch's TorchDispatchMode
     """Every op's outputs hashed, with the module it ran in and the cell's line."""
 
     def __init__(self, module_of: Callable[[], str]) -> None:
@@ -89,14 +89,14 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         digest = hashlib.blake2b(digest_size=16)
-        for leaf in tree_flatten(out)[0]:
+        for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 data = leaf.detach()
                 digest.update(str((data.dtype, tuple(data.shape))).encode())
                 digest.update(_bytes(data))
             else:
                 digest.update(repr(leaf).encode())
-        self.ops.append(_Op(str(func.overloadpacket.__name__), self._module_of(), _cell_line(), digest.hexdigest()))
+        self.ops.append(_Op(op_name(func), self._module_of(), _cell_line(), digest.hexdigest()))
         return out
 
 
@@ -129,7 +129,7 @@ def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Di
     (the output summed to a scalar)."""
     if not dist.is_initialized():
         raise RuntimeError("distlab.divergence compares ranks: call it in a %%ddp cell, on every rank")
-    batch = tree_map(_from_rank_0, batch)
+    batch = _from_rank_0(batch)
     inner = model.module if hasattr(model, "module") and isinstance(model.module, torch.nn.Module) else model
     names = {module: name for name, module in inner.named_modules()}
     stack: list[str] = []
@@ -149,7 +149,7 @@ def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Di
         with recorder:
             out = model(*batch) if isinstance(batch, tuple) else model(batch)
             if backward:
-                leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
                 sum(t.float().sum() for t in leaves).backward()  # type: ignore[union-attr]
     finally:
         for hook in hooks:
@@ -163,6 +163,11 @@ def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Di
 
 
 def _from_rank_0(value: Any) -> Any:
+    """Rank 0's batch, on every rank: its tensors broadcast (in tuples, lists and dicts too)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_from_rank_0(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _from_rank_0(v) for k, v in value.items()}
     if not isinstance(value, torch.Tensor):
         return value
     copy = value.detach().clone()
