@@ -7,6 +7,8 @@ a wrong request with one line.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,37 +194,49 @@ def test_a_lab_outside_this_servers_kernels_is_refused_in_one_line_and_left_runn
             script.wait(timeout=30)
 
 
+@contextlib.asynccontextmanager
+async def _kernel_with_lab(connection_dir: Path, ranks: int) -> AsyncIterator[tuple[Any, str, Any, dict[str, Any]]]:
+    """A kernel of jupyter_server's own kernel manager, with ``lab = distlab.start(ranks=...)`` run
+    in it: (the kernel manager, the kernel's id, its client, the lab's state file as the server reads it)."""
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+    from distlab.server.registry import read_labs
+
+    kernels = AsyncMappingKernelManager(connection_dir=str(connection_dir))
+    kernel_id = await kernels.start_kernel(kernel_name="python3")
+    client = kernels.get_kernel(kernel_id).client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=120)
+        started = await client.execute(f"import distlab\nlab = distlab.start(ranks={ranks})", reply=True, timeout=180)
+        assert started["content"]["status"] == "ok", started["content"]
+        (lab,) = read_labs()
+        yield kernels, kernel_id, client, lab
+    finally:
+        client.stop_channels()
+        await kernels.shutdown_all(now=True)
+
+
+async def _until(condition: Any, seconds: float, what: str) -> None:
+    for _ in range(int(seconds / 0.2)):
+        if condition():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
+
+
 @pytest.mark.cluster
 def test_an_action_behind_a_running_cell_answers_at_its_deadline_and_runs_when_the_cell_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """act_on_lab (what the POST handler calls), on a kernel of jupyter_server's own kernel manager."""
-    import asyncio
-
-    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
-
     from distlab.server.handlers import LabActionError, act_on_lab
     from distlab.server.registry import read_labs
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))  # the kernel's labs write here, we read here
 
-    async def until(condition: Any, seconds: float, what: str) -> None:
-        for _ in range(int(seconds / 0.2)):
-            if condition():
-                return
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
-
     async def scenario() -> None:
-        kernels = AsyncMappingKernelManager(connection_dir=str(tmp_path))
-        kernel_id = await kernels.start_kernel(kernel_name="python3")
-        client = kernels.get_kernel(kernel_id).client()
-        client.start_channels()
-        try:
-            await client.wait_for_ready(timeout=120)
-            started = await client.execute("import distlab\nlab = distlab.start(ranks=1)", reply=True, timeout=180)
-            assert started["content"]["status"] == "ok", started["content"]
-            (lab,) = read_labs()
+        async with _kernel_with_lab(tmp_path, ranks=1) as (kernels, kernel_id, client, lab):
             (rank,) = lab["ranks"]
             # A long cell, which must not drop what queues behind it when interrupted.
             cell = client.execute("import time\ntime.sleep(300)", stop_on_error=False)
@@ -241,11 +255,8 @@ def test_an_action_behind_a_running_cell_answers_at_its_deadline_and_runs_when_t
             assert _alive(rank["pid"]) and [x["id"] for x in read_labs()] == [lab["id"]]
 
             await kernels.interrupt_kernel(kernel_id)  # the cell ends; the queued stop runs
-            await until(lambda: read_labs() == [], 120, "the queued stop to stop the lab")
-            await until(lambda: not _alive(rank["pid"]), 30, "the lab's engine to exit")
-        finally:
-            client.stop_channels()
-            await kernels.shutdown_all(now=True)
+            await _until(lambda: read_labs() == [], 120, "the queued stop to stop the lab")
+            await _until(lambda: not _alive(rank["pid"]), 30, "the lab's engine to exit")
 
     asyncio.run(scenario())
 
@@ -256,27 +267,14 @@ def test_the_stacks_of_a_lab_whose_kernel_runs_a_cell_are_read_by_the_server(
 ) -> None:
     """stacks_of_lab (what GET /distlab/labs/<id>/stacks calls) while the lab's kernel is busy with a
     cell on the ranks: the kernel is not asked, the ranks are read from outside."""
-    import asyncio
-
-    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
-
     from distlab.server.handlers import LabActionError, stacks_of_lab
-    from distlab.server.registry import read_labs
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
 
     async def scenario() -> None:
-        kernels = AsyncMappingKernelManager(connection_dir=str(tmp_path))
-        kernel_id = await kernels.start_kernel(kernel_name="python3")
-        client = kernels.get_kernel(kernel_id).client()
-        client.start_channels()
-        try:
-            await client.wait_for_ready(timeout=120)
-            started = await client.execute("import distlab\nlab = distlab.start(ranks=2)", reply=True, timeout=180)
-            assert started["content"]["status"] == "ok", started["content"]
-            (lab,) = read_labs()
+        async with _kernel_with_lab(tmp_path, ranks=2) as (kernels, _, client, lab):
             client.execute('lab.run("import time\\ndef waiting_here():\\n    time.sleep(300)\\nwaiting_here()")')
-            for _ in range(300):  # until both ranks are in the cell's function
+            for _ in range(300):  # until both ranks are in the cell's function (60 s or more)
                 taken = await stacks_of_lab(kernels, lab["id"])
                 if "waiting_here" in taken["text"]:
                     break
@@ -290,9 +288,6 @@ def test_the_stacks_of_a_lab_whose_kernel_runs_a_cell_are_read_by_the_server(
             with pytest.raises(LabActionError) as unknown:
                 await stacks_of_lab(kernels, "lab-1-abc")
             assert unknown.value.status == 404 and "no running lab 'lab-1-abc'" in unknown.value.message
-        finally:
-            client.stop_channels()
-            await kernels.shutdown_all(now=True)
 
     asyncio.run(scenario())
 

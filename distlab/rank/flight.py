@@ -29,8 +29,7 @@ def collective_trace(last: int) -> list[CollectiveEntry]:
     members = torchcompat.group_members()
     by_group: dict[str, list[dict[str, Any]]] = {}
     for e in dump.get("entries") or ():
-        name, desc = (e.get("process_group") or ["", ""])[:2]
-        by_group.setdefault(str(name), []).append(e)
+        by_group.setdefault(str((e.get("process_group") or [""])[0]), []).append(e)
     trace: list[CollectiveEntry] = []
     for name, entries in by_group.items():
         # A rebuilt group is a new one with the same name: keep the newest group's entries only.
