@@ -162,7 +162,49 @@ def diagnose_collectives(
         note = _diagnose_group(mine, doing, label)
         if note is not None:
             found.append(note)
+        found.extend(_diagnose_point_to_point(mine, doing, label))
     return "\n".join(found) or None
+
+
+def _diagnose_point_to_point(
+    traces: Mapping[int, Sequence[CollectiveEntry]], doing: Mapping[int, str], label: str
+) -> list[str]:
+    """A stuck rank's send that its peer never received, or receive that its peer never sent: a
+    rank's n-th send to a peer in a group is matched by the peer's n-th receive from it (or from any
+    source), as gloo and NCCL match them."""
+    # Each rank's count of sends to / receives from each peer, with the latest one (PointToPointEntry).
+    posted: dict[int, dict[tuple[str, int], CollectiveEntry]] = {
+        r: {(e["op"], int(e.get("peer", -1))): e for e in t if e.get("p2p")}  # type: ignore[call-overload]
+        for r, t in traces.items()
+    }
+
+    def count(rank: int, op: str, peer: int) -> int:
+        return sum(e["seq"] for (o, p), e in posted.get(rank, {}).items() if o == op and p in (peer, -1))
+
+    notes = []
+    for r in sorted(r for r in posted if doing.get(r) == STUCK):
+        for (op, peer), e in sorted(posted[r].items()):
+            if peer < 0 or peer == r:
+                continue  # a receive from any source: no one peer to blame
+            answer = "recv" if op == "send" else "send"
+            matched = count(peer, answer, r)
+            if matched >= e["seq"]:
+                continue
+            towards = "to" if op == "send" else "from"
+            what = "posted the matching recv" if op == "send" else "sent it"
+            plural = "s" if matched != 1 else ""
+            had = (
+                f"it had posted {matched} {answer}{plural} {'from' if op == 'send' else 'to'} rank {r}"
+                if peer in traces
+                else "its record could not be read"
+            )
+            # The first unmatched one is where the pair parted (a schedule may post more before it waits).
+            more = f" and {e['seq'] - matched - 1} after it" if e["seq"] > matched + 1 else ""
+            notes.append(
+                f"{op} #{matched + 1} {towards} rank {peer}{label} ({_describe_op(e)}): rank {r} waited in it{more}; "
+                f"rank {peer} never {what} ({had}; {doing.get(peer, ABSENT)})"
+            )
+    return notes
 
 
 def _diagnose_group(

@@ -25,6 +25,7 @@ __all__ = [
     "GroupSpec",
     "HealEvent",
     "HealingPublish",
+    "PointToPointEntry",
     "ProgressBar",
     "ProgressPublish",
     "QuorumSpan",
@@ -112,6 +113,14 @@ class CollectiveEntry(TypedDict):
     group: str
     desc: str
     members: list[int]
+
+
+class PointToPointEntry(CollectiveEntry, total=False):
+    """A send or a receive (``p2p`` true): the latest one per group, op and peer, ``seq`` counting them."""
+
+    #: The peer's global rank (-1: a receive from any source), and whether one is still pending.
+    peer: int
+    pending: bool
 
 
 class CellError(TypedDict):

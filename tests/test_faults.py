@@ -164,6 +164,11 @@ def test_restart_with_a_new_size_and_bad_sizes(lab_factory):
     assert [row.pid for row in lab.status()] == pids  # bad input changed nothing
 
 
+def _p2p(op, seq, peer, pending=False):
+    return {"seq": seq, "op": op, "shapes": [[2, 3]], "dtypes": ["float32"], "p2p": True, "group": "0",
+            "desc": "default_pg", "members": [0, 1], "peer": peer, "pending": pending}
+
+
 @pytest.mark.parametrize(
     "traces, doing, expected",
     [
@@ -197,6 +202,18 @@ def test_restart_with_a_new_size_and_bad_sizes(lab_factory):
         ({0: [{"seq": 1, "op": "all_reduce", "shapes": [[1]], "dtypes": ["Float"]},
               {"seq": 1, "op": "send", "shapes": [[1]], "dtypes": ["Float"], "p2p": True}],
           1: [{"seq": 1, "op": "all_reduce", "shapes": [[1]], "dtypes": ["Float"]}]}, {0: STUCK, 1: STUCK}, None),
+        # A receive its peer never sent: the n-th receive from a peer is matched by its n-th send.
+        ({0: [_p2p("recv", 2, peer=1, pending=True)], 1: [_p2p("send", 1, peer=0)]},
+         {0: STUCK, 1: FINISHED},
+         "recv #2 from rank 1 (recv of [2, 3] float32): rank 0 waited in it; "
+         "rank 1 never sent it (it had posted 1 send to rank 0; its cell had finished)"),
+        # Matched sends and receives, one of them from any source: nothing to say of them.
+        ({0: [_p2p("send", 2, peer=1, pending=True)],
+          1: [_p2p("recv", 1, peer=0), _p2p("recv", 1, peer=-1)]}, {0: STUCK, 1: STUCK}, None),
+        # A send to a rank that died: its record was not read.
+        ({0: [_p2p("send", 1, peer=1, pending=True)]}, {0: STUCK, 1: ABSENT},
+         "send #1 to rank 1 (send of [2, 3] float32): rank 0 waited in it; "
+         "rank 1 never posted the matching recv (its record could not be read; not in this cell)"),
     ],
 )
 def test_collective_diagnosis(traces, doing, expected):

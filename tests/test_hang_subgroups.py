@@ -1,7 +1,10 @@
 """A hang inside a sub-group (a dimension of a 2x2 device mesh) is diagnosed by its group: which
-collective, which members waited, which never arrived; the default group's note stays as it was."""
+collective, which members waited, which never arrived; the default group's note stays as it was.
+A pipeline's send that its next stage never receives is named with both ranks."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -47,3 +50,37 @@ def test_an_fsdp2_forward_that_one_rank_skips_names_the_data_parallel_group(lab_
     assert line is not None, note
     assert "rank 1 waited in it" in line and "rank 3 never arrived" in line, line
     assert "all_gather" in line, line
+
+
+def test_a_pipeline_send_that_the_next_stage_never_receives_names_both_ranks(lab_factory):
+    lab = lab_factory(ranks=4)
+    pipeline = (
+        "from torch.distributed.pipelining import PipelineStage, ScheduleGPipe\n"
+        "pp = mesh['pp']\n"
+        "torch.manual_seed(0)\n"
+        "stage = PipelineStage(\n"
+        "    torch.nn.Linear(8, 8), pp.get_local_rank(), 2, torch.device('cpu'), group=pp.get_group())\n"
+        "schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: out.sum())\n"
+        "def train_step(skip=None):\n"
+        "    if rank == skip:\n"
+        "        return\n"
+        "    x = torch.ones(4, 8)\n"
+        "    schedule.step(x) if pp.get_local_rank() == 0 else schedule.step(target=x)\n"
+        "train_step()\n"  # one whole step first: the stages' set-up messages are behind us
+    )
+    with pytest.raises(CellTimeout) as info:
+        lab.run(MESH.replace("'tp'", "'pp'") + pipeline, stream=False)
+        lab.run("train_step(skip=3)", timeout=6, stream=False)
+    note = "\n".join(info.value.notes)
+    # pp groups are ranks 0-1 and 2-3: stage 0 of the second pipeline (rank 2) sends its first
+    # micro-batch's activations ([2, 8]) to rank 3, which skipped the step (GPipe posts the second's too).
+    found = re.search(
+        r"send #(\d+) to rank 3 in group mesh_pp of ranks 2-3 \(send of \[2, 8\] float32\): "
+        r"rank 2 waited in it and 1 after it; "
+        r"rank 3 never posted the matching recv \(it had posted (\d+) recvs? from rank 2; its cell had finished\)",
+        note,
+    )
+    assert found is not None, note
+    assert int(found[2]) == int(found[1]) - 1, note
+    assert "rank 0" not in note and "rank 1 " not in note, note  # the first pipeline finished its step
+    assert lab.run("t = torch.ones(1); dist.all_reduce(t); t.item()", stream=False) == dict.fromkeys(range(4), 4.0)

@@ -6,12 +6,75 @@ waited, or which ranks disagree on a collective's op or shapes.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from typing import Any
 
-from ..wire import CollectiveEntry
+import torch
+import torch.distributed as dist
+
+from ..wire import CollectiveEntry, PointToPointEntry
 from . import torchcompat
 
-__all__ = ["collective_trace"]
+__all__ = ["collective_trace", "record_point_to_point"]
+
+# What this rank posted, point to point, since its group was made: per (group, op, peer) the count
+# and the latest one's description, and each one's work until it completes. torch's own recorder
+# has none of it on gloo (torchcompat.observe_point_to_point says why).
+_lock = threading.Lock()  # the observer runs on any thread that sends (a pipeline's too)
+_latest: dict[tuple[str, str, int], PointToPointEntry] = {}
+_pending: dict[tuple[str, str, int], list[Any]] = {}  # works not yet completed, oldest first
+
+
+def record_point_to_point() -> None:
+    """Record every send and receive this rank posts from now on, forgetting those of an earlier
+    group (called each time the rank joins one; the hook is installed once)."""
+    with _lock:
+        _latest.clear()
+        _pending.clear()
+    torchcompat.observe_point_to_point(_posted)
+
+
+def _posted(group: Any, op: str, group_peer: int | None, tensors: Sequence[torch.Tensor], work: Any) -> None:
+    # A receive from any source has no peer: -1 stands for "any".
+    peer = dist.get_global_rank(group, group_peer) if group_peer is not None else -1
+    key = (str(group.group_name), op, peer)
+    with _lock:
+        seq = _latest[key]["seq"] + 1 if key in _latest else 1
+        _latest[key] = {
+            "seq": seq,
+            "op": op,
+            "shapes": [list(t.shape) for t in tensors],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+            "p2p": True,
+            "group": key[0],
+            "desc": str(group.group_desc),
+            "members": dist.get_process_group_ranks(group),
+            "peer": peer,
+        }
+        # A work is kept only until it completes (it holds its tensors); None (a NCCL batch's op,
+        # whose batch holds the work) counts as done.
+        if work is not None:
+            _pending.setdefault(key, []).append(work)
+
+
+def _point_to_point() -> list[CollectiveEntry]:
+    """The latest send and receive per group and peer, each saying whether one is still pending."""
+    with _lock:
+        entries: list[CollectiveEntry] = []
+        for key, entry in _latest.items():
+            works = [w for w in _pending.get(key, []) if not _completed(w)]
+            _pending[key] = works
+            entry["pending"] = bool(works)
+            entries.append(entry)
+        return entries
+
+
+def _completed(work: Any) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:  # noqa: BLE001 - a work of a torn-down group: it will never complete
+        return True
 
 
 def collective_trace(last: int) -> list[CollectiveEntry]:
@@ -20,29 +83,31 @@ def collective_trace(last: int) -> list[CollectiveEntry]:
     pairs), so that a hang in any of them is diagnosed.
 
     Each is {seq, op, shapes, dtypes, p2p, group, desc, members}: ``seq`` counts the group's
-    collectives (or, for send and recv, its point-to-point operations) from 1. Still readable after
-    the group is torn down.
+    collectives from 1. Sends and receives come first, from distlab's own record: the latest per
+    group, op and peer, ``seq`` counting them, with ``peer`` and ``pending`` (``wire.PointToPointEntry``).
+    Still readable after the group is torn down.
     """
+    trace = _point_to_point()  # every rank's sends and receives, which gloo's recorder lacks
     dump = torchcompat.flight_recorder_dump()
     if not dump:
-        return []  # no recorder in this torch build: nothing to say
+        return trace  # no recorder in this torch build: nothing more to say
     members = torchcompat.group_members()
     by_group: dict[str, list[dict[str, Any]]] = {}
     for e in dump.get("entries") or ():
         by_group.setdefault(str((e.get("process_group") or [""])[0]), []).append(e)
-    trace: list[CollectiveEntry] = []
     for name, entries in by_group.items():
         # A rebuilt group is a new one with the same name: keep the newest group's entries only.
         newest = max(e.get("pg_id", 0) for e in entries)
         entries = [e for e in entries if e.get("pg_id", 0) == newest]
         desc = str((entries[-1].get("process_group") or ["", ""])[1])
-        for e in entries[-last:]:
+        # Point-to-point entries (NCCL records them) are left to distlab's own record.
+        for e in [e for e in entries if not e.get("is_p2p")][-last:]:
             trace.append({
-                "seq": e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"],
+                "seq": e["collective_seq_id"],
                 "op": str(e.get("profiling_name", "?")).split(":", 1)[-1],
                 "shapes": e.get("input_sizes") or [],
                 "dtypes": e.get("input_dtypes") or [],
-                "p2p": bool(e.get("is_p2p")),
+                "p2p": False,
                 "group": name,
                 "desc": desc,
                 "members": members.get(name, []),

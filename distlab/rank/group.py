@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..wire import GroupSpec, RankJoined
-from . import heal, namespace, progress, torchcompat, torchrun
+from . import flight, heal, namespace, progress, torchcompat, torchrun
 from .identity import interface_of
 from .release import shutdown_peer_connections
 
@@ -107,6 +107,7 @@ def init_rank(spec: GroupSpec) -> RankJoined:
     if int(probe.item()) != spec.world_size:
         raise RuntimeError(f"first all-reduce gave {probe.item()}, expected {spec.world_size}")
     _spec, _device = spec, device
+    flight.record_point_to_point()  # sends and receives of this group on, for a hang's diagnosis
     torchrun.follow(spec)  # from now on a cell's init_process_group joins this group
     namespace.fill(spec.rank, spec.world_size, spec.local_rank, device)
     progress.install(spec.rank)  # tqdm's bars are drawn in the notebook, not on the rank

@@ -38,6 +38,7 @@ __all__ = [
     "foreach_sub_",
     "forget_process_groups",
     "local_tensor",
+    "observe_point_to_point",
     "replace_group_functions",
     "reset_group_count",
     "set_reducer_group",
@@ -272,6 +273,45 @@ def _forwarding(ours: Callable[..., Any], theirs: Callable[..., Any]) -> Callabl
         return ours(*args, **kwargs)
 
     return replacement
+
+
+#: The ProcessGroup methods every send and receive goes through, and what each is, for the observer.
+_POINT_TO_POINT = (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv"))
+
+
+def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[torch.Tensor], Any], None]) -> None:
+    """Call ``observer(group, op, group_peer, tensors, work)`` each time a process group posts a send
+    or a receive (``op`` "send" or "recv"; ``group_peer`` the peer's rank in ``group``, None for a
+    receive from any source). Once per process; a later call changes nothing.
+
+    torch's flight recorder does not record point-to-point operations on gloo (torch 2.13: a
+    ``dist.send`` that waited 6 s for its receive left no entry), so a pipeline's hang would have no
+    trace. ``dist.send``, ``recv``, ``isend``, ``irecv`` and ``batch_isend_irecv`` all end in these
+    three methods of ``torch._C._distributed_c10d.ProcessGroup`` (a pybind11 class, whose attributes
+    may be replaced); wrapping the methods, not the module's functions, also sees a function imported
+    by name before (``P2POp`` compares ``op`` to ``dist.isend`` by identity). The observer's failure
+    never reaches the caller.
+    """
+    cls: Any = dist.ProcessGroup  # torch._C._distributed_c10d.ProcessGroup, as torch.distributed names it
+    if getattr(cls, "_distlab_observed", False):
+        return
+    for method, op in _POINT_TO_POINT:
+        setattr(cls, method, _observed(getattr(cls, method), op, observer))
+    cls._distlab_observed = True
+
+
+def _observed(original: Callable[..., Any], op: str, observer: Callable[..., None]) -> Callable[..., Any]:
+    with_peer = op == "send" or original.__name__ == "recv"
+
+    def method(self: Any, tensors: Sequence[torch.Tensor], *args: Any) -> Any:
+        work = original(self, tensors, *args)
+        with contextlib.suppress(Exception):
+            observer(self, op, int(args[0]) if with_peer else None, list(tensors), work)
+        return work
+
+    method.__doc__ = original.__doc__
+    method.__name__ = original.__name__
+    return method
 
 
 def group_members() -> dict[str, list[int]]:
