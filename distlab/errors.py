@@ -150,15 +150,20 @@ def diagnose_collectives(
     on its op or shapes, that mismatch is the hang. A hang in a sub-group (a device mesh's
     dimension) names the group; the default group's note reads as it always did.
     """
+    # A group's members, as any rank read them: a rank whose group was already torn down to release
+    # it reads none. Unknown, they are the ranks with entries in it (all ranks, for the default group).
     groups: dict[str, tuple[str, list[int]]] = {}  # name -> (description, members)
     for entries in traces.values():
         for e in entries:
-            groups.setdefault(e.get("group", "0"), (e.get("desc", "default_pg"), list(e.get("members") or [])))
+            name, members = e.get("group", "0"), list(e.get("members") or [])
+            if name not in groups or (members and not groups[name][1]):
+                groups[name] = (e.get("desc", "default_pg"), members)
     found = []
     for name, (desc, members) in sorted(groups.items(), key=lambda g: (g[0] != "0", g[0])):
-        ranks = [r for r in traces if not members or r in members]
-        mine = {r: [e for e in traces[r] if e.get("group", "0") == name] for r in ranks}
-        label = "" if name == "0" else f" in group {desc or name} of ranks {format_ranks(members or ranks)}"
+        if not members:
+            members = sorted(r for r in traces if name == "0" or any(e.get("group", "0") == name for e in traces[r]))
+        mine = {r: [e for e in traces[r] if e.get("group", "0") == name] for r in traces if r in members}
+        label = "" if name == "0" else f" in group {desc or name} of ranks {format_ranks(members)}"
         note = _diagnose_group(mine, doing, label)
         if note is not None:
             found.append(note)
@@ -181,29 +186,39 @@ def _diagnose_point_to_point(
     def count(rank: int, op: str, peer: int) -> int:
         return sum(e["seq"] for (o, p), e in posted.get(rank, {}).items() if o == op and p in (peer, -1))
 
+    # Each stuck rank's sends and receives that its peer has not matched, with how many it had.
+    unmatched = {
+        (r, op, peer): (e, count(peer, "recv" if op == "send" else "send", r))
+        for r in sorted(r for r in posted if doing.get(r) == STUCK)
+        for (op, peer), e in sorted(posted[r].items())
+        # a receive from any source has no one peer to blame
+        if peer >= 0 and peer != r and count(peer, "recv" if op == "send" else "send", r) < e["seq"]
+    }
     notes = []
-    for r in sorted(r for r in posted if doing.get(r) == STUCK):
-        for (op, peer), e in sorted(posted[r].items()):
-            if peer < 0 or peer == r:
-                continue  # a receive from any source: no one peer to blame
-            answer = "recv" if op == "send" else "send"
-            matched = count(peer, answer, r)
-            if matched >= e["seq"]:
-                continue
-            towards = "to" if op == "send" else "from"
-            what = "posted the matching recv" if op == "send" else "sent it"
-            plural = "s" if matched != 1 else ""
-            had = (
-                f"it had posted {matched} {answer}{plural} {'from' if op == 'send' else 'to'} rank {r}"
-                if peer in traces
-                else "its record could not be read"
-            )
-            # The first unmatched one is where the pair parted (a schedule may post more before it waits).
-            more = f" and {e['seq'] - matched - 1} after it" if e["seq"] > matched + 1 else ""
-            notes.append(
-                f"{op} #{matched + 1} {towards} rank {peer}{label} ({_describe_op(e)}): rank {r} waited in it{more}; "
-                f"rank {peer} never {what} ({had}; {doing.get(peer, ABSENT)})"
-            )
+    for (r, op, peer), (e, matched) in unmatched.items():
+        answer = "recv" if op == "send" else "send"
+        if (peer, op, r) in unmatched:  # the two wait on each other: said once, as the cycle it is
+            if r < peer:
+                notes.append(
+                    f"ranks {r} and {peer}{label} each wait in a {op} {'to' if op == 'send' else 'from'} the "
+                    f"other ({_describe_op(e)}), and neither has posted the matching {answer}: a deadlock. "
+                    f"Post the {answer} first on one of them, or both together with dist.batch_isend_irecv"
+                )
+            continue
+        towards = "to" if op == "send" else "from"
+        what = "posted the matching recv" if op == "send" else "sent it"
+        plural = "s" if matched != 1 else ""
+        had = (
+            f"it had posted {matched} {answer}{plural} {'from' if op == 'send' else 'to'} rank {r}"
+            if peer in traces
+            else "its record could not be read"
+        )
+        # The first unmatched one is where the pair parted (a schedule may post more before it waits).
+        more = f" and {e['seq'] - matched - 1} after it" if e["seq"] > matched + 1 else ""
+        notes.append(
+            f"{op} #{matched + 1} {towards} rank {peer}{label} ({_describe_op(e)}): rank {r} waited in it{more}; "
+            f"rank {peer} never {what} ({had}; {doing.get(peer, ABSENT)})"
+        )
     return notes
 
 

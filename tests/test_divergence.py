@@ -59,6 +59,22 @@ def test_a_weight_one_rank_changed_parts_the_replicas_at_its_first_use(lab):
     assert said[0] == said[1] == ("body.2 (Linear)", 10, "return self.body[2](self.body[1](h).relu())", ["weight"])
 
 
+def test_a_ddp_model_whose_head_only_rank_0_loaded_parts_at_the_head(lab):
+    # DDP's forward records profiler ranges (ops whose outputs are handles, not values): they agree.
+    code = SETUP + (
+        "model = torch.nn.parallel.DistributedDataParallel(net)   # broadcasts rank 0's weights\n"
+        "torch.manual_seed(1)\n"
+        "head = torch.nn.Linear(4, 2).state_dict()\n"
+        "if rank == 0:\n"
+        "    net[2].load_state_dict(head)   # after DDP's broadcast, on one rank: the replicas part\n"
+        "report = distlab.divergence(model, x)\n"
+        "(report.op, report.module, report.state)"
+    )
+    said = lab.run(code, stream=False)
+    # The Linear's first op is the transpose of its weight (aten.t), before its addmm.
+    assert said[0] == said[1] == ("t", "2 (Linear)", ["weight", "bias"]), said
+
+
 def test_outside_a_process_group_it_says_where_to_call_it(lab):
     said = lab.run(
         "import subprocess, sys\n"

@@ -198,6 +198,13 @@ def _p2p(op, seq, peer, pending=False):
          {0: STUCK, 1: FINISHED, 2: FINISHED, 3: FINISHED},
          "collective #1 in group mesh_tp of ranks 0-1 (all_reduce of [4] float32): rank 0 waited in it; "
          "rank 1 never arrived (it had made no collective; its cell had finished)"),
+        # A rank whose group was torn down to release it reads no members: another rank's are used.
+        ({r: [{"seq": 7 if r == 0 else 6, "op": "all_gather" if r == 0 else "all_reduce", "shapes": [[8]],
+               "dtypes": ["Float"], "group": "1", "desc": "mesh_dp", "members": [0, 2] if r == 2 else []}]
+          for r in (0, 2)} | {1: [], 3: []},
+         {0: STUCK, 1: FINISHED, 2: FINISHED, 3: FINISHED},
+         "collective #7 in group mesh_dp of ranks 0,2 (all_gather of [8] float32): rank 0 waited in it; "
+         "rank 2 never arrived (its last was #6, all_reduce of [8] float32; its cell had finished)"),
         # Point-to-point operations are numbered apart and do not count as collectives.
         ({0: [{"seq": 1, "op": "all_reduce", "shapes": [[1]], "dtypes": ["Float"]},
               {"seq": 1, "op": "send", "shapes": [[1]], "dtypes": ["Float"], "p2p": True}],
@@ -207,6 +214,12 @@ def _p2p(op, seq, peer, pending=False):
          {0: STUCK, 1: FINISHED},
          "recv #2 from rank 1 (recv of [2, 3] float32): rank 0 waited in it; "
          "rank 1 never sent it (it had posted 1 send to rank 0; its cell had finished)"),
+        # Two ranks that each send to the other first: one line, the cycle.
+        ({0: [_p2p("send", 1, peer=1, pending=True)], 1: [_p2p("send", 1, peer=0, pending=True)]},
+         {0: STUCK, 1: STUCK},
+         "ranks 0 and 1 each wait in a send to the other (send of [2, 3] float32), and neither has posted the "
+         "matching recv: a deadlock. Post the recv first on one of them, or both together with "
+         "dist.batch_isend_irecv"),
         # Matched sends and receives, one of them from any source: nothing to say of them.
         ({0: [_p2p("send", 2, peer=1, pending=True)],
           1: [_p2p("recv", 1, peer=0), _p2p("recv", 1, peer=-1)]}, {0: STUCK, 1: STUCK}, None),

@@ -50,6 +50,7 @@ def test_an_fsdp2_forward_that_one_rank_skips_names_the_data_parallel_group(lab_
     assert line is not None, note
     assert "rank 1 waited in it" in line and "rank 3 never arrived" in line, line
     assert "all_gather" in line, line
+    assert note.count("\ncollective #") == 0 and "in group mesh_tp" not in note, note  # that one group only
 
 
 def test_a_pipeline_send_that_the_next_stage_never_receives_names_both_ranks(lab_factory):

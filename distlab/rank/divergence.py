@@ -94,8 +94,10 @@ class _Recorder(DispatchMode):  # torch's TorchDispatchMode
                 data = leaf.detach()
                 digest.update(str((data.dtype, tuple(data.shape))).encode())
                 digest.update(_bytes(data))
-            else:
+            elif isinstance(leaf, (int, float, bool, str, type(None), torch.dtype, torch.device)):
                 digest.update(repr(leaf).encode())
+            else:  # an object (a profiler's record handle): its repr holds its address, not a value
+                digest.update(type(leaf).__qualname__.encode())
         self.ops.append(_Op(op_name(func), self._module_of(), _cell_line(), digest.hexdigest()))
         return out
 
