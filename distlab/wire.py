@@ -26,6 +26,7 @@ __all__ = [
     "HealEvent",
     "HealingPublish",
     "PointToPointEntry",
+    "ProfileTrace",
     "ProgressBar",
     "ProgressPublish",
     "QuorumSpan",
@@ -147,6 +148,21 @@ class CellReply(TypedDict, total=False):
     error: CellError
     #: In a lab that heals, the step the cell's quorum reached (``rank.heal``), where it made one.
     step: int
+
+
+class ProfileTrace(TypedDict):
+    """What a rank recorded under ``lab.profile`` (``rank.profiling.profile_trace``)."""
+
+    #: torch.profiler's Chrome-trace JSON, as it exported it, zlib-compressed (a tenth of the bytes).
+    trace: bytes
+    #: Optimizer steps recorded whole; 0 when the cell was profiled whole (``whole``) or ended first.
+    steps: int
+    #: True when the cell made no optimizer step: the recording is the whole cell.
+    whole: bool
+    #: Optimizer steps the cell made in all.
+    optimizer_steps: int
+    #: The native id of the thread that ran the cell: its ops are the rank's compute on a CPU.
+    tid: int
 
 
 #: The key of a rank's tqdm bars in its ``publish_data`` (``rank.progress`` sends, ``dashboard.progress`` draws).

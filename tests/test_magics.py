@@ -20,6 +20,8 @@ BAD_BEFORE_START = [
     ("dist", "start -n 2 --launcher pigeon", "unknown launcher 'pigeon'"),
     ("dist", "start -n __import__('os').getpid()", "-n must be a whole number"),  # never evaluated
     ("dist", "stacks", "no lab is running: start one with %dist start -n 2"),
+    ("dist", "profile --steps 3", "no lab is running"),
+    ("dist", "profile --steps 0", "--steps must be >= 1"),
     ("dist", "start -n 2 --nodes 0", "--nodes must be >= 1"),
     ("dist", "start -n 2 --nodes two", "--nodes must be a whole number"),
     ("dist", "start -n 2 --nodes 3", "--nodes 3 is more nodes than ranks (-n 2)"),
@@ -68,6 +70,8 @@ BAD_WHILE_RUNNING = [
     ("dist", "stacks 5", "rank 5 does not exist in a world of 2"),
     ("dist", "stacks 0 1", "unrecognized arguments"),
     ("dist", "stacks --deep", "unrecognized arguments"),
+    ("dist", "profile --steps two", "--steps must be a whole number"),
+    ("dist", "profile --warmup=-1", "--warmup must be >= 0"),
 ]
 
 BAD_ON_NODES = [

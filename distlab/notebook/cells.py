@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..cluster.processes import pid_alive
@@ -147,7 +147,8 @@ class RunsCells:
         checks.flag("record", record)
         selected = self.ranks(ranks)
         self._cell_source = code
-        result = self._run_on(selected, timeout, stream, lambda engine, rank: rpc.run_cell(engine, code, rank, want))
+        send: Send = lambda engine, rank: rpc.run_cell(engine, code, rank, want)  # noqa: E731
+        result = self._profiled(selected, lambda: self._run_on(selected, timeout, stream, send))
         if record:
             self._history.append(CellRan(code, self._subset(selected)))
         return result
@@ -174,9 +175,9 @@ class RunsCells:
         argv = [name, *script_args(args)]
         full = os.path.abspath(name)  # the file's name on the ranks, in tracebacks and __file__
         self._cell_source = ""  # the script's frames name its file, which py-spy reads
-        result = self._run_on(
+        result = self._profiled(self.ranks(), lambda: self._run_on(
             self.ranks(), timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full
-        )
+        ))
         self._history.append(ScriptRan(tuple(argv)))
         return result
 
@@ -237,6 +238,10 @@ class RunsCells:
         if data is None:
             raise DistlabError(nothing_kept(rank, self._last_cell))
         return Postmortem(rank, data)
+
+    def _profiled(self, ranks: list[int], run: Callable[[], RunResult]) -> RunResult:
+        """A user's cell on ``ranks``: ``run()``, which a view may wrap (``Lab``: ``lab.profile``)."""
+        return run()
 
     def _subset(self, selected: list[int]) -> tuple[int, ...] | None:
         """None for every rank of the world, else the ranks."""

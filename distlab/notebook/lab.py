@@ -4,8 +4,9 @@ The views are observers and poll listeners of the core (``labs.LabObserver``), e
 own module: the side panel's state file (``server.registry.PanelFile``), the ranks' progress bars
 (``dashboard.progress.ProgressBars``), a healing cell's quorums and heals
 (``dashboard.healing.HealingViews``, behind ``lab.heals()``), the dashboard's background import at start
-(``dashboard.autoshow.Prewarm``) and the telemetry store behind ``lab.telemetry`` and
-``lab.dashboard()``. The core knows none of them; this module is where they are put together.
+(``dashboard.autoshow.Prewarm``), the telemetry store behind ``lab.telemetry`` and
+``lab.dashboard()``, and ``lab.profile()`` (``profiling.Profiles``, which wraps the next cell).
+The core knows none of them; this module is where they are put together.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from ..dashboard.healing import HealingViews
 from ..dashboard.progress import ProgressBars
 from ..server.registry import PanelFile
 from .core import LabCore, RankInfo, RankTable, RunResult
+from .profiling import Profiles
 
 __all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "start"]
 
 
-class Lab(LabCore):
+class Lab(Profiles, LabCore):
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells, with their views.
 
     Use :func:`distlab.start` (or ``Lab(...).start()``); a Lab is also a context manager that

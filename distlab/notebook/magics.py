@@ -5,7 +5,7 @@
                      [--nodes K [--link RATE [--latency T]] [--subnet NET]]
     %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off]
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
-    %dist debug [RANK]
+    %dist debug [RANK] | stacks [RANKS] | profile [--steps N] [--warmup W] [--path FILE]
     %%ddp [-r RANKS] [--timeout S]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
     %exercise [NAME | check NAME [--seed N] | hint NAME]
@@ -27,10 +27,11 @@ from .. import checks
 from ..errors import LabUsageError
 from . import labs
 from .config import LabConfig
+from .profiling import profile_parser, show_after
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
-_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks")
+_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks", "profile")
 
 
 def _text(text: str) -> Any:
@@ -148,6 +149,7 @@ class DistMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.lab: Any = None
+        self._armed: Any = None  # the Profile %dist profile armed
 
     # ------------------------------------------------------------------------ %dist
 
@@ -158,6 +160,7 @@ class DistMagics(Magics):
         %dist start -n 2 [--debug] | status | restart [-n N] | kill R | stop | run FILE.py [ARGS] | export FILE.py
         %dist debug [RANK]: the failed rank's frames and their locals, summarised
         %dist stacks [RANKS] [--native] [--all]: every rank's live frames, read now from outside it
+        %dist profile [--steps N] [--warmup W] [--path FILE]: the next %%ddp cell under torch.profiler
         """
         try:
             words = shlex.split(line)
@@ -186,6 +189,8 @@ class DistMagics(Magics):
             return self._debug(_debug_parser().parse_args(rest).rank)
         if sub == "stacks":
             return self._stacks(_stacks_parser().parse_args(rest))
+        if sub == "profile":
+            return self._profile(profile_parser().parse_args(rest))
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -316,6 +321,14 @@ class DistMagics(Magics):
             raise UsageError(str(exc)) from None
         print(taken.text(all_threads=args.all))
 
+    def _profile(self, args: argparse.Namespace) -> None:
+        lab = self._running_lab()
+        try:
+            self._armed = lab.profile(steps=args.steps, warmup=args.warmup, path=args.path)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"the next %%ddp cell is profiled: {args.steps} steps after {args.warmup} of warmup")
+
     def _stop(self) -> None:
         if self.lab is None or not self.lab.running:
             print("no lab is running")
@@ -344,6 +357,7 @@ class DistMagics(Magics):
         for rank, shown in result.items():
             if shown is not None:
                 print(f"Out[rank {rank}]: {shown}")
+        self._armed = show_after(self._armed)  # the profile %dist profile asked for, if this cell filled it
 
     # ------------------------------------------------------------------------ %quiz
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Protocol, TypeVar, cast
 
 from ..rank.dispatch import on_rank
-from ..wire import CellReply, CollectiveEntry, EngineIdentity, GroupSpec, RankJoined
+from ..wire import CellReply, CollectiveEntry, EngineIdentity, GroupSpec, ProfileTrace, RankJoined
 
 __all__ = [
     "RANK_FUNCTIONS",
@@ -30,11 +30,13 @@ __all__ = [
     "open_store",
     "pack_definitions",
     "postmortem",
+    "profile_trace",
     "rebuild_group",
     "run_cell",
     "run_script",
     "serve_release",
     "share_state",
+    "start_profile",
 ]
 
 #: wrapper name -> (module under ``distlab.rank``, function name there).
@@ -55,6 +57,8 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "pack_definitions": ("exercise", "pack_definitions"),
     "case_names": ("exercise", "case_names"),
     "grade_case": ("exercise", "grade_case"),
+    "start_profile": ("profiling", "start_profile"),
+    "profile_trace": ("profiling", "profile_trace"),
 }
 
 
@@ -200,3 +204,13 @@ def case_names(target: Any, exercise: str, world_size: int, seed: int) -> Pendin
 def grade_case(target: Any, exercise: str, blob: bytes, seed: int, index: int, rank: int) -> Pending[CellReply]:
     """A reply whose value is the rank's outcome of one case (``rank.exercise.passed``/``failed``)."""
     return cast("Pending[CellReply]", _call(target, "grade_case", exercise, blob, seed, index, rank))
+
+
+def start_profile(target: Any, steps: int, warmup: int) -> Pending[None]:
+    """Arm torch.profiler for the rank's next cell (``lab.profile``)."""
+    return cast("Pending[None]", _call(target, "start_profile", steps, warmup))
+
+
+def profile_trace(target: Any) -> Pending[ProfileTrace | None]:
+    """-> what the rank's last profiled cell recorded (its Chrome trace, compressed), or None."""
+    return cast("Pending[ProfileTrace | None]", _call(target, "profile_trace"))
