@@ -48,6 +48,7 @@ def test_a_hand_made_cpu_trace_gives_the_numbers_known_by_construction():
     # c10d call at 40-45 only hands work to gloo. Another thread's op (tid 9) is not the cell's.
     # gloo's workers (tids 2, 3): 30-50 and 45-70 overlap each other, union 30-70.
     # compute = 80; communication = 40; overlapped = 30-40 and 60-70 = 20; exposed = 40-60 = 20.
+    # The second step ends at 120, 20 after its last op: idle = 20.
     events = [
         _op("aten::linear", 0, 40), _op("aten::addmm", 5, 20), _op("aten::mm", 6, 10),
         _op("c10d::allreduce_", 40, 5), _op("aten::empty", 41, 1),
@@ -55,7 +56,7 @@ def test_a_hand_made_cpu_trace_gives_the_numbers_known_by_construction():
         _op("aten::add", 45, 10, tid=9),
         _op("gloo:all_reduce", 30, 20, tid=2, cat="user_annotation"),
         _op("gloo:all_reduce", 45, 25, tid=3, cat="user_annotation"),
-        _op("ProfilerStep#1", 0, 50, cat="user_annotation"), _op("ProfilerStep#2", 50, 50, cat="user_annotation"),
+        _op("ProfilerStep#1", 0, 50, cat="user_annotation"), _op("ProfilerStep#2", 50, 70, cat="user_annotation"),
         {"ph": "M", "name": "process_name", "pid": 4242, "tid": 0, "args": {"name": "python"}},
         {"ph": "M", "name": "thread_name", "pid": 4242, "tid": 2, "args": {"name": "pt_gloo_runloop"}},
         {"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": 3, "pid": 4242, "tid": 1, "ts": 6},
@@ -64,7 +65,7 @@ def test_a_hand_made_cpu_trace_gives_the_numbers_known_by_construction():
     # Rank 1's clock base is 1 ms later: its events land 1000 us later on the merged axis.
     document, profiles = analysis.merge({0: _packed(events), 1: _packed(events, base_ns=1_000_000)})
     for p in profiles:
-        assert (p.compute_ms, p.communication_ms, p.exposed_ms) == (0.08, 0.04, 0.02)
+        assert (p.compute_ms, p.communication_ms, p.exposed_ms, p.idle_ms) == (0.08, 0.04, 0.02, 0.02)
         assert p.overlap_pct == 50.0
         assert p.exposed == [(p.communication[0][0] + 10, p.communication[0][0] + 30)]
         assert p.steps == 2 and len(p.step_starts) == 2
@@ -77,7 +78,8 @@ def test_a_hand_made_cpu_trace_gives_the_numbers_known_by_construction():
     assert starts == {0: 0.0, 1: 1000.0}
     assert not any(e.get("cat") == "Trace" for e in merged)
     assert profiles[0].row() == {
-        "rank": 0, "steps": 2, "compute_ms": 0.08, "communication_ms": 0.04, "exposed_ms": 0.02, "overlap_pct": 50.0,
+        "rank": 0, "steps": 2, "compute_ms": 0.08, "communication_ms": 0.04, "exposed_ms": 0.02, "idle_ms": 0.02,
+        "overlap_pct": 50.0,
     }
     text = analysis.table_text(profiles, "trace.json")
     assert "50%" in text and "trace.json" in text
@@ -93,6 +95,7 @@ def test_a_gpu_trace_is_read_from_its_kernels_as_hta_does():
     ]
     _, (p,) = analysis.merge({0: _packed(events)})
     assert (p.compute_ms, p.communication_ms, p.exposed_ms, p.overlap_pct) == (0.05, 0.02, 0.01, 50.0)
+    assert p.idle_ms == 0  # no steps: the span from the first kernel to the last, all busy
     assert p.source.startswith("GPU kernels")
 
 

@@ -18,7 +18,9 @@ communication, Memcpy/Memset memory, the rest computation). So, per rank:
 - compute: the union of the compute intervals;
 - communication: the union of the communication intervals;
 - exposed communication: communication minus its intersection with compute;
-- overlap: 100 x (communication intersected with compute) / communication.
+- overlap: 100 x (communication intersected with compute) / communication;
+- idle: the profiled steps' time with neither compute nor communication (HTA's temporal
+  breakdown's idle time): a rank that waits for its data, or sleeps, shows it here.
 
 HTA reads GPU kernels. A rank on a GPU is read as HTA does (events of category ``kernel``; those
 named ``nccl*`` communication, Memcpy/Memset neither). A rank on a CPU (gloo) has no kernels: its
@@ -159,6 +161,8 @@ class RankProfile:
     compute_ms: float
     communication_ms: float
     exposed_ms: float
+    #: The profiled steps' time with neither compute nor communication (the whole cell's, for "whole").
+    idle_ms: float
     #: Percent of communication time that compute overlapped; None where there was no communication.
     overlap_pct: float | None
     source: str
@@ -171,6 +175,7 @@ class RankProfile:
         return {
             "rank": self.rank, "steps": self.steps, "compute_ms": round(self.compute_ms, 3),
             "communication_ms": round(self.communication_ms, 3), "exposed_ms": round(self.exposed_ms, 3),
+            "idle_ms": round(self.idle_ms, 3),
             "overlap_pct": None if self.overlap_pct is None else round(self.overlap_pct, 1),
         }
 
@@ -181,13 +186,18 @@ def analyse(rank: int, events: Sequence[Mapping[str, Any]], got: ProfileTrace) -
     overlapped = total(intersect(comm, compute))
     exposed = subtract(comm, compute)
     comm_us = total(comm)
-    steps = sorted(
-        float(e["ts"]) for e in events
+    step_spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
         if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#") and e.get("tid") == got["tid"]
     )
+    steps = [start for start, _ in step_spans]
+    # The steps' time (or, with no step, from the first event to the last) that nothing filled.
+    busy = union(compute + comm)
+    spans = step_spans or ([(busy[0][0], busy[-1][1])] if busy else [])
+    idle = subtract(union(spans), busy)
     return RankProfile(
         rank=rank, steps=got["steps"], whole=got["whole"], compute_ms=total(compute) / 1e3,
-        communication_ms=comm_us / 1e3, exposed_ms=total(exposed) / 1e3,
+        communication_ms=comm_us / 1e3, exposed_ms=total(exposed) / 1e3, idle_ms=total(idle) / 1e3,
         overlap_pct=100.0 * overlapped / comm_us if comm_us > 0 else None, source=source,
         compute=compute, communication=comm, exposed=exposed, step_starts=steps,
     )
@@ -248,13 +258,14 @@ def table_text(profiles: Sequence[RankProfile], path: str | None = None) -> str:
     """The numbers as a text table, with what they were read from and where the trace is."""
     if not profiles:
         return "no rank was profiled"
-    lines = [f"{'rank':>4}  {'steps':>5}  {'compute ms':>10}  {'comm ms':>9}  {'exposed comm ms':>15}  {'overlap':>7}"]
+    lines = [f"{'rank':>4}  {'steps':>5}  {'compute ms':>10}  {'comm ms':>9}  {'exposed comm ms':>15}  {'overlap':>7}"
+             f"  {'idle ms':>9}"]
     for p in profiles:
         overlap = "-" if p.overlap_pct is None else f"{p.overlap_pct:.0f}%"
         steps = "whole" if p.whole else str(p.steps)
         lines.append(
             f"{p.rank:>4}  {steps:>5}  {p.compute_ms:>10.2f}  {p.communication_ms:>9.2f}  "
-            f"{p.exposed_ms:>15.2f}  {overlap:>7}"
+            f"{p.exposed_ms:>15.2f}  {overlap:>7}  {p.idle_ms:>9.2f}"
         )
     sources = sorted({p.source for p in profiles})
     lines.append("read from " + "; ".join(sources) + ("; 'whole': no optimizer step, the whole cell" if any(
