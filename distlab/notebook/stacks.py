@@ -57,7 +57,7 @@ class ReadsStacks:
     def _read_stacks(self, ranks: list[int], native: bool, timeout: float) -> live.Stacks:
         table = self.table
         here = {r: table[r].pid for r in ranks if self._on_this_machine(table[r])}
-        source = self._cell_source.splitlines()
+        source = _as_ranks_number_it(self._cell_source)
         taken = live.take(here, native, timeout, {CELL_FILE.format(rank=r): source for r in here})
         for r in ranks:
             if r not in here:
@@ -71,3 +71,14 @@ class ReadsStacks:
         except DistlabError as exc:  # py-spy missing: the cell's error says how to get the stacks next time
             return f"where the ranks were is not shown: {exc}"
         return "where the ranks still running were when the cell was stopped (their live stacks):\n" + taken.text()
+
+
+def _as_ranks_number_it(code: str) -> list[str]:
+    """The cell's lines as its ranks number them: a rank runs it through IPython's transformer
+    (``rank.cell``), which drops leading blank lines and rewrites magics, so line N there is line N
+    of this, not of the code as typed."""
+    if not code:
+        return []
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(code).splitlines()
