@@ -6,6 +6,7 @@ waited, or which ranks disagree on a collective's op or shapes.
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -19,11 +20,14 @@ from . import torchcompat
 __all__ = ["collective_trace", "record_point_to_point"]
 
 # What this rank posted, point to point, since its group was made: per (group, op, peer) the count
-# and the latest one's description, and each one's work until it completes. torch's own recorder
-# has none of it on gloo (torchcompat.observe_point_to_point says why).
+# and the latest one's description, and its works until they complete. torch's own recorder has
+# none of it on gloo (torchcompat.observe_point_to_point says why).
 _lock = threading.Lock()  # the observer runs on any thread that sends (a pipeline's too)
 _latest: dict[tuple[str, str, int], PointToPointEntry] = {}
-_pending: dict[tuple[str, str, int], list[Any]] = {}  # works not yet completed, oldest first
+_pending: dict[tuple[str, str, int], collections.deque[Any]] = {}  # works not yet completed, oldest first
+# Each group's name, description and members' global ranks (by group rank), read once: a send
+# is on a pipeline's hot path.
+_groups: dict[int, tuple[str, str, list[int]]] = {}
 
 
 def record_point_to_point() -> None:
@@ -32,30 +36,43 @@ def record_point_to_point() -> None:
     with _lock:
         _latest.clear()
         _pending.clear()
+        _groups.clear()
     torchcompat.observe_point_to_point(_posted)
 
 
+def _group(group: Any) -> tuple[str, str, list[int]]:
+    known = _groups.get(id(group))
+    if known is None or known[0] != str(group.group_name):  # new, or a new group where a gone one was
+        members = [dist.get_global_rank(group, i) for i in range(group.size())]
+        known = _groups[id(group)] = (str(group.group_name), str(group.group_desc), members)
+    return known
+
+
 def _posted(group: Any, op: str, group_peer: int | None, tensors: Sequence[torch.Tensor], work: Any) -> None:
-    # A receive from any source has no peer: -1 stands for "any".
-    peer = dist.get_global_rank(group, group_peer) if group_peer is not None else -1
-    key = (str(group.group_name), op, peer)
     with _lock:
-        seq = _latest[key]["seq"] + 1 if key in _latest else 1
+        name, desc, members = _group(group)
+        # A receive from any source has no peer: -1 stands for "any".
+        peer = members[group_peer] if group_peer is not None else -1
+        key = (name, op, peer)
+        latest = _latest.get(key)
         _latest[key] = {
-            "seq": seq,
+            "seq": latest["seq"] + 1 if latest else 1,
             "op": op,
             "shapes": [list(t.shape) for t in tensors],
             "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
             "p2p": True,
-            "group": key[0],
-            "desc": str(group.group_desc),
-            "members": dist.get_process_group_ranks(group),
+            "group": name,
+            "desc": desc,
+            "members": members,
             "peer": peer,
         }
-        # A work is kept only until it completes (it holds its tensors); None (a NCCL batch's op,
-        # whose batch holds the work) counts as done.
+        # A work is kept only until it completes (it holds its tensors): the completed ones at the
+        # front go at each post. None (an op of a NCCL batch, whose batch holds the work) is done.
+        works = _pending.setdefault(key, collections.deque())
+        while works and _completed(works[0]):
+            works.popleft()
         if work is not None:
-            _pending.setdefault(key, []).append(work)
+            works.append(work)
 
 
 def _point_to_point() -> list[CollectiveEntry]:
@@ -63,8 +80,7 @@ def _point_to_point() -> list[CollectiveEntry]:
     with _lock:
         entries: list[CollectiveEntry] = []
         for key, entry in _latest.items():
-            works = [w for w in _pending.get(key, []) if not _completed(w)]
-            _pending[key] = works
+            works = _pending[key] = collections.deque(w for w in _pending.get(key, ()) if not _completed(w))
             entry["pending"] = bool(works)
             entries.append(entry)
         return entries

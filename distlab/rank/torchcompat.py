@@ -296,7 +296,11 @@ def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[to
     if getattr(cls, "_distlab_observed", False):
         return
     for method, op in _POINT_TO_POINT:
-        setattr(cls, method, _observed(getattr(cls, method), op, observer))
+        observed = _observed(getattr(cls, method), op, observer)
+        # functools' convention, for whoever needs torch's own (a benchmark's baseline): the class's
+        # attribute as it was (pybind11's method descriptor, which binds ``self``).
+        observed.__wrapped__ = cls.__dict__[method]  # type: ignore[attr-defined]
+        setattr(cls, method, observed)
     cls._distlab_observed = True
 
 
