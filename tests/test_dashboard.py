@@ -53,6 +53,11 @@ def test_a_rank_that_starts_its_backward_late_is_the_straggler_marked_on_the_tim
     gaps = [lag[step] - lag[step - 1] for step in range(1, 8, 2)]
     assert all(gap > (long - short) / 2 for gap in gaps), lag
 
+    # The summary says of how many all-reduces: every one here.
+    said = [line for line in analysis.summary(records, lab.telemetry.meta(), 2) if "stragglers" in line]
+    assert said == [f"  stragglers: rank 1 arrived last, the others waiting for it, in {len(buckets)} of "
+                    f"{len(buckets)} all-reduces"], said
+
     board = lab.dashboard()
     board.refresh(force=True)
     bars, marks, _others = board.figures["timeline"].data

@@ -442,5 +442,7 @@ def summary(records: Sequence[StepRecord], meta: Meta, world_size: int) -> list[
         for s in late:
             counts[s.rank] += 1
         worst = max(counts, key=lambda r: counts[r])
-        lines.append(f"  stragglers: rank {worst} arrived last in {counts[worst]} all-reduces")
+        timed = {(rec["step"], b["bucket"]) for rec in records for b in rec.get("allreduce") or ()}  # the whole
+        lines.append(f"  stragglers: rank {worst} arrived last, the others waiting for it, in {counts[worst]} of "
+                     f"{len(timed)} all-reduces")
     return lines
