@@ -55,6 +55,21 @@ t.item()
 # dashboard appears under the cell while it trains; when the cell ends it becomes a picture of its
 # last state, which the saved notebook keeps. (What a rank displays shows too, under its label: HTML,
 # figures, tables, widgets, and `tqdm` bars, one row per rank.)
+#
+# Its words, before you see them (each has a notebook of its own later):
+#
+# - **step** time: one optimizer step on the rank, forward, backward and update;
+# - **exposed all-reduce**: the part of the gradient all-reduces that the backward did not hide, the
+#   time the step waited for communication (DDP all-reduces each bucket while the backward goes on;
+#   notebook 03);
+# - **busbw**, bus bandwidth: an all-reduce's bytes over its time, scaled by 2(N-1)/N so that it reads
+#   as the speed of each link of the ring (NCCL's nccl-tests define it so); fitted against the ring
+#   model once there are all-reduces of several sizes (notebooks 03 and 12);
+# - **replicas agree**: the weights' checksums are equal on every rank (notebook 10 makes them differ);
+# - **memory** against theory: what the model's state takes on each rank, next to the formula
+#   (notebooks 06 and 15);
+# - **stragglers**: all-reduces that one rank reached last, so that the others waited for it, out of
+#   all the all-reduces timed (notebook 18 finds the cause of one).
 
 # %%
 # %%ddp
