@@ -316,7 +316,7 @@ def main():
     args = parser.parse_args()
     device = setup()
     rank = dist.get_rank()
-    data = cifar_like(2048, seed=1)
+    data = cifar_like(4096, seed=1)                   # the notebook's training set
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=64, sampler=sampler)
     torch.manual_seed(0)
@@ -325,17 +325,19 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        total = torch.zeros(2, device=device)
+        total = torch.zeros(3, device=device)         # loss sum, correct, samples
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(images), labels)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
             loss.backward()
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
+            right = (logits.argmax(1) == labels).sum().item()
+            total += torch.tensor([loss.item() * len(labels), right, len(labels)], device=device)
         dist.all_reduce(total)
         if rank == 0:
-            print(f"epoch {epoch}: mean training loss {total[0] / total[1]:.3f}")
+            print(f"epoch {epoch}: mean training loss {total[0] / total[2]:.3f}, accuracy {total[1] / total[2]:.3f}")
     print(f"rank {rank} of {dist.get_world_size()}: done")
     cleanup()
 
@@ -346,7 +348,9 @@ if __name__ == "__main__":
 # %% [markdown]
 # `%dist run` sends the file to every rank and runs it there as `__main__`, with `sys.argv` set as
 # torchrun would set it. Its `setup()` joins the lab's group, its `cleanup()` leaves it standing, and
-# its output comes back labelled by rank:
+# its output comes back labelled by rank. A model that guesses among 10 classes has a loss of
+# ln 10 = 2.30 and an accuracy of 10%: the first epoch's mean starts above that (its first steps'
+# losses are large); by the second the model is well past chance.
 
 # %%
 # %dist run cnn_ddp.py --epochs 2
