@@ -237,6 +237,10 @@ print(f"weak scaling: efficiency T(1)/T(2) = {weak:.0%} (model {weak_predicted:.
 guess.reveal(speedup)
 
 # %% [markdown]
+# (The model in the table takes the compute per step from the timed 1-rank runs above; the prediction
+# you made had only the short run before it. The two differ by what the machine's speed did between
+# them, in the second digit here.)
+#
 # Two ranks finish the same job in less time, but not in half of it. The model accounts for part of
 # the gap, the all-reduce. Most of the rest comes from two sources the model leaves out, and both can
 # be measured:
