@@ -255,7 +255,9 @@ for m in MS:
 # micro-batch; what is left (one or two points) is the sending, and the time the waiting rank takes to
 # wake up when its message arrives. Both grow with `m`, since each micro-batch adds two messages and
 # one more chance to be unequal. The checks below hold the measurement to the formula's shape: the idle
-# share falls at every doubling, and stays within 12 percentage points of `(p-1)/(m+p-1)` at every `m`.
+# share falls at every doubling, and at every `m` it is at least 80% of `(p-1)/(m+p-1)` (the formula is
+# the least a pipeline of equal stages can idle: a check that a bubble of 0% would pass says nothing)
+# and at most 12 percentage points above it.
 #
 # The step time falls less than the bubble does, because micro-batching has a price of its own: the
 # **busy** column grows with `m` (smaller matrices compute less efficiently, every micro-batch adds its
@@ -265,8 +267,8 @@ for m in MS:
 # %% tags=["nbval-check-output"]
 theory_of = {m: theory.pipeline_bubble_fraction(2, m) for m in MS}
 print("the bubble falls as m grows (1 -> 2 -> 4 -> 8):", all(idle[a] > idle[b] for a, b in zip(MS, MS[1:])))
-print("measured within 12 points of (p-1)/(m+p-1) at m = 1, 2, 4, 8:",
-      all(abs(idle[m] - theory_of[m]) < 0.12 for m in MS))
+print("measured between 80% of (p-1)/(m+p-1) and 12 points above it at m = 1, 2, 4, 8:",
+      all(0.8 * theory_of[m] <= idle[m] < theory_of[m] + 0.12 for m in MS))
 
 # %% [markdown]
 # The formula's numbers, and two worked examples:
