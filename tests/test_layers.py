@@ -46,6 +46,7 @@ NOTEBOOK = (
     "distlab.quiz",
     "distlab.exercises",
     "distlab.cluster",
+    "distlab.scale",  # plans, predictions and the dry run's launcher; the dry run itself is its own process
 )
 #: The package itself: ``import distlab`` is lazy (PEP 562), and its magics are the notebook's.
 ROOT = "distlab"

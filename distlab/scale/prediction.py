@@ -1,0 +1,236 @@
+"""A plan's step time, tokens per second, MFU and memory per GPU, predicted from its dry run.
+
+    report = scale.dry_run(plan)
+    pred = scale.predict(plan, hardware="h100-sxm", network="ib-400g", report=report)
+
+Everything counted comes from the dry run of the real code (``scale.dry_run``): each rank kind's
+FLOPs per micro-batch (and what activation checkpointing recomputes), its memory by category, and
+every collective with its bytes and the mesh dimension it runs on. The predictor adds the machine
+(``hardware.py``) and a stated model of time:
+
+- **Compute**: FLOPs / (peak x ``efficiency``). ``efficiency`` is the one number not counted: the
+  fraction of the peak that a step's matmuls and the kernels between them reach. Its default,
+  ``EFFICIENCY``, is to be fitted on one published run (torchtitan's Llama 3.1 8B, FSDP on 128 H100s,
+  ``benchmarks/bench_published_runs.py --fit``) and then tested on the others.
+- **Where a collective runs**: the mesh is laid out as torchtitan lays it, ``(pp, dp_replicate,
+  dp_shard, cp, tp)`` with tp innermost, consecutive ranks on a node. A dimension's group whose
+  ranks all sit in one node uses the node's link (NVLink), else the network (each GPU's NIC, the
+  ring's bottleneck). Each collective costs ``theory.collective_time_s`` (the ring model).
+- **Overlap**: tensor-parallel collectives sit in the forward and backward's critical path: exposed
+  in full. FSDP's all-gathers and reduce-scatters (and HSDP's or DDP's all-reduces) run beside
+  compute (FSDP2 prefetches the next unit): exposed is what exceeds the compute they hide behind,
+  plus one call (the first all-gather and the last reduction wait for nothing). Context-parallel
+  exchanges overlap attention (torch's ring attention) the same way. A pipeline's sends and receives
+  are exposed, once per micro-batch per stage boundary.
+- **Pipeline**: ``theory.pipeline_step_time_s`` of the slowest stage's micro-batch time: the bubble
+  of the plan's schedule, ``(p-1)/(m+p-1)`` (1F1B, GPipe) or ``(p-1)/(v m+p-1)`` (interleaved).
+- **Optimizer step**: AdamW reads and writes each local parameter, gradient and both moments once:
+  bytes / the memory's bandwidth.
+
+Memory per GPU is the dry run's peak of the hungriest rank kind (what the allocator holds at once);
+a real job also holds the CUDA context, NCCL's buffers and the caching allocator's slack (several
+GiB), which the published-runs table shows as the gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..theory import collective_time_s, pipeline_step_time_s
+from .hardware import Hardware, Network, hardware_named, network_named
+
+__all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "predict", "predict_report"]
+
+#: The fraction of peak FLOPs a step's compute reaches (see the module), to be fitted on torchtitan's
+#: Llama 3.1 8B on 128 H100s (Table 3, FSDP, no compile) by benchmarks/bench_published_runs.py --fit
+#: once the dry run is in. Until then 0.5, a round number near the 33-39% MFU torchtitan reports for
+#: that run (its footnote) plus what communication and the optimizer take: not yet a fitted value.
+EFFICIENCY = 0.5
+
+#: The device mesh's dimensions, outermost first (torchtitan's ParallelDims order): tp is innermost.
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+_OVERLAPPED = {"dp_shard", "dp_replicate", "cp"}
+_COLLECTIVE_OPS = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a plan does on a machine, per step and per GPU, and where the time goes (seconds)."""
+
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float  # model FLOPs (no recompute) per second per GPU, over the peak
+    memory_per_gpu_bytes: float
+    #: compute, exposed communication by dimension, the bubble, the optimizer step: they add up to the step.
+    breakdown: dict[str, float] = field(default_factory=dict)
+    #: Each mesh dimension's link: "node" (NVLink), "network" or "none" (size 1).
+    links: dict[str, str] = field(default_factory=dict)
+    hardware: str = ""
+    network: str = ""
+    efficiency: float = EFFICIENCY
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in self.breakdown.items() if v > 0)
+        return (
+            f"step {self.step_time_s:.3f} s on {self.hardware} + {self.network}: "
+            f"{self.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {100 * self.mfu:.1f}%, "
+            f"{self.memory_per_gpu_bytes / 2**30:.1f} GiB per GPU ({parts})"
+        )
+
+
+def dimension_sizes(plan: Any) -> dict[str, int]:
+    """Each mesh dimension's size for ``plan`` (``MESH_ORDER``)."""
+    dp = plan.gpus // (plan.tp * plan.pp * plan.cp)
+    if plan.dp == "fsdp":
+        replicate, shard = 1, dp
+    elif plan.dp == "ddp":
+        replicate, shard = dp, 1
+    else:  # hsdp: shard inside groups of plan.shard, replicate across them
+        replicate, shard = dp // plan.shard, plan.shard
+    return {"pp": plan.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": plan.cp, "tp": plan.tp}
+
+
+def links(plan: Any, hardware: Hardware) -> dict[str, str]:
+    """Which link each dimension's groups cross: "node" when a group's ranks share a node, else
+    "network" ("none" for a dimension of size 1: no group, nothing crosses)."""
+    sizes = dimension_sizes(plan)
+    found = {}
+    for i, dim in enumerate(MESH_ORDER):
+        stride = 1
+        for inner in MESH_ORDER[i + 1:]:
+            stride *= sizes[inner]
+        span = stride * sizes[dim]  # a group's ranks are `stride` apart
+        found[dim] = "none" if sizes[dim] == 1 else "node" if span <= hardware.gpus_per_node else "network"
+    return found
+
+
+def _collective_s(c: Any, link: str, hardware: Hardware, network: Network) -> float:
+    if c.op not in _COLLECTIVE_OPS or c.group_size < 2:
+        return 0.0
+    bandwidth, latency = (
+        (hardware.node_link_bytes_per_s, hardware.node_link_latency_s)
+        if link == "node"
+        else (network.bytes_per_s, network.latency_s)
+    )
+    # The dry run counts what each rank puts in: an all-gather's shard, a reduce-scatter's whole
+    # input; theory's sizes are the whole tensor the collective makes or reduces.
+    size = c.bytes * c.group_size if c.op == "all_gather" else c.bytes
+    return collective_time_s(c.op, size, c.group_size, bandwidth, latency)
+
+
+def _point_to_point_s(c: Any, link: str, hardware: Hardware, network: Network) -> float:
+    bandwidth, latency = (
+        (hardware.node_link_bytes_per_s, hardware.node_link_latency_s)
+        if link == "node"
+        else (network.bytes_per_s, network.latency_s)
+    )
+    return latency + float(c.bytes) / bandwidth
+
+
+def _kind_time(
+    kind: Any, plan: Any, micro_batches: int, hw: Hardware, net: Network, dims: dict[str, str], efficiency: float
+) -> tuple[float, dict[str, float]]:
+    """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
+    peak = hw.peak_flops.get(plan.precision) or hw.peak_flops["bf16"]
+    compute_mb = (kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch) / (peak * efficiency)
+    per_mb: dict[str, float] = {}
+    per_step: dict[str, float] = {}
+    for c in kind.collectives:
+        link = dims.get(c.dim, "network")
+        if c.op in ("send", "recv"):
+            # Each boundary's transfer, counted once (the send; its recv is the other stage's).
+            if c.op == "send":
+                per_mb["pp"] = per_mb.get("pp", 0.0) + c.calls_per_micro_batch * _point_to_point_s(c, link, hw, net)
+            continue
+        seconds = _collective_s(c, link, hw, net)
+        if c.phase == "optimizer":
+            per_step[c.dim] = per_step.get(c.dim, 0.0) + c.calls_per_micro_batch * seconds
+        else:
+            per_mb[c.dim] = per_mb.get(c.dim, 0.0) + c.calls_per_micro_batch * seconds
+    exposed_mb = {}
+    for dim, seconds in per_mb.items():
+        if dim in _OVERLAPPED:
+            calls = sum(c.calls_per_micro_batch for c in kind.collectives if c.dim == dim) or 1
+            exposed_mb[dim] = max(0.0, seconds - compute_mb) + seconds / calls
+        else:
+            exposed_mb[dim] = seconds
+    micro_batch_s = compute_mb + sum(exposed_mb.values())
+    extras = {"compute": compute_mb * micro_batches}
+    extras.update({f"exposed {dim}": s * micro_batches for dim, s in exposed_mb.items()})
+    extras.update({f"exposed {dim} (optimizer)": s for dim, s in per_step.items()})
+    return micro_batch_s, extras
+
+
+def _optimizer_s(kind: Any, hw: Hardware) -> float:
+    memory = kind.memory
+    touched = memory.get("parameters", 0) + memory.get("gradients", 0) + memory.get("optimizer", 0)
+    return 2 * float(touched) / hw.memory_bytes_per_s  # each read once and written once
+
+
+def predict_report(
+    report: Any,
+    hardware: str | Hardware = "h100-sxm",
+    network: str | Network = "ib-400g",
+    efficiency: float | None = None,
+) -> Prediction:
+    """The prediction for a dry run's report (``scale.dry_run(plan)``) on ``hardware`` and ``network``."""
+    hw, net = hardware_named(hardware), network_named(network)
+    eff = EFFICIENCY if efficiency is None else float(efficiency)
+    if not 0 < eff <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], the fraction of peak FLOPs reached; got {efficiency!r}")
+    plan = report.plan
+    dims = links(plan, hw)
+    m = report.micro_batches
+    timed = [(_kind_time(k, plan, m, hw, net, dims, eff), k) for k in report.kinds]
+    (slowest_mb, extras), _ = max(timed, key=lambda t: t[0][0])
+    chunks = getattr(plan, "chunks", 1)
+    if plan.pp > 1:
+        # Forward and backward shares do not change the step: the theory adds them (f + b).
+        busy = pipeline_step_time_s(plan.pp, m, slowest_mb / 3, 2 * slowest_mb / 3, plan.schedule, chunks)
+    else:
+        busy = slowest_mb * m
+    optimizer = max(_optimizer_s(k, hw) for k in report.kinds)
+    after = sum(v for key, v in extras.items() if key.endswith("(optimizer)"))
+    step = busy + optimizer + after
+    breakdown = dict(extras)
+    breakdown["bubble"] = busy - slowest_mb * m
+    breakdown["optimizer step"] = optimizer
+    peak = hw.peak_flops.get(plan.precision) or hw.peak_flops["bf16"]
+    # Model FLOPs per GPU: the ranks' kinds weighted by how many ranks each is.
+    ranks = sum(k.ranks for k in report.kinds)
+    model_flops = sum(k.flops_per_micro_batch * k.ranks for k in report.kinds) * m / ranks
+    memory = max(float(k.memory.get("peak", 0)) for k in report.kinds)
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s_per_gpu=report.tokens_per_step / step / plan.gpus,
+        mfu=model_flops / step / peak,
+        memory_per_gpu_bytes=memory,
+        breakdown=breakdown,
+        links=dims,
+        hardware=hw.name,
+        network=net.name,
+        efficiency=eff,
+    )
+
+
+def predict(
+    plan: Any,
+    hardware: str | Hardware = "h100-sxm",
+    network: str | Network = "ib-400g",
+    report: Any | None = None,
+    efficiency: float | None = None,
+) -> Prediction:
+    """``plan``'s step time, tokens/s per GPU, MFU and memory per GPU on ``hardware`` and ``network``
+    (see the module for the model). ``report``: the plan's dry run, made now if not given."""
+    if report is None:
+        import importlib
+
+        run = getattr(importlib.import_module("distlab.scale"), "dry_run", None)
+        if run is None:
+            raise ValueError("this build has no scale.dry_run yet: pass report=, a dry run's report of the plan")
+        report = run(plan)
+    elif report.plan != plan:
+        raise ValueError("report is the dry run of another plan: pass scale.dry_run(plan) for this plan")
+    return predict_report(report, hardware, network, efficiency)

@@ -1,0 +1,91 @@
+"""scale.predict's model of time on a hand-made dry-run report whose answer is known by construction,
+and the hardware profiles' bad names."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from distlab.scale import hardware
+from distlab.scale import prediction as predict
+from distlab.theory import collective_time_s
+
+H100 = hardware.HARDWARE["h100-sxm"]
+IB = hardware.NETWORKS["ib-400g"]
+PEAK = H100.peak_flops["bf16"]
+
+
+def _plan(**kw):
+    base = {"gpus": 16, "tp": 8, "pp": 1, "cp": 1, "dp": "fsdp", "shard": None, "precision": "bf16",
+            "schedule": "1f1b", "chunks": 1}
+    return NS(**{**base, **kw})
+
+
+def _kind(flops_s=0.1, collectives=(), ranks=16, memory=None):
+    # flops_s: the micro-batch's compute time at efficiency 0.5 on an H100.
+    return NS(
+        name="every rank", ranks=ranks, rank=0, stage=None, flops_per_micro_batch=flops_s * PEAK * 0.5,
+        recompute_flops_per_micro_batch=0.0, collectives=list(collectives),
+        memory=memory or {"parameters": 1e9, "gradients": 1e9, "optimizer": 2e9, "activations": 5e9, "peak": 9e9},
+    )
+
+
+def _c(op, dim, group_size, nbytes, calls=1, phase="forward"):
+    return NS(op=op, dim=dim, group_size=group_size, bytes=nbytes, calls_per_micro_batch=calls, phase=phase)
+
+
+def test_each_dimension_runs_on_the_link_its_groups_span():
+    # 16 GPUs, tp 8 innermost: a tp group is one node; the dp groups (ranks 8 apart) cross nodes.
+    assert predict.links(_plan(), H100) == {
+        "pp": "none", "dp_replicate": "none", "dp_shard": "network", "cp": "none", "tp": "node"}
+    # tp 2, fsdp 8: a dp_shard group spans 16 ranks: the network; with hsdp shard 4, 8 ranks: a node.
+    assert predict.links(_plan(tp=2), H100)["dp_shard"] == "network"
+    assert predict.links(_plan(tp=2, dp="hsdp", shard=4), H100)["dp_shard"] == "node"
+    assert predict.links(_plan(tp=2, dp="hsdp", shard=4), H100)["dp_replicate"] == "network"
+
+
+def test_tensor_parallel_time_is_exposed_and_fsdp_hides_behind_compute_but_for_one_call():
+    tp = _c("all_reduce", "tp", 8, 64 * 2**20, calls=4)
+    gather = _c("all_gather", "dp_shard", 2, 8 * 2**20, calls=10)
+    report = NS(plan=_plan(), micro_batches=4, tokens_per_step=4 * 8192 * 2, kinds=[_kind(0.1, [tp, gather])])
+    pred = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5)
+    tp_s = 4 * collective_time_s("all_reduce", 64 * 2**20, 8, H100.node_link_bytes_per_s, H100.node_link_latency_s)
+    one_gather = collective_time_s("all_gather", 16 * 2**20, 2, IB.bytes_per_s, IB.latency_s)
+    assert 10 * one_gather < 0.1  # the all-gathers hide behind the compute...
+    optimizer = 2 * 4e9 / H100.memory_bytes_per_s
+    expected = 4 * (0.1 + tp_s + one_gather) + optimizer  # ...but for the first
+    assert pred.step_time_s == pytest.approx(expected, rel=1e-9)
+    assert sum(pred.breakdown.values()) == pytest.approx(pred.step_time_s, rel=1e-9)
+    assert pred.tokens_per_s_per_gpu == pytest.approx(4 * 8192 * 2 / expected / 16)
+    assert pred.mfu == pytest.approx(4 * 0.1 * 0.5 / expected)
+    assert pred.memory_per_gpu_bytes == 9e9
+
+
+def test_a_pipeline_pays_its_bubble():
+    plan = _plan(gpus=32, pp=4, tp=8, dp="fsdp")
+    kinds = [_kind(0.1, ranks=8), _kind(0.12, ranks=8), _kind(0.1, ranks=16)]
+    report = NS(plan=plan, micro_batches=8, tokens_per_step=8 * 8192, kinds=kinds)
+    pred = predict.predict_report(report, efficiency=0.5)
+    # 1F1B: (m + p - 1) of the slowest stage's micro-batch time: 11 x 0.12 s, 3 x 0.12 of it the bubble.
+    assert pred.breakdown["bubble"] == pytest.approx(3 * 0.12)
+    busy = pred.step_time_s - pred.breakdown["optimizer step"]
+    assert busy == pytest.approx(11 * 0.12)
+    inter = predict.predict_report(NS(plan=_plan(gpus=32, pp=4, schedule="interleaved", chunks=2), micro_batches=8,
+                                      tokens_per_step=8 * 8192, kinds=kinds), efficiency=0.5)
+    assert inter.breakdown["bubble"] == pytest.approx(1.5 * 0.12)  # (p-1)/v
+
+
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (lambda: hardware.hardware_named("h100"), "hardware must be one of a100-sxm, h100-sxm, h200 (did you mean"),
+        (lambda: hardware.network_named("ib400"), "network must be one of ib-200g, ib-400g, roce-400g (did you mean"),
+        (lambda: predict.predict_report(NS(plan=_plan(), micro_batches=1, tokens_per_step=1, kinds=[_kind()]),
+                                        efficiency=1.5), "efficiency must be in (0, 1]"),
+    ],
+)
+def test_bad_input_gets_one_line(call, says):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert says in str(info.value) and "\n" not in str(info.value)
