@@ -410,8 +410,8 @@ with distlab.watch(model):
 # %% [markdown]
 # These watched steps take longer than the same model's steps in the table above (its `0.25` row):
 # only three of them, and each bucket is timed on the rank as DDP launches it (through a stand-in
-# for DDP's process group), which puts a little Python on the path of every all-reduce, as do the
-# watch's norms and checksums between steps. On DDP the watch cost 11% of the steps per
+# for DDP's process group), which puts a little Python on the path of every all-reduce; the first
+# step also takes the weights' norms and checksum (every 50 steps by default). On DDP the watch cost 11% of the steps per
 # second in `benchmarks/RESULTS.md` ("What watching costs on FSDP2 and tensor-parallel models"), and
 # on this loaded link and machine the difference from run to run is larger still. Read the watched
 # run for its shape (when each bucket starts, which rank waited), the table for the times.
