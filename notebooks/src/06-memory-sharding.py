@@ -52,6 +52,26 @@ for stage in (0, 1, 2, 3):
 # %load_ext distlab
 # %dist start -n 2
 
+# %% [markdown]
+# Before measuring, predict one of the numbers from the formulas above:
+
+# %%
+from distlab.quiz import predict
+
+P = 8 * (512 * 512 + 512)                     # eight 512 x 512 layers with their biases
+
+
+def fsdp_bytes(parameters, devices):
+    """theory's per-rank bytes of weights, gradients and Adam states under ZeRO-3."""
+    b = theory.memory_breakdown(parameters, devices=devices, zero_stage=3, precision="fp32", optimizer="adam")
+    return b.total_bytes
+
+
+guess = predict(f"The model has {P:,} parameters, trained in fp32 with Adam on 2 ranks. How many MB of weights, "
+                "gradients and Adam states will FSDP keep on each rank?",
+                theory=fsdp_bytes, unit="MB", tolerance=0.1, parameters=P, devices=2)
+guess
+
 # %%
 # %%ddp
 from torch.distributed.fsdp import fully_shard
@@ -121,6 +141,9 @@ for kind, stage in (("ddp", 0), ("zero", 1), ("fsdp", 3)):
     for part in expected:
         print(f"{kind:>5} {part:>17} {memory[0][kind][part] / MB:>8.3f} {memory[1][kind][part] / MB:>8.3f} "
               f"{expected[part] / MB:>8.3f}")
+
+# %%
+guess.reveal(sum(memory[0]["fsdp"].values()))             # the bytes rank 0 measured under FSDP
 
 # %% [markdown]
 # Measured and predicted agree to the byte: the formulas are simply counting tensors. With ZeRO-1 each
