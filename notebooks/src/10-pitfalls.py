@@ -183,7 +183,21 @@ print(facts(verdict()))
 # Train the same small model with a BatchNorm layer both ways, under `distlab.watch`, then compare
 # the buffers and the outputs in evaluation mode on one probe batch, the same 64 samples on every
 # rank. (torch 2.13 renames the flag `forward_sync_buffers` and warns at the old name, which every
-# torch release distlab runs on still takes; the cell silences that warning.)
+# torch release distlab runs on still takes; the cell silences that warning.) First, a prediction:
+
+# %%
+from distlab.quiz import predict
+
+bn_guess = predict(
+    "With broadcast_buffers=False, each rank trains 10 steps on its own batches. Then both evaluate the "
+    "same 64 samples. What do you expect?",
+    choices={"same": "weights, running statistics and outputs all equal on both ranks",
+             "stats": "weights equal; running statistics differ, outputs equal",
+             "both": "weights equal; running statistics differ, and so do the outputs",
+             "weights": "the weights differ too"},
+    answer="both",
+)
+bn_guess
 
 # %%
 # %%ddp
@@ -238,6 +252,11 @@ print(f"largest difference between the ranks' eval outputs: "
 print("parameters diverged (distlab.watch):", verdict().diverged)
 print("running_mean equal on both ranks:", same("after an eval forward"))
 print("eval outputs equal on both ranks:", same("eval output"))
+
+# %%
+happened = ("weights" if verdict().diverged else "same" if same("after an eval forward")
+            else "stats" if same("eval output") else "both")
+bn_guess.reveal(happened)
 
 # %% [markdown]
 # The checksums say *that* the replicas differ; `distlab.divergence(model, batch)` says *where* they
