@@ -44,6 +44,16 @@ print("samples:", N)
 # Each rank builds a `DistributedSampler` (it reads the rank and world size from the initialised
 # process group) and a `DataLoader` that uses it. Note: **no `shuffle=True` on the DataLoader** when a
 # sampler is given; the sampler does the shuffling (the DataLoader refuses both at once).
+#
+# Predict first: with 1,797 samples and 2 ranks, how many samples does each rank get per epoch?
+
+# %%
+from distlab.quiz import predict
+
+per_rank_guess = predict("1,797 samples, 2 ranks, DistributedSampler's defaults: how many samples does each "
+                         "rank get per epoch?", theory="samples_per_rank", unit="", tolerance=0.0005,
+                         dataset_size=N, world_size=2)
+per_rank_guess
 
 # %%
 # %%ddp
@@ -74,6 +84,9 @@ def count(seen):
 forgot = lab.pull("seen_forgot")
 count(forgot)
 print("same order every epoch on rank 0:", forgot[0][0] == forgot[0][1] == forgot[0][2])
+
+# %%
+per_rank_guess.reveal(len(forgot[0][0]))
 
 # %% [markdown]
 # Every sample is covered each epoch: 1,797 unique ids. Each rank gets ceil(1797 / 2) = 899, so
