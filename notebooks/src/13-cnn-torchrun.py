@@ -247,7 +247,21 @@ print(open("cnn_export.py").read()[:1500])
 # %% [markdown]
 # Run the script with torchrun, in a process of its own, as you would on a cluster (here:
 # `--standalone`, two processes on this machine, one thread each as the lab's ranks have). It trains
-# from scratch, saves `cnn_final.pt`, and exits; then compare its weights with the notebook's.
+# from scratch, saves `cnn_final.pt`, and exits; then compare its weights with the notebook's. First,
+# what do you expect?
+
+# %%
+from distlab.quiz import predict
+
+export_guess = predict(
+    "torchrun trains the exported script from scratch, in two new processes. Its final weights, against "
+    "the notebook's:",
+    choices={"equal": "equal, bit for bit: the same ops on the same data in the same order",
+             "close": "close but not equal: two runs of float arithmetic never agree exactly",
+             "apart": "different: the processes start from different random states"},
+    answer="equal",
+)
+export_guess
 
 # %%
 import subprocess
@@ -266,6 +280,11 @@ print("torchrun ran the exported script:", run.returncode == 0)
 print("same tensors:", script_weights.keys() == notebook_weights.keys())
 print("the script's final weights equal the notebook's, bit for bit:",
       all(torch.equal(script_weights[k], notebook_weights[k]) for k in notebook_weights))
+
+# %%
+bitwise = all(torch.equal(script_weights[k], notebook_weights[k]) for k in notebook_weights)
+close = all(torch.allclose(script_weights[k], notebook_weights[k], atol=1e-4) for k in notebook_weights)
+export_guess.reveal("equal" if bitwise else "close" if close else "apart")
 
 # %% [markdown]
 # ## Entering the notebook: a torchrun script run on the ranks
