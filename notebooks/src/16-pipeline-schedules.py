@@ -301,7 +301,9 @@ for kind in KINDS:
 #
 # * the idle share falls as `m` grows, for every schedule, as `(p-1)/(m+p-1)` says;
 # * GPipe and 1F1B idle about as much as each other (30-35% at `m = 2`): 1F1B reorders the work, it
-#   does not remove any waiting;
+#   does not remove any waiting. In the saved run GPipe idles 2 to 3.5 points more at every `m`, inside
+#   the two schedules' overlapping min-max: a difference these runs cannot tell from noise, so it is
+#   not explained here;
 # * interleaving cuts the bubble most where it is largest, at small `m`: with 2 micro-batches, 22-25%
 #   idle against 30-35% for 1F1B;
 # * the measurement stays near theory at `m = 2` (from 3 points below to 5 above) and above it as `m`
