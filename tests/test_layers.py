@@ -26,6 +26,8 @@ SHARED = (
     "distlab.theory",
     "distlab.ipycompat",  # ipyparallel's, ipykernel's and ipywidgets' privates: kernel and engines alike
     "distlab.cluster.processes",  # pids, process groups, the machine's id: the ranks ask them too
+    "distlab.scale.plan",  # a plan and its checks: the notebook makes it, the dry run reads it
+    "distlab.scale.models",  # the models' shapes: the notebook names them, the dry run builds them
 )
 #: What runs in a rank's process (an ipyparallel engine).
 RANK = (

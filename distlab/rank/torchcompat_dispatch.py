@@ -23,6 +23,7 @@ from . import torchcompat  # noqa: F401 - checks the torch release before anythi
 
 __all__ = [
     "DispatchMode",
+    "collective_group",
     "collective_group_size",
     "dispatch_mode",
     "future_of",
@@ -119,6 +120,25 @@ def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, A
                 group_name = dist.distributed_c10d.GroupName(names[-1])
                 return int(torch._C._distributed_c10d._resolve_process_group(group_name).size())
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The ``ProcessGroup`` a collective op (seen by a dispatch mode) runs over, or None.
+
+    As :func:`collective_group_size`: a ``c10d`` op's group is a TorchScript object (``ProcessGroup.unbox``),
+    a functional collective's is a name (``_resolve_process_group``); neither is a public API.
+    """
+    with contextlib.suppress(Exception):
+        if func.namespace == "c10d":
+            for arg in args:
+                if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
+                    return dist.ProcessGroup.unbox(arg)
+        else:
+            names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
+                     ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
+            if names:
+                return torch._C._distributed_c10d._resolve_process_group(dist.distributed_c10d.GroupName(names[-1]))
+    return None
 
 
 def work_of(out: Any) -> Any:

@@ -2,23 +2,37 @@
 code dry-run in one process, and its step time, tokens/s, MFU and memory per GPU predicted on a
 machine whose figures are cited (``hardware.py``). Imports no torch: the dry run is its own process.
 
+    plan = scale.Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192, global_batch_tokens=4 * 2**20)
+    report = scale.dry_run(plan)
     pred = scale.predict_report(report, hardware="h100-sxm", network="ib-400g")
 """
 
 from __future__ import annotations
 
 from . import hardware
+from .dryrun import dry_run
 from .hardware import HARDWARE, NETWORKS, Hardware, Network
+from .models import MODELS, ModelConfig, parameters
+from .plan import Plan
 from .prediction import EFFICIENCY, Prediction, predict, predict_report
+from .report import CollectiveCount, DryRunReport, RankKind
 
 __all__ = [
     "EFFICIENCY",
     "HARDWARE",
+    "MODELS",
     "NETWORKS",
+    "CollectiveCount",
+    "DryRunReport",
     "Hardware",
+    "ModelConfig",
     "Network",
+    "Plan",
     "Prediction",
+    "RankKind",
+    "dry_run",
     "hardware",
+    "parameters",
     "predict",
     "predict_report",
 ]

@@ -1,0 +1,330 @@
+"""A plan's real torch code, run for one rank of each kind at the plan's full world size, in one process.
+
+    python -m distlab.rank.dryrun < plan.json > report.json     (what ``distlab.scale.dry_run`` runs)
+
+Each rank kind joins torch's fake process-group backend as one rank of ``plan.gpus`` (collectives return
+at once and move nothing), builds its part of the model on the meta device, parallelises it with the
+real APIs (``parallelize_module`` for tp, ``fully_shard`` over the dp mesh dimension, or the 2-D
+(dp_replicate, dp_shard) mesh for HSDP; DDP is HSDP with shard groups of one: FSDP2's replicate-only
+mode, one all-reduce per unit), then, under FakeTensorMode (shapes without data: no weight takes real
+memory), materialises it and runs one micro-batch's forward and backward and the optimizer's step.
+The mesh itself is made outside FakeTensorMode: its own tensors must be real.
+
+What is measured on that step, by dispatch modes around it: every tensor alive (torch's MemTracker:
+the peak), every collective (op, the bytes this rank puts in, its group and so its mesh dimension, the
+phase), the FLOPs (``FlopCounterMode``). What is read: the local parameter shards, gradients and the
+optimizer's states. What is derived, and why:
+
+- Pipeline parallelism: torch.distributed.pipelining's schedules need every stage of the pipeline
+  in their own processes (they send to and receive from their neighbours), so a stage is run alone:
+  its module's forward and backward for one micro-batch. Its activations are then held for the
+  micro-batches in flight (``theory.in_flight_micro_batches`` of the schedule) and its send/recv per
+  micro-batch are the stage boundary's activation (the shape of its output, its gradient backward).
+- Recomputation's FLOPs: the step is counted again with checkpointing off (shapes only, no memory):
+  the difference is what checkpointing recomputes.
+- The optimizer's states are created by one step before the measured one, as in every step but the
+  first: the measured step's peak is that of training, not of start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from contextlib import nullcontext
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..nn.llama import TransformerStage, stage_modules, tensor_parallel_plan
+from ..theory import in_flight_micro_batches
+from . import torchcompat
+from .torchcompat_dispatch import DispatchMode, collective_group, op_name
+
+__all__ = ["dry_run", "main"]
+
+MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+_OPS = {  # the dispatcher's collective ops -> the names a report uses
+    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce", "broadcast_": "broadcast", "broadcast": "broadcast",
+    "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all", "send": "send", "recv_": "recv",
+}
+# Ops whose first argument is where the result goes, the input second.
+_OUTPUT_FIRST = {"_allgather_base_", "_reduce_scatter_base_", "allgather_", "reduce_scatter_",
+                 "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_"}
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class Collectives(DispatchMode):
+    """Counts every collective op of the step: (op, mesh dimension, group size, bytes in, phase) -> calls."""
+
+    def __init__(self, dims_of: dict[str, str]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dims_of, self.phase, self.calls = dims_of, "forward", Counter[tuple[str, str, int, int, str]]()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.namespace in ("c10d", "_c10d_functional") and op_name(func) in _OPS:
+            name = op_name(func)
+            group = collective_group(func, args, kwargs)
+            size = int(group.size()) if group is not None else 1
+            dim = self.dims_of.get(group.group_name, f"group of {size}") if group is not None else "world"
+            payload = _nbytes(args[1] if name in _OUTPUT_FIRST else args[0])
+            self.calls[(_OPS[name], dim, size, payload, self.phase)] += 1
+        return func(*args, **kwargs)
+
+    def report(self) -> list[dict[str, Any]]:
+        return [
+            {"op": op, "dim": dim, "group_size": size, "bytes": payload, "calls_per_micro_batch": calls, "phase": phase}
+            for (op, dim, size, payload, phase), calls in sorted(self.calls.items())
+            if size > 1  # a group of one moves nothing (FSDP2 still calls it when the dimension is 1)
+        ]
+
+
+def _kinds(plan: dict[str, Any]) -> list[tuple[str, int, int, int | None]]:
+    """(name, ranks of this kind, the rank run, its stage) for each distinct kind of rank."""
+    world, pp = plan["gpus"], plan["pp"]
+    if pp == 1:
+        return [("every rank", world, 0, None)]
+    per = world // pp  # pp is the outermost dimension: stage s is ranks s*per .. (s+1)*per - 1
+    kinds: list[tuple[str, int, int, int | None]] = [("first stage", per, 0, 0)]
+    if pp > 2:
+        kinds.append((f"middle stages (1-{pp - 2})", per * (pp - 2), per, 1))
+    kinds.append(("last stage", per, (pp - 1) * per, pp - 1))
+    return kinds
+
+
+def _parallelize(plan: dict[str, Any], cfg: Any, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
+    with torch.device("meta"):  # no memory: the weights are made (as fake tensors) under FakeTensorMode
+        modules = stage_modules(cfg, plan["pp"], plan["chunks"], stage)
+    dp_mesh = mesh["dp_shard"] if plan["dp"] == "fsdp" else mesh["dp_replicate", "dp_shard"]
+    bf16 = plan["precision"] == "bf16"
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    # torchtitan keeps parameters gathered between forward and backward under pp (no reshard after
+    # forward): each micro-batch would otherwise gather them twice.
+    reshard = plan["pp"] == 1
+    for module in modules:
+        module.checkpointing = plan["checkpointing"]
+        if plan["tp"] > 1:
+            parallelize_module(module, mesh["tp"], tensor_parallel_plan(module))
+        kwargs: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard}
+        if policy is not None:
+            kwargs["mp_policy"] = policy
+        for block in module.layers.values():
+            fully_shard(block, **kwargs)
+        fully_shard(module, **kwargs)
+    return modules
+
+
+def _local_bytes(tensors: Any) -> int:
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage], tp: bool) -> list[Any]:
+    """One micro-batch's forward through this rank's stage modules: what each backward starts from
+    (the loss, or the stage's output and the gradient that would come back for it)."""
+    batch, seq = plan["micro_batch_size"], plan["seq_len"]
+    dtype = torch.bfloat16 if plan["precision"] == "bf16" else torch.float32
+    losses: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    for module in modules:
+        if module.tok_embeddings is not None:
+            x = torch.randint(0, cfg.vocab, (batch, seq))
+        else:  # the previous stage's activation, as it arrives: a leaf whose gradient is sent back
+            x = torch.empty(batch, seq, cfg.dim, dtype=dtype, requires_grad=True)
+        out = module(x)
+        if module.output is not None:
+            targets = torch.randint(0, cfg.vocab, (batch, seq))
+            with loss_parallel() if tp and isinstance(out, DTensor) else nullcontext():
+                loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten(0, 1))
+                losses.append((loss, None))
+        else:
+            losses.append((out, torch.ones_like(out)))
+    return losses
+
+
+def _backward(losses: list[Any], tp: bool) -> None:
+    for out, grad in reversed(losses):
+        with loss_parallel() if tp and isinstance(out, DTensor) else nullcontext():
+            out.backward(grad)
+
+
+def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, stage: int | None) -> dict[str, Any]:
+    dims = {"pp": plan["pp"], **_dims(plan)}
+    dist.init_process_group("fake", store=torchcompat.fake_store(), rank=rank, world_size=plan["gpus"])
+    try:
+        mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
+        dims_of = {str(mesh.get_group(d).group_name): d for d in MESH}
+        modules = _parallelize(plan, cfg, mesh, stage or 0)
+        params = [p for m in modules for p in m.parameters()]
+        tp = plan["tp"] > 1
+        with torchcompat.fake_tensor_mode():
+            for m in modules:
+                m.to_empty(device="cpu")
+            optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+            for p in params:  # one step before the measured one makes the optimizer's states (see the module)
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            counter, tracker = Collectives(dims_of), torchcompat.memory_tracker(*modules, optimizer)
+            flops = FlopCounterMode(display=False)
+            with tracker, flops, counter:
+                losses = _micro_batch(plan, cfg, modules, tp)
+                counter.phase = "backward"
+                _backward(losses, tp)
+                forward_backward_peak = torchcompat.tracked_peak_bytes(tracker)
+                gradients = _local_bytes(p.grad for p in params)
+                counter.phase = "optimizer"
+                optimizer.step()
+            peak = torchcompat.tracked_peak_bytes(tracker)
+            total_flops = flops.get_total_flops()
+            recompute = 0
+            if plan["checkpointing"] != "none":
+                for m in modules:
+                    m.checkpointing = "none"
+                optimizer.zero_grad(set_to_none=True)
+                plain = FlopCounterMode(display=False)
+                with plain:
+                    again = _micro_batch(plan, cfg, modules, tp)
+                    _backward(again, tp)
+                recompute = total_flops - plain.get_total_flops()
+        parameters = _local_bytes(params)
+        states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        opt_bytes = _local_bytes(states)
+        resident = parameters + opt_bytes
+        activations = forward_backward_peak - resident
+        collectives = counter.report()
+        if plan["pp"] > 1 and stage is not None:
+            count = _micro_batches(plan)
+            in_flight = in_flight_micro_batches(stage, plan["pp"], count, plan["schedule"], plan["chunks"])
+            peak += round((in_flight - 1) * activations)
+            activations = round(in_flight * activations)
+            collectives += _point_to_point(plan, cfg, modules)
+        return {
+            "name": name, "ranks": ranks, "rank": rank, "stage": stage,
+            "memory": {"parameters": parameters, "gradients": gradients, "optimizer": opt_bytes,
+                       "activations": int(activations), "peak": int(peak)},
+            "collectives": collectives,
+            "flops_per_micro_batch": float(total_flops - recompute),
+            "recompute_flops_per_micro_batch": float(recompute),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def _point_to_point(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage]) -> list[dict[str, Any]]:
+    """Each stage boundary's send and receive per micro-batch: a block's output, (micro_batch_size,
+    seq_len, dim) in the compute dtype, forward, and its gradient backward. Every stage module but the
+    model's last sends one forward; every one but the first receives one."""
+    size = plan["micro_batch_size"] * plan["seq_len"] * cfg.dim * (2 if plan["precision"] == "bf16" else 4)
+    sends = sum(1 for m in modules if m.output is None)
+    recvs = sum(1 for m in modules if m.tok_embeddings is None)
+
+    def one(op: str, calls: int, phase: str) -> dict[str, Any]:
+        return {"op": op, "dim": "pp", "group_size": 2, "bytes": size, "calls_per_micro_batch": calls, "phase": phase}
+
+    found = [one("send", sends, "forward"), one("recv", sends, "backward")] if sends else []
+    return found + ([one("recv", recvs, "forward"), one("send", recvs, "backward")] if recvs else [])
+
+
+def _dims(plan: dict[str, Any]) -> dict[str, int]:
+    dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
+    shard = {"ddp": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
+    replicate = dp // shard
+    return {"dp_replicate": replicate, "dp_shard": shard, "cp": plan["cp"], "tp": plan["tp"]}
+
+
+def _micro_batches(plan: dict[str, Any]) -> int:
+    dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
+    return int(plan["global_batch_tokens"] // (plan["seq_len"] * plan["micro_batch_size"] * dp))
+
+
+def dry_run(plan: dict[str, Any]) -> dict[str, Any]:
+    """The report (``distlab.scale.report.DryRunReport``'s JSON) of ``plan`` (``Plan.to_json()``)."""
+    if plan["cp"] > 1:
+        raise ValueError("cp > 1 is not dry-run: context parallelism is not built here yet; use cp=1")
+    if plan["precision"] == "fp8":
+        raise ValueError("precision='fp8' is not dry-run: fp8 needs torchao's Float8Linear, not installed; use 'bf16'")
+    start = time.perf_counter()
+    cfg = SimpleNamespace(**plan["model"])
+    kinds = [_forked(plan, cfg, kind) for kind in _kinds(plan)]
+    m = _micro_batches(plan)
+    return {"plan": plan, "parameters": _count(cfg), "kinds": kinds, "seconds": time.perf_counter() - start,
+            "micro_batches": m, "tokens_per_step": m * plan["micro_batch_size"] * plan["seq_len"]
+            * plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])}
+
+
+def _forked(plan: dict[str, Any], cfg: Any, kind: tuple[str, int, int, int | None]) -> dict[str, Any]:
+    """One rank kind's run in a child forked from this process, which has made no group yet.
+
+    Each kind is a different rank of the same world: a new process group and a mesh of the same
+    layout. In one process the second kind's DTensor ops reuse sharding decisions cached for the
+    first mesh (torch keys them by the mesh's layout) and name its groups, gone with it; a fork
+    starts each kind from the same clean state, without a new interpreter's imports."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, plan, cfg, kind))
+    child.start()
+    send.close()
+    try:
+        outcome: dict[str, Any] = receive.recv()
+    except EOFError:
+        outcome = {"error": f"the run of the {kind[0]} died (exit status {child.exitcode})"}
+    child.join()
+    if "error" in outcome:
+        raise RuntimeError(outcome["error"])
+    return outcome
+
+
+def _child(send: Any, plan: dict[str, Any], cfg: Any, kind: tuple[str, int, int, int | None]) -> None:
+    try:
+        send.send(_run_kind(plan, cfg, *kind))
+    except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it as one line
+        send.send({"error": f"{kind[0]}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+
+
+def _count(cfg: Any) -> int:
+    with torch.device("meta"):
+        model = stage_modules(cfg, 1, 1, 0)[0]
+    return sum(p.numel() for p in model.parameters())  # shared (tied) weights are counted once
+
+
+def main() -> None:
+    try:
+        report = dry_run(json.load(sys.stdin))
+    except Exception as exc:  # noqa: BLE001 - the launcher shows this one line
+        print(f"dry run failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        sys.exit(1)
+    json.dump(report, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""A training plan at scale: the model, the GPUs and how the work is split between them.
+
+Pure Python (no torch): the notebook makes and checks plans; ``scale.dry_run`` sends one, as JSON, to
+the process that runs its real torch code. A plan that cannot exist is refused when it is made, with
+one line saying why and what to change, as :mod:`distlab.checks` does for every other argument.
+
+    plan = Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192, global_batch_tokens=4 * 2**20)
+    plan.dp, plan.micro_batches, plan.tokens_per_step      # 128, 4, 4194304
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import KW_ONLY, asdict, dataclass
+from typing import Any
+
+from .. import checks
+from ..errors import LabUsageError
+from .models import MODELS, ModelConfig
+
+__all__ = ["CHECKPOINTING", "DP", "PRECISIONS", "SCHEDULES", "Plan"]
+
+DP = ("ddp", "fsdp", "hsdp")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PRECISIONS = ("fp32", "bf16", "fp8")
+CHECKPOINTING = ("none", "selective", "full")
+OPTIMIZERS = ("adamw",)
+
+
+def _divisors(n: int) -> str:
+    found = [d for d in range(2, n + 1) if n % d == 0][:6]
+    return ", ".join(map(str, found)) if found else "1"
+
+
+def _model(model: Any) -> ModelConfig:
+    if isinstance(model, ModelConfig):
+        return model
+    if not isinstance(model, str):
+        raise TypeError(f"model must be a name such as 'llama3-8b' or a scale.ModelConfig (got {model!r})")
+    if model not in MODELS:
+        close = difflib.get_close_matches(model, list(MODELS), n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(map(repr, close))}?" if close else f"known: {', '.join(MODELS)}"
+        raise LabUsageError(f"unknown model {model!r}: {hint} (or pass a scale.ModelConfig)")
+    return MODELS[model]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One training step's layout on ``gpus`` GPUs.
+
+    The mesh is ``(pp, dp, cp, tp)``: ``dp = gpus / (tp * pp * cp)`` data-parallel ranks, each a full
+    copy of the work split ``tp`` ways within layers, ``pp`` ways across them and ``cp`` ways along the
+    sequence. ``dp`` names how the data-parallel ranks hold the model: "ddp" (replicated), "fsdp"
+    (sharded over all dp ranks, FSDP2), "hsdp" (sharded within groups of ``shard`` ranks, replicated
+    across them). ``micro_batch_size`` sequences per rank per micro-batch; a step is
+    ``micro_batches`` of them (the pipeline's micro-batches when ``pp > 1``, else gradient
+    accumulation). ``chunks``: stages per rank for the "interleaved" schedule.
+    """
+
+    model: str | ModelConfig
+    gpus: int
+    _: KW_ONLY
+    seq_len: int
+    global_batch_tokens: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    dp: str = "fsdp"
+    shard: int | None = None
+    micro_batch_size: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    precision: str = "bf16"
+    checkpointing: str = "none"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    # ------------------------------------------------------------------------------ derived
+
+    @property
+    def config(self) -> ModelConfig:
+        return _model(self.model)
+
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel ranks: gpus / (tp * pp * cp)."""
+        return self.gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step on each data-parallel rank."""
+        return self.global_batch_tokens // (self.seq_len * self.micro_batch_size * self.dp_degree)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batches * self.micro_batch_size * self.seq_len * self.dp_degree
+
+    @property
+    def dims(self) -> dict[str, int]:
+        """Each mesh dimension's size, outermost first (torchtitan's order; tp innermost)."""
+        replicate, shard = {"ddp": (self.dp_degree, 1), "fsdp": (1, self.dp_degree)}.get(
+            self.dp, (self.dp_degree // (self.shard or 1), self.shard or 1)
+        )
+        return {"pp": self.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": self.cp, "tp": self.tp}
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as JSON-ready data, the model as its full config (the dry run needs no table)."""
+        out = asdict(self)
+        out["model"] = self.config.to_json()
+        out["model_name"] = self.model if isinstance(self.model, str) else self.model.name
+        return out
+
+    # ------------------------------------------------------------------------------ checks
+
+    def check(self) -> None:
+        """Raise one line (LabUsageError, a ValueError) if this plan cannot exist."""
+        cfg = _model(self.model)
+        checks.whole("gpus", self.gpus, minimum=1, example="gpus=1024")
+        for name in ("tp", "pp", "cp", "chunks", "micro_batch_size"):
+            checks.whole(name, getattr(self, name), minimum=1, example=f"{name}=1")
+        checks.whole("seq_len", self.seq_len, minimum=1, example="seq_len=8192")
+        checks.whole("global_batch_tokens", self.global_batch_tokens, minimum=1, example="global_batch_tokens=4194304")
+        checks.choice("dp", self.dp, DP)
+        checks.choice("schedule", self.schedule, SCHEDULES)
+        checks.choice("precision", self.precision, PRECISIONS)
+        checks.choice("checkpointing", self.checkpointing, CHECKPOINTING)
+        checks.choice("optimizer", self.optimizer, OPTIMIZERS)
+        split = self.tp * self.pp * self.cp
+        if self.gpus % split:
+            raise LabUsageError(
+                f"the mesh does not cover gpus={self.gpus}: tp*pp*cp = {split} must divide it, leaving "
+                f"dp = gpus/(tp*pp*cp) whole; change gpus to a multiple of {split} or the split"
+            )
+        for what, count in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads)):
+            if count % self.tp:
+                raise LabUsageError(
+                    f"tp={self.tp} does not divide {cfg.name}'s {count} {what}: each tensor-parallel rank takes "
+                    f"whole heads; use tp in {_divisors(cfg.kv_heads if what == 'kv_heads' else cfg.heads)}"
+                )
+        if cfg.ffn_dim % self.tp:
+            raise LabUsageError(f"tp={self.tp} does not divide {cfg.name}'s ffn_dim {cfg.ffn_dim}: use tp in "
+                                f"{_divisors(cfg.ffn_dim)}")
+        self._check_pipeline(cfg)
+        self._check_data_parallel()
+        if self.seq_len > cfg.max_seq_len:
+            raise LabUsageError(f"seq_len={self.seq_len} is longer than {cfg.name}'s {cfg.max_seq_len} positions: "
+                                f"use seq_len <= {cfg.max_seq_len}")
+        if self.seq_len % (2 * self.cp) and self.cp > 1:
+            raise LabUsageError(f"seq_len={self.seq_len} must split into 2*cp = {2 * self.cp} equal chunks "
+                                "(load-balanced ring attention): use a multiple of it")
+        self._check_batch()
+
+    def _check_pipeline(self, cfg: ModelConfig) -> None:
+        if self.chunks > 1 and self.schedule != "interleaved":
+            raise LabUsageError(f"chunks={self.chunks} is for schedule='interleaved' (stages per rank); "
+                                f"with schedule={self.schedule!r} use chunks=1")
+        stages = self.pp * self.chunks
+        if cfg.layers % stages:
+            raise LabUsageError(
+                f"pp*chunks = {stages} stages do not split {cfg.name}'s {cfg.layers} layers evenly (each stage "
+                f"gets layers/(pp*chunks); uneven splits are not modelled): use pp*chunks in {_divisors(cfg.layers)}"
+            )
+
+    def _check_data_parallel(self) -> None:
+        dp = self.dp_degree
+        if self.dp == "hsdp":
+            if self.shard is None:
+                raise LabUsageError("dp='hsdp' needs shard=, the GPUs in each shard group (e.g. shard=8): parameters "
+                                    "are sharded within a group and replicated across groups")
+            checks.whole("shard", self.shard, minimum=1, example="shard=8")
+            if dp % self.shard:
+                raise LabUsageError(f"shard={self.shard} does not divide the {dp} data-parallel ranks "
+                                    f"(gpus/(tp*pp*cp)): use shard in {_divisors(dp)}")
+        elif self.shard is not None:
+            raise LabUsageError(f"shard= is for dp='hsdp' (GPUs per shard group); with dp={self.dp!r} leave it out")
+
+    def _check_batch(self) -> None:
+        per = self.seq_len * self.micro_batch_size * self.dp_degree
+        if self.global_batch_tokens % per or self.global_batch_tokens < per:
+            fit = max(1, round(self.global_batch_tokens / per)) * per
+            raise LabUsageError(
+                f"global_batch_tokens={self.global_batch_tokens:,} is not a whole number of micro-batches: one "
+                f"micro-batch on every dp rank is seq_len*micro_batch_size*dp = {per:,} tokens; "
+                f"use a multiple of it, e.g. global_batch_tokens={fit}"
+            )
+        if self.pp > 1 and self.micro_batches < self.pp:
+            raise LabUsageError(
+                f"{self.micro_batches} micro-batches cannot fill {self.pp} pipeline stages: give at least "
+                f"pp = {self.pp} (global_batch_tokens >= {self.pp * per:,}), or a smaller micro_batch_size"
+            )
