@@ -12,8 +12,8 @@ The mesh itself is made outside FakeTensorMode: its own tensors must be real.
 
 What is measured on that step, by dispatch modes around it: every tensor alive (torch's MemTracker:
 the peak), every collective (op, the bytes this rank puts in, its group and so its mesh dimension, the
-phase), the FLOPs (``FlopCounterMode``). What is read: the local parameter shards, gradients and the
-optimizer's states. What is derived, and why:
+phase), the FLOPs (torch's formulas, ``torch.utils.flop_counter``, on this rank's local ops). What is
+read: the local parameter shards, gradients and the optimizer's states. What is derived, and why:
 
 - Pipeline parallelism: torch.distributed.pipelining's schedules need every stage of the pipeline
   in their own processes (they send to and receive from their neighbours), so a stage is run alone:
@@ -44,7 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from ..nn.llama import TransformerStage, stage_modules, tensor_parallel_plan
 from ..theory import in_flight_micro_batches
@@ -177,6 +177,39 @@ def _backward(losses: list[Any], tp: bool) -> None:
             out.backward(grad)
 
 
+_ATEN = torch.ops.aten
+# CPU's fused attention has torch's formulas for the GPU kernels (same arguments first): the dry run
+# runs CPU kernels, the step it stands for runs flash attention.
+_FLOPS = {
+    **flop_registry,
+    _ATEN._scaled_dot_product_flash_attention_for_cpu: flop_registry[_ATEN._scaled_dot_product_flash_attention],
+    _ATEN._scaled_dot_product_flash_attention_for_cpu_backward:
+        flop_registry[_ATEN._scaled_dot_product_flash_attention_backward],
+}
+
+
+class LocalFlops(DispatchMode):
+    """This rank's FLOPs, by torch's formulas (``torch.utils.flop_counter``: matmuls and attention).
+
+    ``FlopCounterMode`` counts a DTensor op at its global shape, once for the whole tensor-parallel
+    group; this mode lets DTensor first turn the op into this rank's local ops (as torch's MemTracker
+    does) and counts those: what this GPU computes."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.flops = 0
+        self.fake_mode = torchcompat.active_fake_mode()  # made inside the step's FakeTensorMode
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        formula = _FLOPS.get(func.overloadpacket)
+        if formula is not None and torchcompat.active_fake_mode() is self.fake_mode:  # not DTensor's propagation
+            self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+        return out
+
+
 def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, stage: int | None) -> dict[str, Any]:
     dims = {"pp": plan["pp"], **_dims(plan)}
     dist.init_process_group("fake", store=torchcompat.fake_store(), rank=rank, world_size=plan["gpus"])
@@ -195,7 +228,7 @@ def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, 
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             counter, tracker = Collectives(dims_of), torchcompat.memory_tracker(*modules, optimizer)
-            flops = FlopCounterMode(display=False)
+            flops = LocalFlops()
             with tracker, flops, counter:
                 losses = _micro_batch(plan, cfg, modules, tp)
                 counter.phase = "backward"
@@ -205,17 +238,17 @@ def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, 
                 counter.phase = "optimizer"
                 optimizer.step()
             peak = torchcompat.tracked_peak_bytes(tracker)
-            total_flops = flops.get_total_flops()
+            total_flops = flops.flops
             recompute = 0
             if plan["checkpointing"] != "none":
                 for m in modules:
                     m.checkpointing = "none"
                 optimizer.zero_grad(set_to_none=True)
-                plain = FlopCounterMode(display=False)
+                plain = LocalFlops()
                 with plain:
                     again = _micro_batch(plan, cfg, modules, tp)
                     _backward(again, tp)
-                recompute = total_flops - plain.get_total_flops()
+                recompute = total_flops - plain.flops
         parameters = _local_bytes(params)
         states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         opt_bytes = _local_bytes(states)

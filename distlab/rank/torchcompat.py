@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_leaves as _pytree_leaves  # see tree_leaves
 __all__ = [
     "ALLOW_ANY_TORCH",
     "KNOWN_GOOD",
+    "active_fake_mode",
     "check_torch",
     "comm_hook_names",
     "compiled_original",
@@ -400,3 +401,13 @@ def tracked_peak_bytes(tracker: Any) -> int:
     peak = tracker.get_tracker_snapshot("peak")
     return int(sum(snap.get("Total", 0) for snap in peak.values()))
 
+
+
+def active_fake_mode() -> Any:
+    """The FakeTensorMode active now, or None (``torch._guards.active_fake_mode``). DTensor propagates
+    shardings by running an op's local shapes under a nested FakeTensorMode of its own: a mode that
+    counts what a rank computes (the dry run's FLOPs) skips ops run under another mode than its own,
+    as torch's MemTracker does."""
+    from torch._guards import active_fake_mode as active
+
+    return active()

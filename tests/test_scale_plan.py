@@ -1,0 +1,81 @@
+"""scale.Plan's checks (one line for a plan that cannot exist) and the models' parameter counts
+against their published sizes. Fast tier: no torch, no process."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab import scale
+from distlab.errors import LabUsageError
+
+BASE = {"model": "llama3-8b", "gpus": 1024, "tp": 8, "seq_len": 8192, "global_batch_tokens": 4 * 2**20}
+
+
+def test_a_plan_derives_its_data_parallel_degree_micro_batches_and_tokens():
+    plan = scale.Plan(**BASE)
+    assert (plan.dp_degree, plan.micro_batches, plan.tokens_per_step) == (128, 4, 4 * 2**20)
+    assert plan.dims == {"pp": 1, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 8}
+    hsdp = scale.Plan(**{**BASE, "dp": "hsdp", "shard": 8})
+    assert hsdp.dims["dp_replicate"] == 16 and hsdp.dims["dp_shard"] == 8
+    piped = scale.Plan(**{**BASE, "model": "llama3-70b", "pp": 4, "global_batch_tokens": 2**22})
+    assert piped.dp_degree == 32 and piped.micro_batches == 16
+    assert scale.Plan(**BASE) == scale.Plan(**BASE)  # the predictor compares a report's plan with its own
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"gpus": 1020}, "tp*pp*cp = 8 must divide it"),
+        ({"gpus": 768, "tp": 3}, "tp=3 does not divide llama3-8b's 32 heads"),
+        ({"gpus": 1024, "tp": 16}, "tp=16 does not divide llama3-8b's 8 kv_heads"),
+        ({"model": "llama3-8", "tp": 8}, "unknown model 'llama3-8': did you mean 'llama3-8b'"),
+        ({"model": "gpt-175b"}, "did you mean 'gpt3-175b'"),
+        ({"pp": 64, "tp": 1, "gpus": 64 * 16}, "do not split llama3-8b's 32 layers evenly"),
+        ({"global_batch_tokens": 4_000_000}, "not a whole number of micro-batches"),
+        ({"global_batch_tokens": 8192 * 64}, "is not a whole number of micro-batches"),
+        ({"dp": "hsdp"}, "dp='hsdp' needs shard="),
+        ({"dp": "hsdp", "shard": 3}, "shard=3 does not divide the 128 data-parallel ranks"),
+        ({"shard": 8}, "shard= is for dp='hsdp'"),
+        ({"pp": 4, "global_batch_tokens": 8192 * 32 * 2}, "2 micro-batches cannot fill 4 pipeline stages"),
+        ({"chunks": 2}, "chunks=2 is for schedule='interleaved'"),
+        ({"dp": "zero"}, "unknown dp 'zero'"),
+        ({"seq_len": 2**18, "global_batch_tokens": 2**18 * 128}, "longer than llama3-8b's 131072 positions"),
+    ],
+)
+def test_a_plan_that_cannot_exist_is_one_line_saying_why_and_what_to_change(change, says):
+    with pytest.raises(LabUsageError) as caught:
+        scale.Plan(**{**BASE, **change})
+    message = str(caught.value)
+    assert says in message and "\n" not in message, message
+
+
+def test_a_model_can_be_given_by_its_config():
+    mine = scale.ModelConfig("tiny", "llama", 256, 4, 8, 2, 512, 1000, 1024)
+    plan = scale.Plan(model=mine, gpus=8, tp=2, seq_len=128, global_batch_tokens=128 * 4)
+    assert plan.config is mine and plan.to_json()["model"]["dim"] == 256
+
+
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("llama3-8b", 8.03e9),  # Llama 3 paper / model card: 8.03B
+        ("llama3-70b", 70.6e9),  # 70.6B
+        ("llama3-405b", 405.9e9),  # 405.9B (~405B)
+        ("gpt3-175b", 175.0e9),  # Brown et al. 2020: 175.0B
+        ("megatron-145.6b", 145.6e9),  # Narayanan et al. 2021 table 1
+        ("megatron-1t", 1008.0e9),
+    ],
+)
+def test_parameter_counts_match_the_published_sizes(name, published):
+    assert scale.parameters(scale.MODELS[name]) == pytest.approx(published, rel=0.005)
+
+
+def test_llama3_8b_has_exactly_its_published_parameter_count():
+    assert scale.parameters(scale.MODELS["llama3-8b"]) == 8_030_261_248
+
+
+def test_dry_run_refuses_what_it_cannot_make_real_in_one_line():
+    with pytest.raises(LabUsageError, match="cp > 1 is not dry-run"):
+        scale.dry_run(scale.Plan(**{**BASE, "cp": 2, "gpus": 2048}))
+    with pytest.raises(LabUsageError, match="fp8"):
+        scale.dry_run(scale.Plan(**{**BASE, "precision": "fp8"}))
