@@ -1,0 +1,137 @@
+"""The predictor against runs that were really trained and published: each row's plan dry-run here
+(``scale.dry_run``: the real torch code at the run's world size, in one process), predicted
+(``scale.predict``) on the run's machine, and put next to what was published, with the error.
+
+One number of the model is fitted, not counted: ``prediction.EFFICIENCY``, the fraction of peak FLOPs
+the compute reaches. ``--fit`` refits it on the row marked "fit" (torchtitan's Llama 3.1 8B on 128
+H100s) and prints it; every other row then tests the model. Memory is compared with what torchtitan
+published (its maximum across GPUs of the memory the job held); the Llama 3 paper gives none.
+
+    python benchmarks/bench_published_runs.py [--fit] [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from distlab import scale
+from distlab.errors import LabUsageError
+from distlab.scale import prediction as model
+
+TITAN = "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; H100 96 GB HBM2e at 500 W, 400 Gb/s RDMA per GPU)"
+LLAMA3 = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4 (H100 80 GB at 700 W, RoCE 400 Gb/s per GPU)"
+
+
+@dataclass
+class Row:
+    name: str
+    source: str
+    plan: dict[str, Any]
+    hardware: str
+    network: str
+    #: What was published: "tokens_per_s_per_gpu", "tflops_per_gpu", "memory_gib".
+    published: dict[str, float]
+    fit: bool = False
+    #: What the predictor leaves out that this run used (said next to its error).
+    lacks: list[str] = field(default_factory=list)
+
+
+ROWS = [
+    Row("Llama 3.1 8B, FSDP 8, 8 GPUs", TITAN + ", Table 1 row FSDP",
+        {"model": "llama3-8b", "gpus": 8, "dp": "fsdp", "seq_len": 8192, "global_batch_tokens": 16 * 8192,
+         "micro_batch_size": 2, "checkpointing": "selective"},
+        "h100-sxm", "ib-400g", {"tokens_per_s_per_gpu": 5762, "memory_gib": 82.4}),
+    Row("Llama 3.1 8B, FSDP 128, 128 GPUs", TITAN + ", Table 3 row FSDP",
+        {"model": "llama3-8b", "gpus": 128, "dp": "fsdp", "seq_len": 8192, "global_batch_tokens": 256 * 8192,
+         "micro_batch_size": 2, "checkpointing": "selective"},
+        "h100-sxm", "ib-400g", {"tokens_per_s_per_gpu": 5605, "memory_gib": 67.0}, fit=True),
+    Row("Llama 3.1 70B, FSDP 32 x TP 8, 256 GPUs", TITAN + ", Table 4 row 2D",
+        {"model": "llama3-70b", "gpus": 256, "tp": 8, "dp": "fsdp", "seq_len": 8192,
+         "global_batch_tokens": 512 * 8192, "micro_batch_size": 16, "checkpointing": "full"},
+        "h100-sxm", "ib-400g", {"tokens_per_s_per_gpu": 829, "memory_gib": 71.9},
+        lacks=["Float8 matmuls", "torch.compile"]),
+    Row("Llama 3.1 405B, FSDP 8 x TP 8 x PP 8 (1F1B), 512 GPUs", TITAN + ", Table 5 row 1F1B",
+        {"model": "llama3-405b", "gpus": 512, "tp": 8, "pp": 8, "dp": "fsdp", "seq_len": 8192,
+         "global_batch_tokens": 256 * 8192, "micro_batch_size": 1, "schedule": "1f1b", "checkpointing": "full"},
+        "h100-sxm", "ib-400g", {"tokens_per_s_per_gpu": 100, "memory_gib": 82.5},
+        lacks=["Float8 matmuls", "torch.compile", "async TP"]),
+    Row("Llama 3 405B, TP 8 x PP 16 x DP 64, 8,192 GPUs", LLAMA3 + ", row 1",
+        {"model": "llama3-405b", "gpus": 8192, "tp": 8, "pp": 16, "dp": "fsdp", "seq_len": 8192,
+         "global_batch_tokens": 2048 * 8192, "micro_batch_size": 1, "schedule": "interleaved", "chunks": 2,
+         "checkpointing": "none"},
+        "h100-sxm", "roce-400g", {"tflops_per_gpu": 430},
+        lacks=["the paper's own interleaved schedule (depth not published: 2 chunks assumed)"]),
+    Row("Llama 3 405B, TP 8 x PP 16 x DP 128, 16,384 GPUs", LLAMA3 + ", row 2",
+        {"model": "llama3-405b", "gpus": 16384, "tp": 8, "pp": 16, "dp": "fsdp", "seq_len": 8192,
+         "global_batch_tokens": 2048 * 8192, "micro_batch_size": 1, "schedule": "interleaved", "chunks": 2,
+         "checkpointing": "none"},
+        "h100-sxm", "roce-400g", {"tflops_per_gpu": 400},
+        lacks=["the paper's own interleaved schedule (depth not published: 2 chunks assumed)"]),
+]
+
+
+def _predicted(pred: model.Prediction, key: str) -> float:
+    if key == "tokens_per_s_per_gpu":
+        return pred.tokens_per_s_per_gpu
+    if key == "tflops_per_gpu":
+        return pred.mfu * _peak(pred) / 1e12
+    return pred.memory_per_gpu_bytes / 2**30
+
+
+def _peak(pred: model.Prediction) -> float:
+    return scale.hardware.HARDWARE[pred.hardware].peak_flops["bf16"]
+
+
+def _fit(report: Any, row: Row) -> float:
+    """The efficiency at which the row's predicted throughput is the published one (bisection)."""
+    low, high = 0.05, 1.0
+    want = row.published["tokens_per_s_per_gpu"]
+    for _ in range(50):
+        mid = (low + high) / 2
+        got = model.predict_report(report, row.hardware, row.network, efficiency=mid).tokens_per_s_per_gpu
+        low, high = (mid, high) if got < want else (low, mid)
+    return (low + high) / 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fit", action="store_true", help="refit prediction.EFFICIENCY on the fit row and use it")
+    parser.add_argument("--only", default="", help="rows whose name contains this")
+    args = parser.parse_args()
+    rows = [r for r in ROWS if args.only in r.name]
+    reports, refused = {}, {}
+    for row in rows:
+        t0 = time.perf_counter()
+        try:
+            reports[row.name] = scale.dry_run(scale.Plan(**row.plan))
+        except LabUsageError as exc:  # a plan the dry run does not model yet: its row says why
+            refused[row.name] = str(exc)
+            continue
+        print(f"dry run of {row.name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    efficiency = None
+    fit_rows = [r for r in rows if r.fit]
+    if args.fit and fit_rows:
+        efficiency = _fit(reports[fit_rows[0].name], fit_rows[0])
+        print(f"efficiency fitted on {fit_rows[0].name}: {efficiency:.3f}")
+    print("\n| run | published | predicted | error | source; what the model lacks |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        if row.name in refused:
+            print(f"| {row.name} | {', '.join(f'{v:,.0f}' for v in row.published.values())} | not predicted: "
+                  f"{refused[row.name]} | | {row.source} |")
+            continue
+        pred = model.predict_report(reports[row.name], row.hardware, row.network, efficiency=efficiency)
+        for key, value in row.published.items():
+            got = _predicted(pred, key)
+            error = (got - value) / value
+            unit = {"tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU", "memory_gib": "GiB"}[key]
+            note = "; ".join([row.source] + (["fit row"] if row.fit and key != "memory_gib" else []) + row.lacks)
+            print(f"| {row.name} | {value:,.1f} {unit} | {got:,.1f} | {100 * error:+.0f}% | {note} |")
+        print(f"|   | where the predicted step goes | {pred} | | |")
+
+
+if __name__ == "__main__":
+    main()
