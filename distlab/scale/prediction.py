@@ -10,8 +10,8 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
 
 - **Compute**: FLOPs / (peak x ``efficiency``). ``efficiency`` is the one number not counted: the
   fraction of the peak that a step's matmuls and the kernels between them reach. Its default,
-  ``EFFICIENCY``, is to be fitted on one published run (torchtitan's Llama 3.1 8B, FSDP on 128 H100s,
-  ``benchmarks/bench_published_runs.py --fit``) and then tested on the others.
+  ``EFFICIENCY``, was fitted on one published run (torchtitan's Llama 3.1 8B, FSDP on 128 H100s,
+  ``benchmarks/bench_published_runs.py --fit``) and is tested on the others.
 - **Where a collective runs**: the mesh is laid out as torchtitan lays it, ``(pp, dp_replicate,
   dp_shard, cp, tp)`` with tp innermost, consecutive ranks on a node. A dimension's group whose
   ranks all sit in one node uses the node's link (NVLink), else the network (each GPU's NIC, the
@@ -42,11 +42,10 @@ from .hardware import Hardware, Network, hardware_named, network_named
 
 __all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "predict", "predict_report"]
 
-#: The fraction of peak FLOPs a step's compute reaches (see the module), to be fitted on torchtitan's
-#: Llama 3.1 8B on 128 H100s (Table 3, FSDP, no compile) by benchmarks/bench_published_runs.py --fit
-#: once the dry run is in. Until then 0.5, a round number near the 33-39% MFU torchtitan reports for
-#: that run (its footnote) plus what communication and the optimizer take: not yet a fitted value.
-EFFICIENCY = 0.5
+#: The fraction of peak FLOPs a step's compute reaches (see the module): fitted on torchtitan's Llama
+#: 3.1 8B on 128 H100s (Table 3, FSDP, no compile) by benchmarks/bench_published_runs.py --fit, whose
+#: footnote gives 33-39% MFU for that run; the other rows test it (benchmarks/RESULTS.md).
+EFFICIENCY = 0.342
 
 #: The device mesh's dimensions, outermost first (torchtitan's ParallelDims order): tp is innermost.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
