@@ -247,7 +247,10 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     path = jupyter.root / NAME
 
     def saved() -> Any:
-        nb = json.loads(path.read_text())
+        try:
+            nb = json.loads(path.read_text())
+        except json.JSONDecodeError:  # read while the server was writing it (empty or cut): poll again
+            return None
         return nb if nb["cells"][7].get("outputs") else None
 
     nb = wait_for(saved, 30, "the notebook to be saved with its outputs")
