@@ -33,7 +33,6 @@ communication the events gloo records around each collective on its own worker t
 from __future__ import annotations
 
 import base64
-import io
 import json
 import textwrap
 import zlib
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..wire import ProfileTrace
+from .static import compact_png
 
 __all__ = [
     "Interval",
@@ -313,15 +313,7 @@ def render_png(profiles: Sequence[RankProfile], text: str = "") -> bytes:
         words.text(
             0, 1, "\n".join(lines), family="monospace", fontsize=8, va="top", ha="left", transform=words.transAxes
         )
-    drawn = io.BytesIO()
-    fig.savefig(drawn, format="png")
-    from PIL import Image  # 256 colours: a third of the bytes in a saved notebook (as dashboard.static)
-
-    out = io.BytesIO()
-    Image.open(drawn).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(
-        out, format="PNG", optimize=True
-    )
-    return out.getvalue()
+    return compact_png(fig)
 
 
 def _ms(intervals: Sequence[Interval]) -> list[tuple[float, float]]:
