@@ -30,8 +30,8 @@ notebooks)
         notebooks/15-fsdp2-memory.ipynb notebooks/16-pipeline-schedules.ipynb 2>&1 | tee "$OUT/gpu-notebooks.log" ;;
 bench)
     {
-        $PY benchmarks/bench_startup.py --ranks 1 --repeats 5 --backend nccl
-        $PY benchmarks/bench_startup.py --ranks 2 --repeats 5 --backend auto
+        $PY benchmarks/bench_startup.py --ranks 1 --repeats 3 --backend nccl
+        $PY benchmarks/bench_startup.py --ranks 2 --repeats 3 --backend auto
         $PY benchmarks/bench_roundtrip.py --ranks 1 2 --calls 200
         $PY benchmarks/bench_watch_device.py --ranks 1 --backend nccl
         $PY benchmarks/bench_watch_device.py --ranks 2 --backend auto

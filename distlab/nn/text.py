@@ -139,7 +139,9 @@ class TokenBatches:
         first = (within * self.world_size + self.rank) * self.batch_size
         starts = self._epoch_order(epoch)[first : first + self.batch_size] * self.seq_len
         windows = self._windows[starts[:, None] + self._offsets]  # (batch, seq_len + 1)
-        return windows[:, :-1], windows[:, 1:]
+        # Contiguous: a pipeline stage checks its inputs' strides against the first micro-batch's
+        # (torch 2.11 refuses a view's (seq_len + 1, 1) strides where it expects (seq_len, 1)).
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every step from 0 on, epoch after epoch: stop it with ``zip(range(steps), batches)``."""

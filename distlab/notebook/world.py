@@ -161,12 +161,13 @@ def _sharing_note(gpus_of: Mapping[str, int], ranks_of: Mapping[str, int]) -> st
     host = next(host for host, ranks in ranks_of.items() if gpus_of[host] < ranks)
     gpus, ranks = gpus_of[host], ranks_of[host]
     where = f"{host} has" if len(ranks_of) > 1 else "this machine has"
-    # torch's backend table: gloo takes CUDA tensors in every collective but send and recv.
+    # torch's backend table: gloo takes CUDA tensors in every collective but send and recv, which
+    # the ranks stage through host memory (rank/staging.py).
     return (
         f"{where} {gpus} GPU{'s' if gpus != 1 else ''} for {ranks} ranks: they run gloo and take the "
         f"GPU{'s' if gpus != 1 else ''} in turn (NCCL needs a GPU per rank); start at most {gpus} "
-        f"rank{'s' if gpus != 1 else ''} per host for NCCL. gloo cannot send or recv a CUDA tensor: "
-        "for point-to-point cells (pipelines), --backend gloo runs CPU ranks"
+        f"rank{'s' if gpus != 1 else ''} per host for NCCL. Sends and receives of CUDA tensors go "
+        "through host memory (gloo cannot take them there)"
     )
 
 

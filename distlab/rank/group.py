@@ -100,7 +100,10 @@ def init_rank(spec: GroupSpec) -> RankJoined:
             rank=spec.rank,
             world_size=spec.world_size,
             timeout=timedelta(seconds=spec.timeout_s),
-            device_id=device if device.type == "cuda" else None,
+            # NCCL's communicator is made at once on its bound GPU. gloo gains nothing from a bound
+            # device, and on torch 2.11 new_group and DeviceMesh then split gloo's group, which it
+            # cannot (no perform_nocolor_split; its options cannot be copied): measured on an H200.
+            device_id=device if device.type == "cuda" and spec.backend == "nccl" else None,
         )
     probe = torch.ones(1, device=device)
     dist.all_reduce(probe)

@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_leaves as _pytree_leaves  # see tree_leaves
 
+from . import staging
+
 __all__ = [
     "ALLOW_ANY_TORCH",
     "KNOWN_GOOD",
@@ -92,6 +94,12 @@ def check_torch(version: str, environ: Mapping[str, str]) -> None:
 
 
 check_torch(str(torch.__version__), os.environ)
+
+# torch 2.13 gave the one-tensor collectives the names the notebooks and exercises use; 2.11 (the
+# GPU machines' torch) has them only under their older names, with the same arguments.
+for _new, _old in (("all_gather_single", "all_gather_into_tensor"), ("reduce_scatter_single", "reduce_scatter_tensor")):
+    if not hasattr(dist, _new):
+        setattr(dist, _new, getattr(dist, _old))
 
 
 # ------------------------------------------------------------------------- tensors and modules
@@ -295,7 +303,8 @@ def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[to
     three methods of ``torch._C._distributed_c10d.ProcessGroup`` (a pybind11 class, whose attributes
     may be replaced); wrapping the methods, not the module's functions, also sees a function imported
     by name before (``P2POp`` compares ``op`` to ``dist.isend`` by identity). The observer's failure
-    never reaches the caller.
+    never reaches the caller. The same wrapper sends and receives a CUDA tensor on gloo through a
+    host copy (``staging``), which gloo cannot do itself.
     """
     cls: Any = dist.ProcessGroup  # torch._C._distributed_c10d.ProcessGroup, as torch.distributed names it
     if getattr(cls, "_distlab_observed", False):
@@ -313,7 +322,9 @@ def _observed(original: Callable[..., Any], op: str, observer: Callable[..., Non
     with_peer = op == "send" or original.__name__ == "recv"
 
     def method(self: Any, tensors: Sequence[torch.Tensor], *args: Any) -> Any:
-        work = original(self, tensors, *args)
+        # gloo cannot send or receive a CUDA tensor as it is (ranks sharing a GPU): rank/staging.py.
+        work = staging.staged(original, self, op, tensors, *args) if staging.needs_staging(self, tensors) \
+            else original(self, tensors, *args)
         with contextlib.suppress(Exception):
             observer(self, op, int(args[0]) if with_peer else None, list(tensors), work)
         return work

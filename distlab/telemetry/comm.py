@@ -28,7 +28,8 @@ from ..records import AllReduceBucket, Collective
 from ..theory.collectives import COLLECTIVES, bus_bandwidth_factor
 from .ops import CollectiveTiming, Stamped
 
-__all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize", "summarize_collectives"]
+__all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize", "summarize_collectives",
+           "timed_all_reduce"]
 
 
 @dataclass
@@ -207,3 +208,22 @@ def summarize_collectives(timings: list[CollectiveTiming], step_begin: float) ->
             in_flight += stop - max(start, end)
             end = stop
     return out, in_flight
+
+
+def timed_all_reduce(
+    timings: list[BucketTiming], observer: Any, tensor: torch.Tensor, op: Any, group: Any
+) -> torch.Tensor:
+    """``dist.all_reduce(tensor)`` timed as the next bucket of ``timings`` (``Watch.all_reduce``); the
+    watch's op ``observer``, if any, does not time it again."""
+    timing = BucketTiming(len(timings), tensor.numel() * tensor.element_size(), time.perf_counter(), blocking=True)
+    held = observer.timings if observer is not None else None
+    if observer is not None:
+        observer.timings = None  # timed here, as a bucket: not again op by op
+    try:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+    finally:
+        if observer is not None:
+            observer.timings = held
+    timing.done = time.perf_counter()
+    timings.append(timing)
+    return tensor

@@ -25,8 +25,8 @@ __all__ = ["Step", "metric_fields", "metric_value", "wrapped_by_zero"]
 class Step:
     """One training step of a watch, from its first forward to its update (and its record, once made)."""
 
-    __slots__ = ("begin", "collectives", "gap_s", "live_at_begin", "metrics", "number", "record", "resident",
-                 "timings", "version", "wall")
+    __slots__ = ("begin", "collectives", "done_event", "end", "gap_s", "live_at_begin", "metrics", "number", "record",
+                 "resident", "timings", "version", "wall")
 
     def __init__(self, number: int, gap_s: float | None, version: int) -> None:
         self.number = number
@@ -38,16 +38,29 @@ class Step:
         self.collectives: list[CollectiveTiming] = []
         self.resident = 0  # parameter, gradient and optimizer bytes when the step began
         self.live_at_begin = 0  # what the live-tensor count said then (CPU)
-        self.metrics: dict[str, float] = {}
+        self.metrics: dict[str, float | torch.Tensor] = {}
         self.record: StepRecord | None = None  # set when the step closes
+        self.end = 0.0  # perf_counter when it closed
+        # On a GPU: recorded on the stream when the step closed; once it has completed, so has every
+        # collective timed in the step and every value logged in it, and reading them waits for nothing.
+        self.done_event: Any = None
 
-    def new_record(self, rank: int, world_size: int, end: float, memory: Any) -> StepRecord:
-        """The step's record, its update done at ``end`` (``perf_counter``): its times, its timed
-        collectives and ``memory``; the watch adds the sampled norms and checksums, and the metrics."""
-        step_time_s = end - self.begin
+    def timed_fields(self, world_size: int) -> dict[str, Any]:
+        """The record's fields that read the step's timed collectives (on a GPU, their CUDA events)."""
+        step_time_s = self.end - self.begin
         buckets, comm_s = comm.summarize(self.timings, self.begin, world_size)
         collectives, in_flight_s = comm.summarize_collectives(self.collectives, self.begin)
         comm_s = min(comm_s + in_flight_s, step_time_s)  # what was still in flight counts as exposed
+        return {"allreduce": buckets, "collectives": collectives, "comm_s": comm_s, "compute_s": step_time_s - comm_s}
+
+    def new_record(self, rank: int, world_size: int, end: float, memory: Any, timed: bool = True) -> StepRecord:
+        """The step's record, its update done at ``end`` (``perf_counter``): its times, its timed
+        collectives (``timed=False``: none yet, see ``timed_fields``) and ``memory``; the watch adds the
+        sampled norms and checksums, and the metrics."""
+        self.end = end
+        step_time_s = end - self.begin
+        fields: dict[str, Any] = self.timed_fields(world_size) if timed else {
+            "allreduce": [], "collectives": [], "comm_s": 0.0, "compute_s": step_time_s}
         return {
             "rank": rank,
             "step": self.number,
@@ -56,11 +69,11 @@ class Step:
             "loss": None,
             "metrics": {},
             "step_time_s": step_time_s,
-            "compute_s": step_time_s - comm_s,
-            "comm_s": comm_s,
+            "compute_s": fields["compute_s"],
+            "comm_s": fields["comm_s"],
             "idle_s": self.gap_s,
-            "allreduce": buckets,
-            "collectives": collectives,
+            "allreduce": fields["allreduce"],
+            "collectives": fields["collectives"],
             "memory": memory,
             "grad_norm": {},
             "weight_norm": {},
@@ -83,18 +96,21 @@ def wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
                for ref in gc.get_referrers(optimizer))
 
 
-def metric_value(name: str, value: Any) -> float:
+def metric_value(name: str, value: Any) -> float | torch.Tensor:
+    """A logged value as the record keeps it: a float, or a GPU tensor's detached copy until its step's
+    record is made (reading it at once would make the CPU wait for the GPU every step)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"log({name}=...) takes a number or a one-element tensor, got shape {tuple(value.shape)}")
-        return float(value.item())
+        return value.detach().clone() if value.is_cuda else float(value.item())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"log({name}=...) takes a number, got {type(value).__name__}")
     return float(value)
 
 
-def metric_fields(metrics: dict[str, float]) -> dict[str, Any]:
+def metric_fields(metrics: dict[str, float | torch.Tensor]) -> dict[str, Any]:
     """The record's fields that ``distlab.log`` sets: metrics, and loss and epoch when logged."""
+    metrics = {k: float(v) for k, v in metrics.items()}  # a GPU tensor's value is read here
     fields: dict[str, Any] = {"metrics": {k: v for k, v in metrics.items() if k not in ("loss", "epoch")}}
     if "loss" in metrics:
         fields["loss"] = metrics["loss"]

@@ -35,6 +35,7 @@ from .config import WatchConfig, make_config
 from .memory import LiveTensors, model_memory
 from .ops import OpObserver
 from .parallelism import describe
+from .pending import PendingSteps
 from .stats import LayerIndex
 from .steps import Step, metric_fields, metric_value, wrapped_by_zero
 
@@ -108,6 +109,7 @@ class Watch:
         self._marks: deque[int] = deque(maxlen=2)  # newest finished step in each of the last 2 publishes
         self._seq = 0
         self._open: Step | None = None
+        self._pending = PendingSteps()  # GPU steps whose records wait for the GPU (telemetry/pending.py)
         self._last_end: float | None = None
         self._owns_cache: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._param_ids = {id(p) for p in self.layers.params}
@@ -164,6 +166,7 @@ class Watch:
             if step.record is not None:
                 self._finish(step)
         self._open = None
+        self._resolve(wait=True)
         self._snapshot = None
         self._stop_observing()
         if self in _active:
@@ -182,6 +185,7 @@ class Watch:
         failed mid-step leaves no observer on the rank.
         """
         self._stop_observing()
+        self._resolve(wait=True)
         if not self.closed and self._publisher is not None:
             self._publisher.flush()
 
@@ -219,6 +223,7 @@ class Watch:
 
     def records(self) -> list[StepRecord]:
         """This rank's records, oldest first (the last ``buffer_steps`` steps)."""
+        self._resolve(wait=True)
         with self._lock:
             out = list(self._done)
             if self._latest is not None:
@@ -258,8 +263,9 @@ class Watch:
     def _payload(self, final: bool) -> Publish:
         """What one publish carries: the steps since the one before last (all of them when final)."""
         with self._lock:
-            done = list(self._done)
-            latest = self._latest
+            # Records still waiting for the GPU are the newest: they go in a later publish.
+            done = [r for r in self._done if id(r) not in self._pending.record_ids]
+            latest = self._latest if id(self._latest) not in self._pending.record_ids else None
         if final:
             window = done
         else:
@@ -317,6 +323,7 @@ class Watch:
         return sum(torchcompat.version_counter(p) for p in self.layers.params)
 
     def _begin(self, number: int, gap_s: float | None) -> None:
+        self._resolve(wait=False)
         step = Step(number, gap_s, self._weights_version())
         self._open = step
         if self._timer is not None:
@@ -340,7 +347,10 @@ class Watch:
         end = time.perf_counter()
         self._last_end = end
         n, cfg = step.number, self.config
-        record = step.new_record(self.rank, self.world_size, end, self._memory(step) if cfg.track_memory else None)
+        # On a GPU, CUDA events and logged tensors are read once the GPU got there (telemetry/pending.py).
+        deferred = self._cuda is not None
+        memory = self._memory(step) if cfg.track_memory else None
+        record = step.new_record(self.rank, self.world_size, end, memory, timed=not deferred)
         if cfg.stats_every and n % cfg.stats_every == 0:
             record["grad_norm"] = self.layers.grad_norms()
             record["weight_norm"] = self.layers.weight_norms()
@@ -353,12 +363,30 @@ class Watch:
             sums = self._replica_checksums()
             record["layer_checksums"] = sums
             record["checksum"] = sum(sums.values()) if sums else None
-        record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]
+        if deferred:
+            self._pending.add(step)
+        else:
+            record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]
         step.record = record
         with self._lock:
+            if deferred:
+                self._pending.record_ids.add(id(record))
             self._latest = record
-        if self._publisher is not None:
+        if self._publisher is not None and not deferred:
             self._publisher.notify()
+
+    def _resolve(self, wait: bool) -> None:
+        """Complete the records of GPU steps the GPU has finished (``wait``: of every one, waiting)."""
+        if self._pending.resolve(wait, self.world_size, self._replace) and self._publisher is not None:
+            self._publisher.notify()
+
+    def _replace(self, old: StepRecord, new: StepRecord) -> None:
+        with self._lock:
+            if self._latest is old:
+                self._latest = new
+            elif (i := next((i for i, r in enumerate(self._done) if r is old), None)) is not None:
+                self._done[i] = new
+            self._pending.record_ids.discard(id(old))
 
     def _replica_checksums(self) -> dict[str, int]:
         """Checksums of the layers every rank holds whole: a sharded layer's shards differ by design."""
@@ -398,7 +426,7 @@ class Watch:
         step = self._open
         assert step is not None
         step.metrics.update({k: metric_value(k, v) for k, v in values.items()})
-        if step.record is not None:
+        if step.record is not None and step not in self._pending:  # else _resolve adds them
             # Copy-on-write: the publisher thread may be reading the old dict.
             record = cast(StepRecord, {**step.record, **metric_fields(step.metrics)})
             step.record = record
@@ -413,21 +441,7 @@ class Watch:
             self._begin(0, None)
         step = self._open
         assert step is not None
-        timing = comm.BucketTiming(
-            len(step.timings), tensor.numel() * tensor.element_size(), time.perf_counter(), blocking=True
-        )
-        observer = self._observer
-        timings = observer.timings if observer is not None else None
-        if observer is not None:
-            observer.timings = None  # timed here, as a bucket: not again op by op
-        try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
-        finally:
-            if observer is not None:
-                observer.timings = timings
-        timing.done = time.perf_counter()
-        step.timings.append(timing)
-        return tensor
+        return comm.timed_all_reduce(step.timings, self._observer, tensor, op, group)
 
 
 def _nothing() -> None:
