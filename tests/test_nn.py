@@ -27,6 +27,7 @@ from distlab.nn import (
     token_batches,
 )
 from distlab.nn.gpt import Attention
+from distlab.nn.text import ALPHABET
 
 SMALL = {"vocab_size": 20, "seq_len": 16, "layers": 4, "hidden": 32, "heads": 4}
 
@@ -57,6 +58,12 @@ def test_the_corpus_is_the_same_long_english_text_every_time(text):
     assert corpus() == text
     assert len(text) > 100_000
     assert "statement" in text and "expression" in text
+
+
+def test_the_corpus_has_the_same_characters_on_every_python(text):
+    # Python's own topics differ between releases (3.12 has "$", 3.10 "`"): kept to the alphabet,
+    # the vocabulary, and so every model's size a notebook prints, is the same on each.
+    assert set(text) == ALPHABET and len(ALPHABET) == 103
 
 
 def test_the_tokenizer_numbers_the_sorted_characters_and_round_trips_the_corpus(text, tokens):
