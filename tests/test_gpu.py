@@ -96,9 +96,10 @@ def test_gloo_runs_every_operation_on_cuda_tensors_or_the_probe_names_it():
                            timeout=240, cwd=Path(__file__).parent.parent)
     lines = dict(line.split(": ", 1) for line in probe.stdout.splitlines()[1:] if ": " in line)
     # Known, torch 2.11 on an H200: sends and receives fail ("writev ... Bad address"; distlab stages
-    # them), and the list all_to_all is refused ("Backend gloo does not support alltoall"; the
-    # all_to_all_single that DTensor uses works).
-    known = {"send_recv", "isend_irecv_batch", "all_to_all"}
+    # them), the list all_to_all is refused ("Backend gloo does not support alltoall"; the
+    # all_to_all_single that DTensor uses works), and a DTensor's Shard(0) -> Replicate kills both
+    # processes (SIGSEGV), though dist.all_gather_into_tensor on the same tensors works.
+    known = {"send_recv", "isend_irecv_batch", "all_to_all", "dtensor_shard0_to_replicate"}
     failed = {op.strip() for op, result in lines.items() if result != "ok"}
     assert len(lines) == 17 and failed <= known, probe.stdout + probe.stderr
 

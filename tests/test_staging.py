@@ -16,15 +16,16 @@ pg = dist.distributed_c10d._get_default_group()
 methods = {op: getattr(type(pg), name).__wrapped__ for op, name in (("send", "send"), ("recv", "recv"))}
 got = {}
 peer = 1 - rank
-# blocking: rank 0 sends first, rank 1 receives first
+# blocking: rank 0 sends first, rank 1 receives first; into a leaf that requires grad, as a
+# pipeline stage's input buffer is
 t = torch.full((3,), 10.0 + rank)
-box = torch.zeros(3)
+box = torch.zeros(3, requires_grad=True)
 for step in ((("send", t),), (("recv", box),)) if rank == 0 else ((("recv", box),), (("send", t),)):
     for op, tensor in step:
         work = staging.staged(methods[op], pg, op, [tensor], peer, 0)
         assert isinstance(work, dist.Work)
         work.wait()
-got["blocking"] = box.tolist()
+got["blocking"] = (box.tolist(), box.requires_grad, box.grad_fn is None)
 # both post a receive first, then a send, then wait on both (what batch_isend_irecv does)
 box2 = torch.zeros(2, 2)
 r = staging.staged(methods["recv"], pg, "recv", [box2], peer, 1)
@@ -48,7 +49,7 @@ got
 
 def test_staged_sends_and_receives_complete_as_torchs_own_works(lab):
     got = lab.run(STAGED, stream=False)
-    assert got[0]["blocking"] == [11.0] * 3 and got[1]["blocking"] == [10.0] * 3
+    assert got[0]["blocking"] == ([11.0] * 3, True, True) and got[1]["blocking"] == ([10.0] * 3, True, True)
     # A staged receive fills its tensor when it is waited on, not before.
     assert got[0]["before_wait"] == got[1]["before_wait"] == 0.0
     assert got[0]["posted_first"] == [[2.0, 0.0], [0.0, 2.0]] and got[1]["posted_first"] == [[1.0, 0.0], [0.0, 1.0]]

@@ -77,8 +77,11 @@ class StagedReceive(StagedSend):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         done = super().wait(timeout)
         if self._buffers:
-            for target, buffer in zip(self._targets, self._buffers):
-                target.copy_(buffer, non_blocking=False)
+            # Outside autograd: a pipeline stage receives into leaf tensors that require grad (its
+            # inputs), which torch's own receive fills without autograd seeing it.
+            with torch.no_grad():
+                for target, buffer in zip(self._targets, self._buffers):
+                    target.copy_(buffer)
             self._buffers = []
         return done
 
