@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,19 @@ def test_a_rank_that_imports_a_grader_loads_no_notebook_side_and_no_task():
     loaded = ast.literal_eval(python_lines(code, timeout_s=300)[-1])
     assert {f"distlab.exercises.{e.module}.grader" for e in ALL} <= set(loaded)
     assert sorted(set(loaded) - allowed) == []
+
+
+@pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])
+def test_the_last_hint_names_the_idea_and_leaves_the_code_to_the_learner(exercise):
+    # Hints go from the tool to the idea; the last must not be the solution in prose: none of its code
+    # spans is a statement (an assignment, a loop, a return, two statements on a line), and none of
+    # the reference solution's lines is in it.
+    last = exercise.hints[-1]
+    for span in re.findall(r"`([^`]+)`", last):
+        assert not re.search(r"(?<![=!<>])=(?!=)|\bfor\b|\breturn\b|;", span), span
+    for line in exercise.solution().splitlines():
+        code = line.split("#")[0].strip()
+        assert len(code) < 20 or code not in last, code
 
 
 @pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])

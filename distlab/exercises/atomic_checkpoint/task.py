@@ -60,9 +60,9 @@ def load_checkpoint(path):
             "`os.replace(temp, path)`."
         ),
         (
-            "`fd, temp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)))`; `with os.fdopen(fd, 'wb') "
-            "as f: torch.save(state, f); f.flush(); os.fsync(f.fileno())`; then `os.replace(temp, path)`. Load "
-            "with `torch.load(path, weights_only=True)` and no try/except around it."
+            "Three steps, in order: a temporary file next to the checkpoint, its bytes forced to the disk, one "
+            "rename over the checkpoint's name. Loading then needs no error handling: the name always holds a "
+            "whole checkpoint."
         ),
     ),
     defines=("save_checkpoint", "load_checkpoint"),

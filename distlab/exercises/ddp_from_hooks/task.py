@@ -57,9 +57,9 @@ class HookDDP:
             "When it is full, flatten its gradients into one tensor with `torch.cat([p.grad.reshape(-1) ...])`."
         ),
         (
-            "`work = dist.all_reduce(flat, async_op=True)` returns at once; keep `(work, flat, params)` in a "
-            "list. In `finish()`, `work.wait()`, divide `flat` by the world size and copy each slice back into "
-            "its `p.grad`; then empty the list and the bucket for the next step."
+            "An async all-reduce hands back a request before the sum is done: the flat tensor must stay alive and "
+            "untouched until `finish()` waits on that request. Only then divide by the world size and put each "
+            "slice back into its parameter's gradient, and reset the buckets so that the next step starts empty."
         ),
     ),
     defines=("HookDDP",),

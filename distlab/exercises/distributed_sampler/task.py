@@ -64,8 +64,9 @@ class ShardSampler:
             "draw `torch.randperm(dataset_len, generator=g).tolist()`: every rank then gets the same permutation."
         ),
         (
-            "Pad with `indices += (indices * math.ceil(padding / len(indices)))[:padding]`, then this rank's "
-            "strided slice is `indices[rank:total_size:num_replicas]`."
+            "Padding repeats indices from the start of the list until its length is a multiple of `num_replicas`; "
+            "then each rank takes every `num_replicas`-th index, starting at its own rank, as torch's "
+            "`DistributedSampler` does: no two ranks share an index, the padding aside."
         ),
     ),
     defines=("ShardSampler",),

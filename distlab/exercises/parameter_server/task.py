@@ -53,9 +53,9 @@ def parameter_server_step(params, grads, lr):
             "then divide by `world_size - 1` (the workers, not the world)."
         ),
         (
-            "Step in place under `torch.no_grad()`: `p -= lr * total / (world_size - 1)`; then "
-            "`dist.send(p, dst=worker)` for every worker and parameter. Workers: `dist.send(g, dst=0)` for "
-            "each gradient, then `dist.recv(p, src=0)` for each parameter."
+            "Rank 0 steps only when every worker's gradients are in, then sends the new parameters back in the "
+            "order the workers wait for them. A worker's round is: send its gradients, then receive each "
+            "parameter straight into the model's own tensor, so that the model sees it."
         ),
     ),
     defines=("parameter_server_step",),

@@ -71,9 +71,9 @@ def one_f_one_b(stage, micro_batches, targets, loss_fn, activation_shape):
             "tensor and the request, and `.wait()` for the requests before returning)."
         ),
         (
-            "Stage 0: `for i in range(2): forward(i)`, then `for i in range(m): backward(i); "
-            "if i + 2 < m: forward(i + 2)`. Stage 1: for each i, recv, forward, loss / m, backward, isend "
-            "`x.grad`; return the sum of `loss.item()`."
+            "Count the micro-batches stage 0 has in flight: 1F1B holds it at the number of stages (2 here): a "
+            "warm-up of that many forwards, then, for each backward, one new forward while any are left. Stage 1 "
+            "needs no schedule: for each micro-batch in order, receive, forward, backward, send."
         ),
     ),
     defines=("one_f_one_b",),

@@ -55,8 +55,9 @@ def ring_all_reduce(tensor):
             "full sum of chunk `(rank + 1) % N`."
         ),
         (
-            "All-gather: at step `s` send chunk `(rank + 1 - s) % N` and receive straight into chunk "
-            "`(rank - s) % N`: copy, do not add."
+            "The all-gather walks the same ring as the reduce-scatter, one chunk further along: at each step a "
+            "rank passes on the fully summed chunk it got last, and the receiver copies it into place instead of "
+            "adding it (adding would count it twice)."
         ),
     ),
     defines=("ring_all_reduce",),

@@ -64,8 +64,9 @@ class TPMLP(torch.nn.Module):
             "f's forward can return `x.view_as(x)`."
         ),
         (
-            "`forward`: `x = F.apply(x)`, then `h = torch.nn.functional.gelu(x @ self.w1.T + self.b1)`, then "
-            "`return G.apply(h @ self.w2.T) + self.b2`, where F and G are your f and g Functions."
+            "The forward is the plain MLP with your two Functions where the ranks' views meet: f where the input, "
+            "whole on every rank, enters the split first layer; g where the second layer's partial outputs must "
+            "be summed. `b2` is added once, after g."
         ),
     ),
     defines=("TPMLP",),

@@ -66,9 +66,9 @@ class Zero1Adam:
             "rank the sum of its shard."
         ),
         (
-            "Count the step (`self.t += 1`) once per step(), before the bias correction, so t is 1 at the "
-            "first step. After updating the shard, `dist.all_gather_single(full, param_shard)` and copy "
-            "`full[offset : offset + p.numel()]` back into each `p` under `torch.no_grad()`."
+            "Adam's bias correction needs the step number, starting at 1 and counted once per `step()`, not once "
+            "per parameter. After a shard's update every rank needs the whole parameters again: an all-gather of "
+            "the shards, copied back into each parameter where autograd does not see it."
         ),
     ),
     defines=("Zero1Adam",),
