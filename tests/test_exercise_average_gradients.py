@@ -48,6 +48,14 @@ def average_gradients(model):
             p.data /= world_size
 """
 
+NOT_IN_PLACE = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad = p.grad / world_size
+"""
+
 
 @pytest.mark.parametrize(
     ("code", "named"),
@@ -56,8 +64,9 @@ def average_gradients(model):
         (NEVER_COMMUNICATES, "not reduced across ranks"),
         (FROZEN_PARAMETERS, "NoneType"),
         (WEIGHTS_NOT_GRADIENTS, "unchanged"),
+        (NOT_IN_PLACE, "in a new tensor"),
     ],
-    ids=["forgot-to-divide", "never-communicates", "frozen-parameters", "weights-not-gradients"],
+    ids=["forgot-to-divide", "never-communicates", "frozen-parameters", "weights-not-gradients", "not-in-place"],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
     result = harness.check(lab, code)

@@ -25,7 +25,8 @@ __all__ = ["ALPHABET", "CharTokenizer", "TokenBatches", "corpus", "token_batches
 
 #: The corpus's characters: those of Python 3.11's topics, every one of which each Python 3.10-3.13 has.
 ALPHABET = frozenset(
-    "\n !\"#%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_abcdefghijklmnopqrstuvwxyz{|}~°ß–—‘’“”…"
+    "\n !\"#%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_abcdefghijklmnopqrstuvwxyz{|}~"
+    "\u00b0\u00df\u2013\u2014\u2018\u2019\u201c\u201d\u2026"  # degree, sharp s, dashes, quotes, ellipsis
 )
 
 

@@ -66,6 +66,9 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     backward(nn.functional.mse_loss(reference(x), y))
     backward(nn.functional.mse_loss(model(x), y))
     local = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+    # Where each gradient lives: DDP averages in place (its buckets are views of the gradients), and
+    # so must this (an optimizer or a hook holding p.grad would keep the old tensor).
+    storage = {name: p.grad.data_ptr() for name, p in model.named_parameters() if p.grad is not None}
     learner["average_gradients"](model)
 
     world = dist.get_world_size()
@@ -79,6 +82,11 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
             return failed(f"`{name}`'s gradient is gone (None) after average_gradients")
         wrong = first_difference(p.grad, q.grad, **tol)
         if wrong is None:
+            if p.grad.data_ptr() != storage[name]:
+                return failed(
+                    f"`{name}`'s gradient holds the mean, but in a new tensor: average it in place (all-reduce "
+                    "`p.grad` itself, then divide it with `/=`), as the task asks"
+                )
             continue
         if first_difference(p.grad, q.grad * world, **tol) is None:
             return failed(
