@@ -9,7 +9,6 @@ padding; the collectives against the FSDP units and Megatron's two all-reduces p
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -46,10 +45,7 @@ def _ops(kind, op, phase=None, dim=None, nbytes=None):
 
 def test_llama3_8b_on_1024_gpus_tp8_fsdp128():
     plan = scale.Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192, global_batch_tokens=4 * 2**20)
-    began = time.perf_counter()
-    report = scale.dry_run(plan)
-    took = time.perf_counter() - began
-    assert took < 60, f"the dry run took {took:.0f} s"
+    report = scale.dry_run(plan)  # how long it takes: benchmarks/bench_published_runs.py, not a test's bound
     assert report.parameters == 8_030_261_248 == scale.parameters(plan.config)
     assert (report.micro_batches, report.tokens_per_step) == (4, 4 * 2**20)
     (kind,) = report.kinds
@@ -76,12 +72,13 @@ def test_llama3_8b_on_1024_gpus_tp8_fsdp128():
     assert _ops(kind, "all_reduce", "forward", "tp", activation) == 2 * cfg.layers + 1
     assert _ops(kind, "all_reduce", "backward", "tp", activation) >= 2 * cfg.layers
     assert all(c.group_size == {"tp": 8, "dp_shard": 128}[c.dim] for c in kind.collectives)
-    # 6 * parameters * tokens is the usual estimate of a step's FLOPs (attention adds ~ 12 * layers * dim * seq
-    # per token); this rank does 1/8 of each micro-batch's matmuls.
-    # Not yet exact under tp: torch's formulas also see some matmuls at their global shape (DTensor's own
-    # shape propagation, it seems), ~2x too many for this plan; the bound holds the count until that is fixed.
-    six = 6 * report.parameters * 8192 / 8
-    assert six < kind.flops_per_micro_batch < 2.5 * six
+    # The matmuls: 2 FLOPs per parameter per token forward and 4 backward (the embedding is a lookup);
+    # attention, by torch's formulas for flash attention: 4 * seq * dim per token and layer forward,
+    # 10 backward. This rank does 1/8 of each (DTensor's one-off shape propagation, which once added
+    # ~50% here, is not counted).
+    matmuls = 6 * (report.parameters - cfg.vocab * cfg.dim) * 8192
+    attention = 14 * cfg.layers * cfg.dim * 8192 * 8192
+    assert kind.flops_per_micro_batch == pytest.approx((matmuls + attention) / 8, rel=0.01)
     assert kind.recompute_flops_per_micro_batch == 0
     assert "every rank" in str(report) and "<table>" in report._repr_html_()
 
@@ -89,10 +86,7 @@ def test_llama3_8b_on_1024_gpus_tp8_fsdp128():
 def test_llama3_70b_on_1024_gpus_tp8_pp4_fsdp32():
     plan = scale.Plan(model="llama3-70b", gpus=1024, tp=8, pp=4, seq_len=8192, global_batch_tokens=2**22,
                       checkpointing="full")
-    began = time.perf_counter()
-    report = scale.dry_run(plan)
-    took = time.perf_counter() - began
-    assert took < 60, f"the dry run took {took:.0f} s"
+    report = scale.dry_run(plan)  # how long it takes: benchmarks/bench_published_runs.py, not a test's bound
     assert [(k.name, k.ranks, k.rank, k.stage) for k in report.kinds] == [
         ("first stage", 256, 0, 0), ("middle stages (1-2)", 512, 256, 1), ("last stage", 256, 768, 3)]
     cfg, per_stage = plan.config, plan.config.layers // 4
