@@ -104,7 +104,9 @@ def test_llama3_70b_on_1024_gpus_tp8_pp4_fsdp32():
         # full checkpointing: each block's forward runs again in backward, with its all-reduces (3 per block
         # are seen in backward here against 2 without checkpointing; not yet explained which one is missing)
         assert _ops(kind, "all_reduce", "backward", "tp", activation) > 2 * per_stage
-        assert kind.recompute_flops_per_micro_batch > 0.25 * kind.flops_per_micro_batch
+        # The recomputed forward: 2 of a matmul's 6 FLOPs per parameter and token, 4 of flash
+        # attention's 14; the embedding and the head are not checkpointed. 0.249 for the first stage.
+        assert 0.2 < kind.recompute_flops_per_micro_batch / kind.flops_per_micro_batch < 1 / 3
         # the stage boundary: the (batch, seq, dim) bf16 activation forward, its gradient back
         sends = [c for c in kind.collectives if c.op == "send"]
         assert all(c.bytes == activation and c.dim == "pp" for c in sends)
