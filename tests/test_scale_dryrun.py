@@ -44,7 +44,8 @@ def _ops(kind, op, phase=None, dim=None, nbytes=None):
 
 
 def test_llama3_8b_on_1024_gpus_tp8_fsdp128():
-    plan = scale.Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192, global_batch_tokens=4 * 2**20)
+    plan = scale.Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192, global_batch_tokens=4 * 2**20,
+                      sequence_parallel=False)
     report = scale.dry_run(plan)  # how long it takes: benchmarks/bench_published_runs.py, not a test's bound
     assert report.parameters == 8_030_261_248 == scale.parameters(plan.config)
     assert (report.micro_batches, report.tokens_per_step) == (4, 4 * 2**20)
@@ -83,9 +84,31 @@ def test_llama3_8b_on_1024_gpus_tp8_fsdp128():
     assert "every rank" in str(report) and "<table>" in report._repr_html_()
 
 
+def test_sequence_parallelism_trades_each_all_reduce_for_an_all_gather_and_a_reduce_scatter():
+    # torchtitan's default for Llama: the residual stream and norms hold seq / 8 positions per rank.
+    plain, split = (scale.dry_run(scale.Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192,
+                                             global_batch_tokens=4 * 2**20, sequence_parallel=sp)).kinds[0]
+                    for sp in (False, True))
+    cfg = scale.MODELS["llama3-8b"]
+    activation = 8192 * cfg.dim * 2  # (batch 1, seq, dim) in bf16
+    for phase in ("forward", "backward"):
+        # at attention's and the MLP's door and the head's (all-gather of a shard), after wo, w2 and
+        # the embedding (reduce-scatter of the whole): 2 per block and 1 more, as many as the all-reduces
+        assert _ops(split, "all_gather", phase, "tp", activation // 8) == 2 * cfg.layers + 1
+        assert _ops(split, "reduce_scatter", phase, "tp", activation) == 2 * cfg.layers + 1
+        assert _ops(split, "all_reduce", phase, "tp", activation) == 0
+    # the norms' weights are replicated: their gradients (sums over each rank's positions) are all-reduced
+    assert _ops(split, "all_reduce", "backward", "tp", cfg.dim * 2) == 2 * cfg.layers + 1
+    assert split.flops_per_micro_batch == pytest.approx(plain.flops_per_micro_batch, rel=1e-3)
+    # what stays whole on each rank without it (residual stream, norms' inputs and outputs) is split 8 ways;
+    # the all-gathered inputs of wq..wv and w1, w3 are still kept whole for their weights' gradients
+    assert split.memory["activations"] < 0.65 * plain.memory["activations"]
+    assert split.memory["parameters"] == plain.memory["parameters"]
+
+
 def test_llama3_70b_on_1024_gpus_tp8_pp4_fsdp32():
     plan = scale.Plan(model="llama3-70b", gpus=1024, tp=8, pp=4, seq_len=8192, global_batch_tokens=2**22,
-                      checkpointing="full")
+                      checkpointing="full", sequence_parallel=False)
     report = scale.dry_run(plan)  # how long it takes: benchmarks/bench_published_runs.py, not a test's bound
     assert [(k.name, k.ranks, k.rank, k.stage) for k in report.kinds] == [
         ("first stage", 256, 0, 0), ("middle stages (1-2)", 512, 256, 1), ("last stage", 256, 768, 3)]

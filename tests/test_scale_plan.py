@@ -40,6 +40,10 @@ def test_a_plan_derives_its_data_parallel_degree_micro_batches_and_tokens():
         ({"chunks": 2}, "chunks=2 is for schedule='interleaved'"),
         ({"dp": "zero"}, "unknown dp 'zero'"),
         ({"seq_len": 2**18, "global_batch_tokens": 2**18 * 128}, "longer than llama3-8b's 131072 positions"),
+        ({"model": "gpt3-175b", "sequence_parallel": True, "seq_len": 2048, "global_batch_tokens": 2048 * 128},
+         "sequence_parallel=True is dry-run for Llama models"),
+        ({"seq_len": 8196, "global_batch_tokens": 8196 * 128}, "seq_len=8196 does not split over tp=8"),
+        ({"sequence_parallel": "yes"}, "sequence_parallel"),
     ],
 )
 def test_a_plan_that_cannot_exist_is_one_line_saying_why_and_what_to_change(change, says):
@@ -47,6 +51,14 @@ def test_a_plan_that_cannot_exist_is_one_line_saying_why_and_what_to_change(chan
         scale.Plan(**{**BASE, **change})
     message = str(caught.value)
     assert says in message and "\n" not in message, message
+
+
+def test_sequence_parallelism_is_torchtitans_choice_unless_asked():
+    assert scale.Plan(**BASE).sequence_parallel_on  # llama3-8b at tp 8
+    assert not scale.Plan(**{**BASE, "sequence_parallel": False}).sequence_parallel_on
+    assert not scale.Plan(**{**BASE, "tp": 1, "global_batch_tokens": 8 * 2**20}).sequence_parallel_on
+    gpt = scale.Plan(**{**BASE, "model": "gpt3-175b", "seq_len": 2048, "global_batch_tokens": 2048 * 128})
+    assert not gpt.sequence_parallel_on and gpt.to_json()["sequence_parallel"] is False
 
 
 def test_a_model_can_be_given_by_its_config():

@@ -178,32 +178,49 @@ def stage_modules(config: Any, pp: int, chunks: int, rank: int) -> list[Transfor
     ]
 
 
-def tensor_parallel_plan(stage: TransformerStage, loss_parallel: bool = True) -> dict[str, Any]:
-    """torchtitan's Llama plan without sequence parallelism (its ``apply_tp``): wq, wk, wv, w1, w3 split by
-    output columns, wo and w2 by input rows (Megatron-LM's split): per block one all-reduce after
+def tensor_parallel_plan(
+    stage: TransformerStage, loss_parallel: bool = True, sequence_parallel: bool = False
+) -> dict[str, Any]:
+    """torchtitan's Llama plan (its ``apply_tp``): wq, wk, wv, w1, w3 split by output columns, wo and w2
+    by input rows (Megatron-LM's split). Without ``sequence_parallel``: per block one all-reduce after
     attention and one after the MLP in forward, and one each for their inputs' gradients in backward
-    (attention's and the MLP's input is made one replicated DTensor at their door, so q, k and v
-    share it). The embedding is split by vocabulary rows (an all-reduce of its output); the head by
-    vocabulary columns, its logits left sharded for a loss-parallel cross-entropy (``loss_parallel``)."""
+    (attention's and the MLP's input is made one replicated DTensor at their door, so q, k and v share
+    it); the embedding is split by vocabulary rows (an all-reduce of its output). With it (torchtitan's
+    default; Korthikanti et al. 2022): the residual stream and the norms hold seq / tp positions on each
+    rank, an all-gather at attention's and the MLP's door and a reduce-scatter after wo and w2 take the
+    all-reduces' place, and the embedding's output is reduce-scattered along the sequence. The head is
+    split by vocabulary columns, its logits left sharded for a loss-parallel cross-entropy
+    (``loss_parallel``)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
-    whole = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
+    sequence = Shard(1) if sequence_parallel else Replicate()  # a block's input and output
+    door = PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))
     plan: dict[str, Any] = {}
     for name, block in stage.layers.items():
         p = f"layers.{name}"
-        plan.update({f"{p}.attention": whole, f"{p}.feed_forward": whole})
+        plan.update({f"{p}.attention": door, f"{p}.feed_forward": door})
         plan.update({f"{p}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
-        plan[f"{p}.attention.wo"] = RowwiseParallel()
+        plan[f"{p}.attention.wo"] = RowwiseParallel(output_layouts=sequence)
         plan[f"{p}.feed_forward.w1"] = ColwiseParallel()
         if isinstance(block, Block) and block.feed_forward.w3 is not None:
             plan[f"{p}.feed_forward.w3"] = ColwiseParallel()
-        plan[f"{p}.feed_forward.w2"] = RowwiseParallel()
+        plan[f"{p}.feed_forward.w2"] = RowwiseParallel(output_layouts=sequence)
+        if sequence_parallel:
+            plan.update({f"{p}.attention_norm": SequenceParallel(), f"{p}.ffn_norm": SequenceParallel()})
     if stage.tok_embeddings is not None and not stage.config.tied_embeddings:
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate())
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=sequence)
     if stage.output is not None and not stage.config.tied_embeddings:
+        if sequence_parallel and stage.norm is not None:
+            plan["norm"] = SequenceParallel()
         plan["output"] = ColwiseParallel(
-            output_layouts=Shard(-1) if loss_parallel else Replicate(), use_local_output=not loss_parallel
+            input_layouts=sequence, output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
         )
     return plan
 

@@ -129,7 +129,8 @@ def _parallelize(plan: dict[str, Any], cfg: Any, mesh: DeviceMesh, stage: int) -
     for module in modules:
         module.checkpointing = plan["checkpointing"]
         if plan["tp"] > 1:
-            parallelize_module(module, mesh["tp"], tensor_parallel_plan(module))
+            tp_plan = tensor_parallel_plan(module, sequence_parallel=plan["sequence_parallel"])
+            parallelize_module(module, mesh["tp"], tp_plan)
         kwargs: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard}
         if policy is not None:
             kwargs["mp_policy"] = policy
@@ -159,7 +160,7 @@ def _micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage]
         if module.tok_embeddings is not None:
             x = torch.randint(0, cfg.vocab, (batch, seq))
         else:  # the previous stage's activation, as it arrives: a leaf whose gradient is sent back
-            x = torch.empty(batch, seq, cfg.dim, dtype=dtype, requires_grad=True)
+            x = torch.empty(batch, seq // _sequence_split(plan), cfg.dim, dtype=dtype, requires_grad=True)
         out = module(x)
         if module.output is not None:
             targets = torch.randint(0, cfg.vocab, (batch, seq))
@@ -285,7 +286,8 @@ def _point_to_point(plan: dict[str, Any], cfg: Any, modules: list[TransformerSta
     """Each stage boundary's send and receive per micro-batch: a block's output, (micro_batch_size,
     seq_len, dim) in the compute dtype, forward, and its gradient backward. Every stage module but the
     model's last sends one forward; every one but the first receives one."""
-    size = plan["micro_batch_size"] * plan["seq_len"] * cfg.dim * (2 if plan["precision"] == "bf16" else 4)
+    size = plan["micro_batch_size"] * plan["seq_len"] // _sequence_split(plan) * cfg.dim * (
+        2 if plan["precision"] == "bf16" else 4)
     sends = sum(1 for m in modules if m.output is None)
     recvs = sum(1 for m in modules if m.tok_embeddings is None)
 
@@ -294,6 +296,11 @@ def _point_to_point(plan: dict[str, Any], cfg: Any, modules: list[TransformerSta
 
     found = [one("send", sends, "forward"), one("recv", sends, "backward")] if sends else []
     return found + ([one("recv", recvs, "forward"), one("send", recvs, "backward")] if recvs else [])
+
+
+def _sequence_split(plan: dict[str, Any]) -> int:
+    """How many ways a block's input is split along the sequence: tp under sequence parallelism."""
+    return int(plan["tp"]) if plan["sequence_parallel"] else 1
 
 
 def _dims(plan: dict[str, Any]) -> dict[str, int]:

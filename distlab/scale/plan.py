@@ -54,7 +54,10 @@ class Plan:
     (sharded over all dp ranks, FSDP2), "hsdp" (sharded within groups of ``shard`` ranks, replicated
     across them). ``micro_batch_size`` sequences per rank per micro-batch; a step is
     ``micro_batches`` of them (the pipeline's micro-batches when ``pp > 1``, else gradient
-    accumulation). ``chunks``: stages per rank for the "interleaved" schedule.
+    accumulation). ``chunks``: stages per rank for the "interleaved" schedule. ``sequence_parallel``:
+    the residual stream and norms split along the sequence between tensor-parallel ranks (Korthikanti
+    et al. 2022; all-gathers and reduce-scatters in place of the all-reduces); None: torchtitan's
+    choice, on for Llama models with ``tp > 1``.
     """
 
     model: str | ModelConfig
@@ -73,6 +76,7 @@ class Plan:
     precision: str = "bf16"
     checkpointing: str = "none"
     optimizer: str = "adamw"
+    sequence_parallel: bool | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -82,6 +86,14 @@ class Plan:
     @property
     def config(self) -> ModelConfig:
         return _model(self.model)
+
+    @property
+    def sequence_parallel_on(self) -> bool:
+        """Sequence parallelism in the tensor-parallel plan: as asked, else torchtitan's choice (on for
+        a Llama model split by tp > 1)."""
+        if self.sequence_parallel is None:
+            return self.tp > 1 and self.config.architecture == "llama"
+        return self.sequence_parallel and self.tp > 1
 
     @property
     def dp_degree(self) -> int:
@@ -110,6 +122,7 @@ class Plan:
         out = asdict(self)
         out["model"] = self.config.to_json()
         out["model_name"] = self.model if isinstance(self.model, str) else self.model.name
+        out["sequence_parallel"] = self.sequence_parallel_on
         return out
 
     # ------------------------------------------------------------------------------ checks
@@ -142,6 +155,16 @@ class Plan:
         if cfg.ffn_dim % self.tp:
             raise LabUsageError(f"tp={self.tp} does not divide {cfg.name}'s ffn_dim {cfg.ffn_dim}: use tp in "
                                 f"{_divisors(cfg.ffn_dim)}")
+        if self.sequence_parallel is not None:
+            checks.flag("sequence_parallel", self.sequence_parallel)
+        if self.sequence_parallel and cfg.architecture != "llama":
+            raise LabUsageError(
+                f"sequence_parallel=True is dry-run for Llama models (torchtitan's plan); {cfg.name} (learned "
+                "positions, tied embeddings) runs tensor parallelism without it: pass sequence_parallel=False"
+            )
+        if self.sequence_parallel_on and self.seq_len % self.tp:
+            raise LabUsageError(f"seq_len={self.seq_len} does not split over tp={self.tp} (sequence parallelism): "
+                                "use a multiple of tp, or sequence_parallel=False")
         self._check_pipeline(cfg)
         self._check_data_parallel()
         if self.seq_len > cfg.max_seq_len:
