@@ -261,8 +261,10 @@ if on_nodes:
     # these 1.5 s steps share the two cores with whatever else runs (a browser, other tests beside
     # this notebook in CI), and a burst during a round moves that round's ratio by a third or more.
     print("batch 16,384: even no communication at all would be under 2x faster than fp32:", limit < 2)
-    print("batch 16,384: no hook is 2x faster than fp32, and each gains less than at batch 8:",
-          all(slow[n] < 2 and slow[n] < fast[n] for n in HOOKS[1:]))
+    # fp16's gain at batch 8 (1.5-2x) and a loaded round's at 16,384 can meet: only PowerSGD's 5x
+    # stands clear of the spread, so only it is compared across batches.
+    print("batch 16,384: no hook is 2x faster than fp32, and PowerSGD gains less than at batch 8:",
+          all(slow[n] < 2 for n in HOOKS[1:]) and all(slow[n] < fast[n] for n in HOOKS[2:]))
 else:
     print("no link here: loopback is about as fast as compressing, nothing to check")
 
