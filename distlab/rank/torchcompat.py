@@ -416,9 +416,10 @@ def tracked_peak_bytes(tracker: Any) -> int:
 
 def active_fake_mode() -> Any:
     """The FakeTensorMode active now, or None (``torch._guards.active_fake_mode``). DTensor propagates
-    shardings by running an op's local shapes under a nested FakeTensorMode of its own: a mode that
-    counts what a rank computes (the dry run's FLOPs) skips ops run under another mode than its own,
-    as torch's MemTracker does."""
+    shardings by running each new op signature at its global shape under a FakeTensorMode: a new one
+    where none is active, else the active one. A mode that counts what a rank computes (the dry run's
+    FLOPs) skips ops run under another mode than its own, as torch's MemTracker does; under its own
+    mode that cannot tell them apart (the dry run fills DTensor's cache first)."""
     from torch._guards import active_fake_mode as active
 
     return active()
