@@ -14,7 +14,7 @@ from conftest import distlab_processes
 
 import distlab
 from distlab import RankError
-from distlab.cluster.processes import wait_for
+from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import DistlabError
 from distlab.notebook import labs, rpc, spares
 from distlab.notebook.config import LabConfig, mpi_spans_hosts
@@ -179,7 +179,10 @@ def test_graders_call_and_companion_go_through_the_public_api(lab_factory):
     grader.kill(1)
     assert not grader.whole
     again = lab.companion("grader", ranks=2)  # a rank died since: restarted whole
-    assert again is grader and again.whole
+    assert again is grader
+    # Once (a fresh-clone CI run, not reproduced in 25 tries under load) a rank of the new world read
+    # as not whole: should it recur, the message says which rank and why (unregistered, or its pid gone).
+    assert again.whole, (again.status(), sorted(again._client.ids), [(r.pid, pid_alive(r.pid)) for r in again.table])
     assert again.run("world_size", stream=False) == {0: 2, 1: 2}
     assert lab.history == ()  # distlab's own calls are not the learner's history
 

@@ -78,3 +78,21 @@ def test_ranks_spread_over_nodes_as_evenly_as_they_can():
     assert spread(5, 2) == [3, 2]
     assert spread(3, 3) == [1, 1, 1]
     assert spread(3, 1) == [3]
+
+
+def test_racks_take_their_nodes_in_order_each_with_a_switch_of_its_own():
+    net = Network(5, ipaddress.ip_network("198.19.2.0/24"), Link.parse("1gbit"), owner=4242, seq=7,
+                  racks=2, uplink=Link.parse("100mbit"))
+    assert net.rack_nodes() == [[0, 1, 2], [3, 4]]  # the first rack takes one more, as nodes take ranks
+    assert [net.rack_of(i) for i in range(5)] == [0, 0, 0, 1, 1]
+    assert net.namespaces()[:3] == ["distlab-4242-7-sw", "distlab-4242-7-r0", "distlab-4242-7-r1"]
+    # A node's link ends at its rack's switch.
+    assert net._ends()[:2] == [("distlab-4242-7-n0", "eth0"), ("distlab-4242-7-r0", "p0")]
+    assert net._uplink_ends() == [("distlab-4242-7-r0", "up0"), ("distlab-4242-7-sw", "r0"),
+                                  ("distlab-4242-7-r1", "up0"), ("distlab-4242-7-sw", "r1")]
+    line = net.describe()
+    assert "5 nodes in 2 racks (rack0: node0 node1 node2, rack1: node3 node4)" in line and "uplink 100mbit" in line
+    star = Network(2, ipaddress.ip_network("198.19.2.0/24"), None, owner=4242, seq=8)
+    assert star.rack_nodes() == [] and star.rack_of(1) is None and star._uplink_ends() == []
+    with pytest.raises(LabUsageError, match="an uplink joins racks"):
+        star.set_uplink(Link.parse("1gbit"))

@@ -33,6 +33,11 @@ BAD_BEFORE_START = [
         "--link sets the network between nodes: give --nodes too, like --nodes 2 --link",
     ),
     ("dist", "start -n 2 --nodes 2 --launcher mpi", "--nodes starts the ranks in namespaces"),
+    ("dist", "start -n 4 --racks 2", "--racks sets the network between nodes: give --nodes too"),
+    ("dist", "start -n 4 --nodes 2 --uplink 1gbit", "--uplink joins racks to the spine: give --racks too"),
+    ("dist", "start -n 4 --nodes 2 --racks 3", "--racks 3 is more racks than nodes (--nodes 2)"),
+    ("dist", "start -n 4 --nodes 4 --racks 1", "--racks must be >= 2"),
+    ("dist", "start -n 4 --nodes 4 --racks 2 --uplink quick", "--uplink must be a bandwidth with a unit"),
     ("dist", "link 1gbit", "no lab is running"),
     ("dist", "launch", "unknown subcommand 'launch'"),
     ("dist", "", "%dist needs a subcommand"),
@@ -80,6 +85,7 @@ BAD_ON_NODES = [
     ("dist", "link 1gbit --latency=-2ms", "--latency must be >= 0"),
     ("dist", "restart -n 1", "--nodes 2 is more nodes than ranks (-n 1)"),
     ("dist", "link 1gbit 2gbit", "unrecognized arguments"),
+    ("dist", "link --uplink 1gbit", "--uplink joins racks to the spine: give --racks too"),
 ]
 
 

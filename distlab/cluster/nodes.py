@@ -11,13 +11,21 @@ Both ends of each node's link are shaped (``tc`` tbf), so a node sends at the li
 receives at the link's rate. Ranks on one node reach each other through that node's own loopback
 (an address of one's own is routed through ``lo``), never through the link.
 
-The controller runs in the switch namespace, on the bridge's address: like the head node of a real
-cluster, it is reached over each node's link. The addresses live only on interfaces inside the
-namespaces made here; nothing is added to this machine's own network, and there is no route out.
+With racks (``racks=R``, two tiers as in a real cluster's fabric) the nodes' links end at their
+rack's switch instead, a bridge in a namespace of the rack's own, and each rack's switch reaches the
+top switch (the spine) by one uplink, shaped both ways at its own rate. Traffic between two nodes
+of a rack never leaves the rack; traffic between racks crosses the sender's uplink and the
+receiver's. It is still one subnet (the switches are bridges, as a rack's top-of-rack switch is to
+the hosts below it), so addresses and ranks are placed exactly as in a star.
 
-Everything here needs CAP_NET_ADMIN and CAP_SYS_ADMIN (root, or a container given NET_ADMIN). The
-values a link is described by (``Link``, its rate and latency, ``spread``) live in ``cluster/links.py``
-and are importable from here as well.
+The controller runs in the top switch's namespace, on the bridge's address: like the head node of a
+real cluster, it is reached over each node's link (and its rack's uplink). The addresses live only
+on interfaces inside the namespaces made here; nothing is added to this machine's own network, and
+there is no route out.
+
+Everything here needs CAP_NET_ADMIN and CAP_SYS_ADMIN (root, or a container given NET_ADMIN), as
+``cluster.namespaces`` checks. The values a link is described by (``Link``, its rate and latency,
+``spread``) live in ``cluster/links.py`` and are importable from here as well.
 """
 
 from __future__ import annotations
@@ -27,14 +35,20 @@ import fcntl
 import ipaddress
 import os
 import re
-import shutil
-import signal
-import subprocess
 import time
 
 from ..errors import DistlabError, LabUsageError
 from .links import Link, format_duration, format_rate, parse_duration, parse_rate, spread
-from .processes import pid_alive, wait_for
+from .namespaces import (
+    NS_PREFIX,
+    lab_namespaces,
+    netem_missing,
+    remove_namespaces,
+    remove_orphans,
+    require_namespaces,
+    require_netem,
+)
+from .namespaces import run as _run
 
 __all__ = [
     "DEFAULT_POOL",
@@ -46,6 +60,7 @@ __all__ = [
     "netem_missing",
     "parse_duration",
     "parse_rate",
+    "remove_namespaces",
     "remove_orphans",
     "require_namespaces",
     "spread",
@@ -56,55 +71,7 @@ __all__ = [
 DEFAULT_POOL = ipaddress.IPv4Network("198.18.0.0/15")
 _LAB_PREFIX = 24
 
-_NS_PREFIX = "distlab-"
-_NS_PATTERN = re.compile(r"^distlab-(\d+)-(\d+)-(sw|probe|n\d+)$")
-_RUN_NETNS = "/run/netns"
 _LOCK_FILE = "/run/distlab-netns.lock"
-_CMD_TIMEOUT_S = 10.0
-
-# Capability bits (linux/capability.h): making namespaces mounts them (SYS_ADMIN); links, addresses
-# and queues need NET_ADMIN.
-_CAP_NET_ADMIN = 12
-_CAP_SYS_ADMIN = 21
-
-def _capabilities() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except OSError:
-        pass
-    return 0
-
-
-def require_namespaces(flag: str = "nodes") -> None:
-    """Raise one line if this process cannot make network namespaces, links and queues (before anything starts)."""
-    caps = _capabilities()
-    missing = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
-               if not caps >> bit & 1]
-    if missing:
-        raise LabUsageError(
-            f"{flag} needs {' and '.join(missing)} to make network namespaces and links (run as root, or in a "
-            f"container given NET_ADMIN); without {flag} every rank runs on loopback and needs none of this"
-        )
-    tools = [t for t in ("ip", "tc", "unshare") if shutil.which(t) is None]
-    if tools:
-        raise LabUsageError(
-            f"{flag} needs {', '.join(tools)} on PATH (Debian: apt install iproute2 util-linux); "
-            f"without {flag} every rank runs on loopback"
-        )
-
-
-def _run(args: list[str], doing: str) -> str:
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise DistlabError(f"{doing}: {' '.join(args)} took over {_CMD_TIMEOUT_S:g} s") from None
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise DistlabError(f"{doing}: {' '.join(args)}: {why}")
-    return done.stdout
 
 
 def _tbf(rate_bps: int) -> list[str]:
@@ -116,49 +83,10 @@ def _tbf(rate_bps: int) -> list[str]:
     return ["tbf", "rate", f"{rate_bps}bit", "burst", str(burst), "limit", str(limit)]
 
 
-def netem_missing() -> str | None:
-    """Why this kernel cannot add delay to a link (no sch_netem), or None if it can.
-
-    Probed in a namespace of its own, made and removed here: the answer is the kernel's.
-    """
-    name = f"{_NS_PREFIX}{os.getpid()}-0-probe"
-    with contextlib.suppress(DistlabError):
-        _run(["ip", "netns", "del", name], "removing a probe")
-    _run(["ip", "netns", "add", name], "probing for netem")
-    try:
-        _run(["ip", "-n", name, "link", "set", "lo", "up"], "probing for netem")
-        done = subprocess.run(
-            ["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-            capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False,
-        )
-        if done.returncode == 0:
-            return None
-        return (done.stderr.strip().splitlines() or ["netem refused"])[-1]
-    finally:
-        with contextlib.suppress(DistlabError):
-            _run(["ip", "netns", "del", name], "removing a probe")
-
-
-def _require_netem(flag: str) -> None:
-    why = netem_missing()
-    if why is not None:
-        raise LabUsageError(
-            f"{flag} needs the kernel's netem queue (sch_netem), which this kernel lacks ({why}): "
-            "leave the latency out; the link's rate is still shaped"
-        )
-
-
-def _lab_namespaces() -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(_RUN_NETNS) if _NS_PATTERN.match(n))
-    except OSError:
-        return []
-
-
 def _subnets_in_use() -> list[ipaddress.IPv4Network]:
     """The subnets of the labs whose switches exist now (read off each switch's bridge)."""
     used: list[ipaddress.IPv4Network] = []
-    for name in _lab_namespaces():
+    for name in lab_namespaces():
         if not name.endswith("-sw"):
             continue
         with contextlib.suppress(DistlabError):
@@ -229,16 +157,25 @@ _sequence = 0
 
 
 class Network:
-    """One lab's nodes, switch and links. Made by :meth:`create`; gone after :meth:`destroy`."""
+    """One lab's nodes, switches and links. Made by :meth:`create`; gone after :meth:`destroy`."""
 
-    def __init__(self, nodes: int, subnet: ipaddress.IPv4Network, link: Link | None, owner: int, seq: int) -> None:
+    def __init__(
+        self, nodes: int, subnet: ipaddress.IPv4Network, link: Link | None, owner: int, seq: int,
+        racks: int | None = None, uplink: Link | None = None,
+    ) -> None:
         self.nodes = nodes
         self.subnet = subnet
         self.link = link
-        self._base = f"{_NS_PREFIX}{owner}-{seq}"
+        #: Racks the nodes are in (None: a star, every node on the one switch), and each rack's
+        #: uplink to the spine (None: not shaped).
+        self.racks = racks
+        self.uplink = uplink
+        self._base = f"{NS_PREFIX}{owner}-{seq}"
         hosts = list(subnet.hosts())
         self._node_addrs = [str(hosts[i]) for i in range(nodes)]
         self.switch_addr = str(hosts[-1])
+        # Nodes fill racks in order, as ranks fill nodes: the first racks take one more if uneven.
+        self._rack_of = [k for k, count in enumerate(spread(nodes, racks or 1)) for _ in range(count)]
 
     # ----------------------------------------------------------------------- names
 
@@ -249,6 +186,17 @@ class Network:
     def node_ns(self, node: int) -> str:
         return f"{self._base}-n{node}"
 
+    def rack_ns(self, rack: int) -> str:
+        return f"{self._base}-r{rack}"
+
+    def rack_of(self, node: int) -> int | None:
+        """The rack ``node`` is in (None without racks)."""
+        return self._rack_of[node] if self.racks else None
+
+    def rack_nodes(self) -> list[list[int]]:
+        """The nodes of each rack, in order ([] without racks)."""
+        return [[i for i in range(self.nodes) if self._rack_of[i] == k] for k in range(self.racks or 0)]
+
     def node_addr(self, node: int) -> str:
         return self._node_addrs[node]
 
@@ -257,7 +205,8 @@ class Network:
         return f"node{node}"
 
     def namespaces(self) -> list[str]:
-        return [self.switch_ns] + [self.node_ns(i) for i in range(self.nodes)]
+        racks = [self.rack_ns(k) for k in range(self.racks or 0)]
+        return [self.switch_ns, *racks] + [self.node_ns(i) for i in range(self.nodes)]
 
     def exec_prefix(self, node: int | None) -> list[str]:
         """A command prefix that runs a program on ``node`` (None: on the switch), under the node's hostname.
@@ -275,16 +224,19 @@ class Network:
     # -------------------------------------------------------------------- lifecycle
 
     @classmethod
-    def create(cls, nodes: int, link: Link | None, subnet: object = None, flag: str = "nodes") -> Network:
-        """Make the switch, the nodes and their links; on any failure nothing made is left."""
+    def create(
+        cls, nodes: int, link: Link | None, subnet: object = None, flag: str = "nodes",
+        racks: int | None = None, uplink: Link | None = None,
+    ) -> Network:
+        """Make the switches, the nodes and their links; on any failure nothing made is left."""
         global _sequence
         require_namespaces(flag)
         remove_orphans()
         if link is not None and link.latency_s:
-            _require_netem("latency")
+            require_netem("latency")
         with _Lock():
             _sequence += 1
-            net = cls(nodes, pick_subnet(nodes, subnet), link, os.getpid(), _sequence)
+            net = cls(nodes, pick_subnet(nodes, subnet), link, os.getpid(), _sequence, racks, uplink)
             try:
                 net._make()
             except BaseException:
@@ -292,33 +244,61 @@ class Network:
                 raise
         return net
 
+    def _bridge(self, ns: str, doing: str, addr: str | None = None) -> None:
+        """A namespace holding a switch: a bridge, up, with ``addr`` on it if given."""
+        _run(["ip", "netns", "add", ns], doing)
+        steps = [["link", "set", "lo", "up"], ["link", "add", "br0", "type", "bridge"]]
+        if addr is not None:
+            steps.append(["addr", "add", f"{addr}/{self.subnet.prefixlen}", "dev", "br0"])
+        for args in (*steps, ["link", "set", "br0", "up"]):
+            _run(["ip", "-n", ns, *args], doing)
+
     def _make(self) -> None:
         sw, plen = self.switch_ns, self.subnet.prefixlen
-        _run(["ip", "netns", "add", sw], "making the switch")
-        for args in (["link", "set", "lo", "up"], ["link", "add", "br0", "type", "bridge"],
-                     ["addr", "add", f"{self.switch_addr}/{plen}", "dev", "br0"], ["link", "set", "br0", "up"]):
-            _run(["ip", "-n", sw, *args], "making the switch")
+        self._bridge(sw, "making the switch", self.switch_addr)
+        for k in range(self.racks or 0):
+            # A rack's switch: a bridge of its own, joined to the spine's by its uplink (up0 here, r<k> there).
+            rack = self.rack_ns(k)
+            self._bridge(rack, f"making rack {k}")
+            _run(["ip", "-n", rack, "link", "add", "up0", "type", "veth", "peer", "name", f"r{k}", "netns", sw],
+                 f"making rack {k}'s uplink")
+            _run(["ip", "-n", rack, "link", "set", "up0", "master", "br0", "up"], f"making rack {k}'s uplink")
+            _run(["ip", "-n", sw, "link", "set", f"r{k}", "master", "br0", "up"], f"joining rack {k} to the spine")
         for i in range(self.nodes):
-            ns, port = self.node_ns(i), f"p{i}"
+            ns, port, switch = self.node_ns(i), f"p{i}", self._node_switch(i)
             _run(["ip", "netns", "add", ns], f"making node {i}")
             # Both ends are made inside their namespaces: nothing ever appears in this machine's own.
             for args in (["link", "set", "lo", "up"],
-                         ["link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", sw],
+                         ["link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", switch],
                          ["addr", "add", f"{self.node_addr(i)}/{plen}", "dev", "eth0"],
                          ["link", "set", "eth0", "up"]):
                 _run(["ip", "-n", ns, *args], f"making node {i}")
-            _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"], f"joining node {i} to the switch")
-        self._shape(self.link, replace=False)
+            _run(["ip", "-n", switch, "link", "set", port, "master", "br0", "up"], f"joining node {i} to its switch")
+        self._shape(self._ends(), self.link, replace=False)
+        self._shape(self._uplink_ends(), self.uplink, replace=False)
+
+    def _node_switch(self, node: int) -> str:
+        """The namespace of the switch ``node``'s link ends at: its rack's, or the one switch."""
+        rack = self.rack_of(node)
+        return self.switch_ns if rack is None else self.rack_ns(rack)
 
     def _ends(self) -> list[tuple[str, str]]:
         """(namespace, device) of both ends of every node's link."""
         ends = []
         for i in range(self.nodes):
-            ends += [(self.node_ns(i), "eth0"), (self.switch_ns, f"p{i}")]
+            ends += [(self.node_ns(i), "eth0"), (self._node_switch(i), f"p{i}")]
         return ends
 
-    def _shape(self, link: Link | None, replace: bool) -> None:
-        for ns, dev in self._ends():
+    def _uplink_ends(self) -> list[tuple[str, str]]:
+        """(namespace, device) of both ends of every rack's uplink: the rack's side first."""
+        ends = []
+        for k in range(self.racks or 0):
+            ends += [(self.rack_ns(k), "up0"), (self.switch_ns, f"r{k}")]
+        return ends
+
+    @staticmethod
+    def _shape(ends: list[tuple[str, str]], link: Link | None, replace: bool) -> None:
+        for ns, dev in ends:
             if replace:
                 with contextlib.suppress(DistlabError):
                     _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], "reshaping a link")
@@ -337,9 +317,16 @@ class Network:
     def set_link(self, link: Link | None) -> None:
         """Reshape every node's link (both ends) to ``link`` (None: not shaped), between cells."""
         if link is not None and link.latency_s:
-            _require_netem("latency")
-        self._shape(link, replace=True)
+            require_netem("latency")
+        self._shape(self._ends(), link, replace=True)
         self.link = link
+
+    def set_uplink(self, uplink: Link | None) -> None:
+        """Reshape every rack's uplink (both ends) to ``uplink`` (None: not shaped), between cells."""
+        if not self.racks:
+            raise LabUsageError("an uplink joins racks: this network has none (start it with racks=2)")
+        self._shape(self._uplink_ends(), uplink, replace=True)
+        self.uplink = uplink
 
     def reconnect(self) -> None:
         """Bring every node's link up again: one a rank cut (``distlab.chaos(cut=...)``) stays down
@@ -347,49 +334,41 @@ class Network:
         for i in range(self.nodes):
             _run(["ip", "-n", self.node_ns(i), "link", "set", "eth0", "up"], "bringing a node's link up")
 
+    @staticmethod
+    def _sent(ns: str, dev: str) -> int:
+        out = _run(["tc", "-s", "-n", ns, "qdisc", "show", "dev", dev], "reading a link's counters")
+        match = re.search(r"Sent (\d+) bytes", out)
+        return int(match.group(1)) if match else 0
+
     def sent_bytes(self) -> dict[int, int]:
         """Bytes each node has sent onto its link so far, as its queue counted them (``tc -s``)."""
-        sent = {}
-        for i in range(self.nodes):
-            out = _run(["tc", "-s", "-n", self.node_ns(i), "qdisc", "show", "dev", "eth0"], "reading a link's counters")
-            match = re.search(r"Sent (\d+) bytes", out)
-            sent[i] = int(match.group(1)) if match else 0
-        return sent
+        return {i: self._sent(self.node_ns(i), "eth0") for i in range(self.nodes)}
+
+    def uplink_bytes(self) -> dict[int, tuple[int, int]]:
+        """{rack: (bytes it sent up to the spine, bytes the spine sent down to it)} so far, as the
+        queues at the two ends of its uplink counted them."""
+        return {k: (self._sent(self.rack_ns(k), "up0"), self._sent(self.switch_ns, f"r{k}"))
+                for k in range(self.racks or 0)}
 
     def queues(self) -> dict[str, str]:
-        """``tc``'s own account of each link end's queue: what the kernel is really doing."""
+        """``tc``'s own account of each link end's queue (nodes' links, then racks' uplinks)."""
         return {f"{ns}/{dev}": _run(["tc", "-n", ns, "qdisc", "show", "dev", dev], "reading a queue").strip()
-                for ns, dev in self._ends()}
+                for ns, dev in self._ends() + self._uplink_ends()}
+
+    def describe(self) -> str:
+        """The shape in a line: nodes, racks, switch, links."""
+        link = f"link {self.link or 'not shaped'} (each way, every node's link)"
+        if not self.racks:
+            return f"{self.nodes} nodes on {self.subnet}, each linked to a switch at {self.switch_addr}; {link}"
+        racks = ", ".join(f"rack{k}: " + " ".join(self.hostname(i) for i in nodes)
+                          for k, nodes in enumerate(self.rack_nodes()))
+        return (f"{self.nodes} nodes in {self.racks} racks ({racks}) on {self.subnet}, the racks joined by a spine "
+                f"switch at {self.switch_addr}; {link}; uplink {self.uplink or 'not shaped'} (each way, every rack's)")
 
     def destroy(self) -> None:
         """End every process left in the namespaces, then remove them (with their links and queues)."""
         remove_namespaces(self.namespaces())
 
     def __repr__(self) -> str:
-        return f"<Network {self.nodes} nodes on {self.subnet}, link {self.link}>"
-
-
-def remove_namespaces(names: list[str]) -> None:
-    """Kill what runs in each namespace and delete it; wait (bounded) until the kernel has let go."""
-    present = [n for n in names if os.path.exists(os.path.join(_RUN_NETNS, n))]
-    for name in present:
-        with contextlib.suppress(DistlabError):
-            for pid in _run(["ip", "netns", "pids", name], "listing a node's processes").split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-    for name in present:
-        with contextlib.suppress(DistlabError):
-            _run(["ip", "netns", "del", name], "removing a node")
-    wait_for(lambda: not any(os.path.exists(os.path.join(_RUN_NETNS, n)) for n in present), 5.0)
-
-
-def remove_orphans() -> list[str]:
-    """Remove the namespaces of labs whose notebook died with them still up (their owner pid is gone)."""
-    orphans = []
-    for name in _lab_namespaces():
-        match = _NS_PATTERN.match(name)
-        if match and not pid_alive(int(match.group(1))):
-            orphans.append(name)
-    if orphans:
-        remove_namespaces(orphans)
-    return orphans
+        racks = f" in {self.racks} racks, uplink {self.uplink}" if self.racks else ""
+        return f"<Network {self.nodes} nodes on {self.subnet}, link {self.link}{racks}>"

@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     if namespaces:
-        from .nodes import remove_namespaces
+        from .namespaces import remove_namespaces
 
         remove_namespaces(namespaces)
     if patterns:

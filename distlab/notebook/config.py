@@ -27,7 +27,7 @@ _SPELLING = {
         "nodes": ("nodes", "nodes=2"), "link": ("link", 'link="1gbit"'), "latency": ("latency", 'latency="200us"'),
         "subnet": ("subnet", 'subnet="198.18.7.0/24"'), "launcher": ("launcher", 'launcher="local"'),
         "heal": ("heal", "heal=True"), "backend": ("backend", 'backend="gloo"'),
-        "spares": ("spares", "spares=2"),
+        "spares": ("spares", "spares=2"), "racks": ("racks", "racks=2"), "uplink": ("uplink", 'uplink="1gbit"'),
     },
     "magic": {
         "ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug"),
@@ -35,7 +35,8 @@ _SPELLING = {
         "latency": ("--latency", "--latency 200us"),
         "subnet": ("--subnet", "--subnet 198.18.7.0/24"), "launcher": ("--launcher", "--launcher local"),
         "heal": ("--heal", "--heal"), "backend": ("--backend", "--backend gloo"),
-        "spares": ("--spares", "--spares 2"),
+        "spares": ("--spares", "--spares 2"), "racks": ("--racks", "--racks 2"),
+        "uplink": ("--uplink", "--uplink 1gbit"),
     },
 }
 
@@ -100,6 +101,11 @@ class LabConfig:
     latency: str | float | None = None
     #: The lab network's IPv4 subnet; None: a free /24 of 198.18.0.0/15 (RFC 2544's benchmarking range).
     subnet: str | None = None
+    #: Racks the nodes are in, two tiers as in a real fabric: each node links to its rack's switch,
+    #: each rack to a spine by one uplink (``cluster.nodes``). None: every node on one switch.
+    racks: int | None = None
+    #: Each rack's uplink to the spine, both ways, in tc's units ("1gbit"); None: not shaped.
+    uplink: str | None = None
     #: Per-step quorum on torchft: when a rank dies the others go on (``rank.heal``, ``cluster.lighthouse``).
     heal: bool = False
     #: Engines kept started and registered beside the world, for a restart or a dead rank's replacement
@@ -177,7 +183,7 @@ class LabConfig:
 
         nodes = say["nodes"]
         if self.nodes is None:
-            for field in ("link", "latency", "subnet"):
+            for field in ("link", "latency", "subnet", "racks", "uplink"):
                 if getattr(self, field) is not None:
                     sep = " " if say is _SPELLING["magic"] else ", "
                     raise LabUsageError(
@@ -204,7 +210,28 @@ class LabConfig:
             )
         if self.subnet is not None:
             check_subnet(self.subnet, self.nodes, say["subnet"])
+        self._check_racks(say)
         require_namespaces(nodes[0])
+
+    def _check_racks(self, say: dict[str, tuple[str, str]]) -> None:
+        from ..cluster.links import parse_rate
+
+        racks, uplink = say["racks"], say["uplink"]
+        if self.racks is None:
+            if self.uplink is not None:
+                sep = " " if say is _SPELLING["magic"] else ", "
+                raise LabUsageError(f"{uplink[0]} joins racks to the spine: give {racks[0]} too, like "
+                                    f"{racks[1]}{sep}{uplink[1]}")
+            return
+        checks.whole(racks[0], self.racks, minimum=2, example=racks[1])
+        assert self.nodes is not None
+        if self.racks > self.nodes:
+            raise LabUsageError(
+                f"{racks[0]} {self.racks} is more racks than nodes ({say['nodes'][0]} {self.nodes}): every rack "
+                f"needs a node; use at most {self.nodes} racks, or more nodes"
+            )
+        if self.uplink is not None:
+            parse_rate(self.uplink, uplink[0], uplink[1])
 
     @property
     def local(self) -> bool:
@@ -220,6 +247,19 @@ class LabConfig:
         from ..cluster.links import Link
 
         return None if self.link is None else Link.parse(self.link, self.latency)
+
+    def rack_uplink(self) -> Link | None:
+        """The ``cluster.links.Link`` from each rack to the spine, or None (no racks, or not shaped)."""
+        from ..cluster.links import Link, parse_rate
+
+        return None if self.uplink is None else Link(parse_rate(self.uplink, "uplink", 'uplink="1gbit"'))
+
+    def where(self) -> str:
+        """Where the ranks run, as the start says it: "" on loopback, else the nodes, racks and links."""
+        if not self.nodes:
+            return ""
+        racks = f" in {self.racks} racks (uplink {self.rack_uplink() or 'not shaped'})" if self.racks else ""
+        return f" on {self.nodes} nodes (link {self.node_link() or 'not shaped'}){racks}"
 
     def ranks_per_node(self) -> list[int]:
         """How many ranks each node runs (``cluster.nodes.spread``)."""

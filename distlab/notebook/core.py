@@ -67,11 +67,12 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
         self, ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local",
         debug: bool = False, nodes: int | None = None, link: str | None = None,
         latency: str | float | None = None, subnet: str | None = None, heal: bool = False,
-        spares: int | None = None,
+        spares: int | None = None, racks: int | None = None, uplink: str | None = None,
     ) -> None:
         self._configure(LabConfig(
             ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
             nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal, spares=spares,
+            racks=racks, uplink=uplink,
         ))
 
     @classmethod
@@ -139,7 +140,10 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
             if self.config.nodes or self.config.heal:
                 self._folder = tempfile.mkdtemp(prefix=f"distlab-lab-{os.getpid()}-")
             if self.config.nodes:
-                self._network = Network.create(self.config.nodes, self.config.node_link(), self.config.subnet)
+                self._network = Network.create(
+                    self.config.nodes, self.config.node_link(), self.config.subnet,
+                    racks=self.config.racks, uplink=self.config.rack_uplink(),
+                )
                 self._phase("network_s")
             self._cluster = make_cluster(
                 self.world_size, self.config.launcher, self.config.local, self.timeout, self._network, self._folder

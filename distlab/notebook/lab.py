@@ -89,7 +89,7 @@ class Lab(Profiles, LabCore):
 def start(
     ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False,
     nodes: int | None = None, link: str | None = None, latency: str | float | None = None, subnet: str | None = None,
-    heal: bool = False, spares: int | None = None,
+    heal: bool = False, spares: int | None = None, racks: int | None = None, uplink: str | None = None,
 ) -> Lab:
     """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
 
@@ -100,6 +100,8 @@ def start(
     machine, each with its own address, joined to a switch by links shaped to ``link`` both ways
     (``latency="200us"`` adds delay where the kernel has netem). Ranks on one node talk over its
     loopback, ranks on different nodes over the links. Needs root (CAP_NET_ADMIN).
+    ``racks=2, uplink="1gbit"`` puts the nodes in racks, two tiers as in a real cluster: each node's
+    link ends at its rack's switch, each rack reaches the others through one uplink to a spine.
 
     ``heal=True`` runs torchft's lighthouse beside the ranks: in a cell, ``model, opt =
     distlab.heal(model, opt)`` gives a per-step quorum, and a rank's death does not stop the others.
@@ -111,5 +113,6 @@ def start(
     lab: Lab = Lab(
         ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
         nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal, spares=spares,
+        racks=racks, uplink=uplink,
     ).start()
     return lab

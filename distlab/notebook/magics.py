@@ -2,8 +2,8 @@
 
     %dist start -n 2 [--backend auto|gloo|nccl] [--timeout S] [--launcher local|mpi|ssh|slurm|...] [--debug] [--heal]
                      [--spares K]
-                     [--nodes K [--link RATE [--latency T]] [--subnet NET]]
-    %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off]
+                     [--nodes K [--link RATE [--latency T]] [--subnet NET] [--racks R [--uplink RATE]]]
+    %dist status | restart [-n N] | kill RANK | stop | link [RATE [--latency T] | off] [--uplink RATE | off]
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
     %dist debug [RANK] | stacks [RANKS] | profile [--steps N] [--warmup W] [--path FILE]
     %%ddp [-r RANKS] [--timeout S]
@@ -84,6 +84,8 @@ def _start_parser() -> MagicArgumentParser:
     p.add_argument("--link", default=None, help="each node's link, both ways, like 1gbit or 100mbit")
     p.add_argument("--latency", default=None, help="one-way delay between nodes, like 200us (needs netem)")
     p.add_argument("--subnet", default=None, help="the nodes' IPv4 subnet (default: a free /24 of 198.18.0.0/15)")
+    p.add_argument("--racks", type=_text, default=None, help="racks the nodes are in, each with one uplink to a spine")
+    p.add_argument("--uplink", default=None, help="each rack's uplink to the spine, both ways, like 1gbit")
     return p
 
 
@@ -91,6 +93,7 @@ def _link_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist link", add_help=False)
     p.add_argument("rate", nargs="?", default=None, help="the new rate, like 100mbit; off: not shaped")
     p.add_argument("--latency", default=None, help="one-way delay between nodes, like 1ms (needs netem)")
+    p.add_argument("--uplink", default=None, help="each rack's uplink to the spine, like 1gbit; off: not shaped")
     return p
 
 
@@ -205,7 +208,7 @@ class DistMagics(Magics):
             config = LabConfig(
                 ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher,
                 debug=args.debug, nodes=args.nodes, link=args.link, latency=args.latency, subnet=args.subnet,
-                heal=args.heal, spares=args.spares,
+                heal=args.heal, spares=args.spares, racks=args.racks, uplink=args.uplink,
                 spelling="magic",
             )
             lab = Lab.from_config(config)
@@ -214,11 +217,8 @@ class DistMagics(Magics):
             raise UsageError(str(exc)) from None
         self.lab = lab
         labs.set_current(lab, self.shell)  # what %exercise and %quiz find: labs.current()
-        where = ""
-        if config.nodes:
-            where = f" on {config.nodes} nodes (link {config.node_link() or 'not shaped'})"
         print(
-            f"{_ranks(lab.world_size)} ready{where} on {lab.backend} in {lab.timings['ready_s']:.1f} s "
+            f"{_ranks(lab.world_size)} ready{config.where()} on {lab.backend} in {lab.timings['ready_s']:.1f} s "
             f"(launcher {lab.launcher}{', collective checking on' if lab.debug else ''}); "
             "%%ddp cells now run on every rank"
         )
@@ -255,17 +255,24 @@ class DistMagics(Magics):
                     raise LabUsageError(
                         "--latency delays a shaped link: give a rate too, like %dist link 1gbit --latency 1ms"
                     )
-                link = lab.link
             else:
                 rate = None if args.rate == "off" else args.rate
                 if rate is not None:
                     from ..cluster.nodes import Link
 
                     Link.parse(rate, args.latency, magic=True)  # checked, named as the magic's arguments
-                link = lab.set_link(rate, latency=args.latency)
+            uplink = None if args.uplink in (None, "off") else args.uplink
+            if args.uplink is not None:  # checked before either changes, named as the magic's flags
+                replace(lab.config, uplink=uplink, spelling="magic")
+                lab.set_uplink(uplink)
+            if args.rate is not None:
+                lab.set_link(rate, latency=args.latency)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
-        print(f"link: {link or 'not shaped'} (each way, every node's link to the switch)")
+        to = "its rack's switch" if lab.racks else "the switch"
+        print(f"link: {lab.link or 'not shaped'} (each way, every node's link to {to})")
+        if lab.racks:
+            print(f"uplink: {lab.uplink or 'not shaped'} (each way, every rack's link to the spine)")
 
     def _kill(self, rank: int) -> None:
         lab = self._running_lab()

@@ -4,7 +4,7 @@ between nodes, read and reshaped between cells (``cluster.nodes`` makes them).""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..cluster.nodes import Link, Network
 from ..errors import LabUsageError
@@ -23,15 +23,11 @@ class HasNodes:
 
         def _require_running(self) -> None: ...
         def _tell(self, event: str) -> None: ...
+        @property
+        def table(self) -> Any: ...
 
     def _network_caption(self) -> str:
-        network = self._network
-        if network is None:
-            return ""
-        return (
-            f"{network.nodes} nodes on {network.subnet}, each linked to a switch at {network.switch_addr}; "
-            f"link {network.link or 'not shaped'} (each way, every node's link)"
-        )
+        return "" if self._network is None else self._network.describe()
 
     @property
     def link(self) -> Link | None:
@@ -53,6 +49,45 @@ class HasNodes:
         self.config = config
         self._tell("changed")
         return link
+
+    @property
+    def uplink(self) -> Link | None:
+        """Each rack's uplink to the spine now; None where nothing is shaped there (no racks, or not shaped)."""
+        return self._network.uplink if self._network is not None else None
+
+    @property
+    def racks(self) -> list[list[int]]:
+        """The ranks in each rack, rack by rack ([] for a lab without racks): who shares the fast links."""
+        if self._network is None or not self._network.racks:
+            return []
+        nodes = self._network.rack_nodes()
+        hosts = [r.host for r in self.table]
+        return [[rank for rank, host in enumerate(hosts) if host in {Network.hostname(i) for i in rack}]
+                for rack in nodes]
+
+    def set_uplink(self, rate: str | None) -> Link | None:
+        """Reshape every rack's uplink to the spine, both ways, between cells: ``lab.set_uplink("100mbit")``.
+        ``None`` takes the shaping off. Returns the new uplink."""
+        self._require_nodes("set_uplink")
+        assert self._network is not None
+        if not self._network.racks:
+            raise LabUsageError(
+                "set_uplink needs a lab in racks: start one like distlab.start(ranks=4, nodes=4, racks=2, "
+                'uplink="1gbit") (%dist start -n 4 --nodes 4 --racks 2 --uplink 1gbit)'
+            )
+        config = replace(self.config, uplink=rate)  # checked as the lab's own config is
+        uplink = config.rack_uplink()
+        self._network.set_uplink(uplink)
+        self.config = config
+        self._tell("changed")
+        return uplink
+
+    def uplink_bytes(self) -> dict[int, tuple[int, int]]:
+        """{rack: (bytes it sent up to the spine, bytes it received down from it)} so far, as the
+        kernel's queues counted them. Take it before and after a cell to see what crossed between racks."""
+        self._require_nodes("uplink_bytes")
+        assert self._network is not None
+        return self._network.uplink_bytes()
 
     def link_bytes(self) -> dict[int, int]:
         """{node: bytes it has sent onto its link so far}, as the kernel's queue counted them (frames,

@@ -96,6 +96,7 @@ from .sharding import (
     sharded_memory,
     tensor_parallel_bytes_per_step,
 )
+from .topology import ring_edge_bandwidths, ring_uplink_crossings, tiered_allreduce_time_s
 from .transformer import (
     TransformerShape,
     activation_bytes_per_layer,
@@ -164,6 +165,8 @@ __all__ = [
     "pipeline_timeline",
     "ring_allreduce_sent_bytes",
     "ring_allreduce_time_s",
+    "ring_edge_bandwidths",
+    "ring_uplink_crossings",
     "sampler_padding_samples",
     "samples_per_rank",
     "scaled_learning_rate",
@@ -175,6 +178,7 @@ __all__ = [
     "synchronous_run_time_s",
     "synchronous_step_time_s",
     "tensor_parallel_bytes_per_step",
+    "tiered_allreduce_time_s",
     "to_base_units",
     "training_flops_per_token",
     "training_time_s",

@@ -1,0 +1,145 @@
+"""Network namespaces as distlab makes and removes them: the commands, the capabilities they need,
+what the kernel offers (netem), and the names by which a lab's namespaces are found again, by
+their lab or, once its notebook died, by anyone (``remove_orphans``).
+
+A lab's namespace is ``distlab-<owner pid>-<sequence>-<role>``: ``sw`` its switch (the spine where
+it has racks), ``r<k>`` a rack's switch, ``n<i>`` a node, ``probe`` a probe made and removed at once.
+``cluster.nodes`` builds a lab's network out of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+
+from ..errors import DistlabError, LabUsageError
+from .processes import pid_alive, wait_for
+
+__all__ = [
+    "NS_PREFIX",
+    "lab_namespaces",
+    "netem_missing",
+    "remove_namespaces",
+    "remove_orphans",
+    "require_namespaces",
+    "require_netem",
+    "run",
+]
+
+NS_PREFIX = "distlab-"
+_NS_PATTERN = re.compile(r"^distlab-(\d+)-(\d+)-(sw|probe|n\d+|r\d+)$")
+_RUN_NETNS = "/run/netns"
+_CMD_TIMEOUT_S = 10.0
+# Capability bits (linux/capability.h): making namespaces mounts them (SYS_ADMIN); links, addresses
+# and queues need NET_ADMIN.
+_CAP_NET_ADMIN = 12
+_CAP_SYS_ADMIN = 21
+
+def _capabilities() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def require_namespaces(flag: str = "nodes") -> None:
+    """Raise one line if this process cannot make network namespaces, links and queues (before anything starts)."""
+    caps = _capabilities()
+    missing = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+               if not caps >> bit & 1]
+    if missing:
+        raise LabUsageError(
+            f"{flag} needs {' and '.join(missing)} to make network namespaces and links (run as root, or in a "
+            f"container given NET_ADMIN); without {flag} every rank runs on loopback and needs none of this"
+        )
+    tools = [t for t in ("ip", "tc", "unshare") if shutil.which(t) is None]
+    if tools:
+        raise LabUsageError(
+            f"{flag} needs {', '.join(tools)} on PATH (Debian: apt install iproute2 util-linux); "
+            f"without {flag} every rank runs on loopback"
+        )
+
+
+def run(args: list[str], doing: str) -> str:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise DistlabError(f"{doing}: {' '.join(args)} took over {_CMD_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise DistlabError(f"{doing}: {' '.join(args)}: {why}")
+    return done.stdout
+
+
+
+def netem_missing() -> str | None:
+    """Why this kernel cannot add delay to a link (no sch_netem), or None if it can.
+
+    Probed in a namespace of its own, made and removed here: the answer is the kernel's.
+    """
+    name = f"{NS_PREFIX}{os.getpid()}-0-probe"
+    with contextlib.suppress(DistlabError):
+        run(["ip", "netns", "del", name], "removing a probe")
+    run(["ip", "netns", "add", name], "probing for netem")
+    try:
+        run(["ip", "-n", name, "link", "set", "lo", "up"], "probing for netem")
+        done = subprocess.run(
+            ["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False,
+        )
+        if done.returncode == 0:
+            return None
+        return (done.stderr.strip().splitlines() or ["netem refused"])[-1]
+    finally:
+        with contextlib.suppress(DistlabError):
+            run(["ip", "netns", "del", name], "removing a probe")
+
+
+def require_netem(flag: str) -> None:
+    why = netem_missing()
+    if why is not None:
+        raise LabUsageError(
+            f"{flag} needs the kernel's netem queue (sch_netem), which this kernel lacks ({why}): "
+            "leave the latency out; the link's rate is still shaped"
+        )
+
+
+def lab_namespaces() -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(_RUN_NETNS) if _NS_PATTERN.match(n))
+    except OSError:
+        return []
+
+
+def remove_namespaces(names: list[str]) -> None:
+    """Kill what runs in each namespace and delete it; wait (bounded) until the kernel has let go."""
+    present = [n for n in names if os.path.exists(os.path.join(_RUN_NETNS, n))]
+    for name in present:
+        with contextlib.suppress(DistlabError):
+            for pid in run(["ip", "netns", "pids", name], "listing a node's processes").split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+    for name in present:
+        with contextlib.suppress(DistlabError):
+            run(["ip", "netns", "del", name], "removing a node")
+    wait_for(lambda: not any(os.path.exists(os.path.join(_RUN_NETNS, n)) for n in present), 5.0)
+
+
+def remove_orphans() -> list[str]:
+    """Remove the namespaces of labs whose notebook died with them still up (their owner pid is gone)."""
+    orphans = []
+    for name in lab_namespaces():
+        match = _NS_PATTERN.match(name)
+        if match and not pid_alive(int(match.group(1))):
+            orphans.append(name)
+    if orphans:
+        remove_namespaces(orphans)
+    return orphans
