@@ -96,3 +96,10 @@ def test_the_magics_start_racks_and_change_the_uplink_between_cells(ipython, cap
     assert "link: 1gbit (each way, every node's link to its rack's switch)" in out
     assert "uplink: 50mbit (each way, every rack's link to the spine)" in out and lab.uplink.rate_bps == 50_000_000
     assert lab.run("dist.get_world_size()", stream=False) == {0: 2, 1: 2}
+
+
+def test_the_side_panels_record_holds_the_racks_and_their_uplink(racks_lab):
+    from distlab.server import registry
+
+    mine = next(lab for lab in registry.read_labs() if lab["id"] == registry.id_of(racks_lab))
+    assert mine["nodes"] == 4 and mine["racks"] == [[0, 1], [2, 3]] and mine["uplink"] == str(racks_lab.uplink)

@@ -174,6 +174,9 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
         # On emulated nodes: how many, and the link between them (None: not shaped).
         "nodes": lab.config.nodes,
         "link": str(lab.link) if lab.link is not None else None,
+        # In racks: the ranks of each rack, and each rack's uplink to the spine (None: not shaped).
+        "racks": lab.racks,
+        "uplink": str(lab.uplink) if lab.uplink is not None else None,
         "busy": bool(busy),
         "ranks": rows,
         "training": training_summary(lab.telemetry.records()),

@@ -48,6 +48,9 @@ export interface ILabInfo {
   /** Emulated nodes (network namespaces) and the link between them, when the lab has them. */
   nodes: number | null;
   link: string | null;
+  /** In racks (two tiers): the ranks of each rack, and each rack's uplink to the spine. */
+  racks?: number[][];
+  uplink?: string | null;
   busy: boolean;
   updated: number;
   ranks: IRank[];
@@ -157,6 +160,19 @@ async function stacksOfLab(settings: ServerConnection.ISettings, lab: ILabInfo):
   return body.text ?? '';
 }
 
+/** Where the ranks run: nothing on loopback, else the nodes and their link, and the racks with their uplink. */
+function where(lab: ILabInfo): string {
+  if (!lab.nodes) {
+    return '';
+  }
+  const nodes = ` on ${lab.nodes} nodes, link ${lab.link ?? 'not shaped'}`;
+  if (!lab.racks || lab.racks.length === 0) {
+    return nodes;
+  }
+  const racks = lab.racks.map(ranks => `[${ranks.join(' ')}]`).join(' ');
+  return `${nodes}; ranks in ${lab.racks.length} racks ${racks}, uplink ${lab.uplink ?? 'not shaped'}`;
+}
+
 function fmtRate(lab: ILabInfo): string {
   const t = lab.training;
   if (t.step === null) {
@@ -245,7 +261,7 @@ class LabsPanel extends Widget {
       el(
         'p',
         'distlab-summary',
-        `${lab.world_size} ranks${lab.nodes ? ` on ${lab.nodes} nodes, link ${lab.link ?? 'not shaped'}` : ''} · ` +
+        `${lab.world_size} ranks${where(lab)} · ` +
           `${lab.backend} · launcher ${lab.launcher} · ${lab.busy ? 'running a cell' : 'idle'}`
       )
     );
