@@ -12,8 +12,13 @@ ring against a hierarchical all-reduce, what the shaping costs the CPU, and time
    against the same nodes with links not shaped (what tbf itself costs) and the same 4 ranks on plain
    loopback (what the namespaces' network path costs); labs alternate.
 4. ready: ``distlab.start(ranks=4, nodes=2, link="1gbit")`` against ``distlab.start(ranks=4)``; alternate.
+5. tiers: two tiers, 4 nodes in 2 racks (one rank each), links of 1 Gbit/s, uplinks of 100 and
+   250 Mbit/s: all-reduce of 4-16 MB inside a rack, across racks (2 ranks) and over all 4 ranks.
+   Theory: ``distlab.theory.tiered_allreduce_time_s`` (the ring at its slowest edge's share) with the
+   latency a fitted on small messages of the same group; and the bytes each uplink carried up, against
+   ``ring_uplink_crossings`` x 2(N-1)/N S.
 
-    python benchmarks/bench_network.py [--repeats 5] [--only ring hierarchical shaping ready]
+    python benchmarks/bench_network.py [--repeats 5] [--only ring hierarchical shaping ready tiers]
 
 Needs root (CAP_NET_ADMIN). Each table prints as Markdown.
 """
@@ -177,14 +182,56 @@ def ready(repeats: int) -> None:
         print(f"| `{name}` | {statistics.median(runs):.2f} | {', '.join(f'{r:.2f}' for r in runs)} |")
 
 
+TIER_GROUPS = {  # name: (ranks, their nodes, their racks) with one rank per node, racks [[0, 1], [2, 3]]
+    "in a rack": ([0, 1], [0, 1], [0, 0]),
+    "across racks": ([0, 2], [0, 2], [0, 1]),
+    "all 4": ([0, 1, 2, 3], [0, 1, 2, 3], [0, 0, 1, 1]),
+}
+
+
+def tiers(repeats: int) -> None:
+    print("| uplink | group | size | measured (s) | model (s) | apart | fitted a (us) | uplink bytes up, measured / model |")
+    print("|---|---|---|---|---|---|---|---|")
+    lab = distlab.start(ranks=4, nodes=4, racks=2, link="1gbit", uplink="100mbit", timeout=120)
+    try:
+        lab.run("groups = {'in a rack': dist.new_group([0, 1]), 'across racks': dist.new_group([0, 2]), "
+                "'all 4': dist.group.WORLD}", stream=False)
+        link = lab.link.bytes_per_s
+        for uplink_rate in ("100mbit", "250mbit"):
+            uplink = lab.set_uplink(uplink_rate).bytes_per_s
+            for name, (ranks, nodes, racks) in TIER_GROUPS.items():
+                group = f"groups[{name!r}]"
+                _median_time(lab, 4 * MB, 1, ranks, group)  # warm up: first connections, first buffers
+                small = [(s, _median_time(lab, s, repeats * 2, ranks, group)) for s in (4096, 65536)]
+                steps = 2 * (len(ranks) - 1)
+                a = statistics.median(max(0.0, (t - theory.tiered_allreduce_time_s(s, nodes, link, racks, uplink)) / steps)
+                                      for s, t in small)
+                for size_mb in (4, 16):
+                    size = size_mb * MB
+                    before = lab.uplink_bytes()
+                    measured = _median_time(lab, size, repeats, ranks, group)
+                    after = lab.uplink_bytes()
+                    up = max(after[k][0] - before[k][0] for k in after) / repeats
+                    crossings = max(theory.ring_uplink_crossings(racks).values(), default=0)
+                    model_up = crossings * theory.ring_allreduce_sent_bytes(size, len(ranks))
+                    model = theory.tiered_allreduce_time_s(size, nodes, link, racks, uplink, a)
+                    ratio = f"{up / size:.2f} S / {model_up / size:.2f} S" if model_up else f"{up / size:.3f} S / 0"
+                    print(f"| {uplink_rate} | {name} | {size_mb} MB | {measured:.3f} | {model:.3f} | "
+                          f"{(measured - model) / model:+.1%} | {a * 1e6:.0f} | {ratio} |", flush=True)
+    finally:
+        lab.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", nargs="+", default=["ring", "hierarchical", "shaping", "ready"])
+    parser.add_argument("--only", nargs="+", default=["ring", "hierarchical", "shaping", "ready", "tiers"])
     args = parser.parse_args()
     for name in args.only:
         print(f"\n### {name}\n", flush=True)
-        {"ring": ring, "hierarchical": hierarchical, "shaping": shaping, "ready": ready}[name](args.repeats)
+        {"ring": ring, "hierarchical": hierarchical, "shaping": shaping, "ready": ready, "tiers": tiers}[name](
+            args.repeats
+        )
 
 
 if __name__ == "__main__":
