@@ -66,3 +66,22 @@ def test_ranks_of_one_node_talk_over_loopback_and_its_link_is_shared_only_by_edg
 def test_bad_placements_and_rates_are_refused_with_the_fix(args, fragment):
     with pytest.raises(ValueError, match=fragment):
         theory.ring_edge_bandwidths(*args)
+
+
+def test_hsdp_keeps_the_gathers_in_the_rack_and_sends_one_all_reduce_up_whatever_the_rack_size():
+    psi = 100 * MB
+    flat = theory.fsdp_uplink_bytes_per_step(psi, racks=2, ranks_per_rack=2, layout="flat")
+    hsdp = theory.fsdp_uplink_bytes_per_step(psi, racks=2, ranks_per_rack=2, layout="hsdp")
+    across = theory.fsdp_uplink_bytes_per_step(psi, racks=2, ranks_per_rack=2, layout="shard-across")
+    assert flat == pytest.approx(3 * 3 / 4 * psi)  # two all-gathers and a reduce-scatter, one crossing each
+    assert hsdp == pytest.approx(psi)  # two replicas: 2(R-1)/R of Psi, in shards of Psi/k
+    assert across == pytest.approx(2 * 3 / 2 * psi)  # both shard groups cross: the mesh put the wrong way
+    assert theory.fsdp_uplink_bytes_per_step(psi, 2, 8, "hsdp") == pytest.approx(hsdp)  # k does not matter
+    # Without the backward all-gather, and with gloo's reduce-scatter that moves an all-reduce's bytes.
+    assert theory.fsdp_uplink_bytes_per_step(psi, 2, 2, "flat", reshard_after_forward=False) == pytest.approx(
+        2 * 3 / 4 * psi)
+    assert theory.fsdp_uplink_bytes_per_step(psi, 2, 2, "flat", reduce_scatter="all_reduce") == pytest.approx(3 * psi)
+    # Flat FSDP over one rack per rank is every rank's own fsdp_bytes_per_step.
+    assert theory.fsdp_uplink_bytes_per_step(psi, 4, 1, "flat") == pytest.approx(theory.fsdp_bytes_per_step(psi, 4))
+    with pytest.raises(ValueError, match="unknown layout 'zero'"):
+        theory.fsdp_uplink_bytes_per_step(psi, 2, 2, "zero")

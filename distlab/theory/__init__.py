@@ -96,7 +96,7 @@ from .sharding import (
     sharded_memory,
     tensor_parallel_bytes_per_step,
 )
-from .topology import ring_edge_bandwidths, ring_uplink_crossings, tiered_allreduce_time_s
+from .topology import fsdp_uplink_bytes_per_step, ring_edge_bandwidths, ring_uplink_crossings, tiered_allreduce_time_s
 from .transformer import (
     TransformerShape,
     activation_bytes_per_layer,
@@ -143,6 +143,7 @@ __all__ = [
     "fit_latency_bandwidth",
     "from_base_units",
     "fsdp_bytes_per_step",
+    "fsdp_uplink_bytes_per_step",
     "global_batch_size",
     "global_mean",
     "global_rank",

@@ -16,10 +16,18 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from ._checks import _non_negative, _positive
+from .. import checks
+from ._checks import _count, _non_negative, _positive
 from .communication import ring_allreduce_time_s
 
-__all__ = ["ring_edge_bandwidths", "ring_uplink_crossings", "tiered_allreduce_time_s"]
+__all__ = ["fsdp_uplink_bytes_per_step", "ring_edge_bandwidths", "ring_uplink_crossings", "tiered_allreduce_time_s"]
+
+#: How FSDP's mesh sits on the racks: sharded over every rank, sharded inside each rack and replicated
+#: across racks (HSDP, as meant), or the other way round (sharded across racks, replicated inside).
+LAYOUTS = ("flat", "hsdp", "shard-across")
+#: A ring reduce-scatter sends (N-1)/N of the buffer; gloo's sends an all-reduce's 2(N-1)/N
+#: (measured in notebook 14).
+REDUCE_SCATTERS = ("ring", "all_reduce")
 
 
 def _placement(nodes: Sequence[int], racks: Sequence[int] | None) -> tuple[list[int], list[int]]:
@@ -98,3 +106,54 @@ def tiered_allreduce_time_s(
     if math.isinf(slowest):  # every rank on one node: only the steps' latency is modelled
         return ring_allreduce_time_s(0.0, n, 1.0, latency_s)
     return ring_allreduce_time_s(size, n, slowest, latency_s)
+
+
+def fsdp_uplink_bytes_per_step(
+    parameters_bytes: float, racks: int, ranks_per_rack: int, layout: str = "hsdp",
+    reshard_after_forward: bool = True, reduce_scatter: str = "ring",
+) -> float:
+    """Bytes each rack sends up its uplink in one FSDP step, ranks numbered rack by rack.
+
+    FSDP all-gathers the parameters (Psi = ``parameters_bytes``) inside each shard group for forward
+    and again for backward (once without ``reshard_after_forward``) and reduce-scatters the gradients
+    there; HSDP then all-reduces each gradient shard across the replicas. Every collective is a ring
+    over its group's ranks in order: a ring edge between racks carries what its sender sends, and
+    each rack's uplink carries the edges that leave it. ``layout``:
+
+    - ``"flat"``: one shard group of all R*k ranks: its ring crosses each uplink once, so each
+      uplink carries ``(2 + 1) (N-1)/N * Psi``.
+    - ``"hsdp"``: shard groups inside racks (no uplink), replicas across: k all-reduces of Psi/k,
+      each crossing each uplink once, ``2(R-1)/R * Psi`` in all, independent of k.
+    - ``"shard-across"``: shard groups across racks (k groups of R ranks, each crossing), replicas
+      inside: k * ``(2 + 1) (R-1)/R * Psi``.
+
+    ``reduce_scatter="all_reduce"``: a reduce-scatter that moves an all-reduce's bytes (gloo's).
+    """
+    size = _non_negative("parameters_bytes", parameters_bytes)
+    r, k = _count("racks", racks), _count("ranks_per_rack", ranks_per_rack)
+    checks.choice("layout", layout, LAYOUTS, error=ValueError)
+    checks.choice("reduce_scatter", reduce_scatter, REDUCE_SCATTERS, error=ValueError)
+    checks.flag("reshard_after_forward", reshard_after_forward)
+    rack_of = [rank // k for rank in range(r * k)]
+    grid = [[rack * k + i for i in range(k)] for rack in range(r)]  # grid[rack][i]: rank i of the rack
+    if layout == "flat":
+        shard_groups, replica_groups = [list(range(r * k))], []
+    elif layout == "hsdp":
+        shard_groups, replica_groups = grid, [list(column) for column in zip(*grid)]
+    else:
+        shard_groups, replica_groups = [list(column) for column in zip(*grid)], grid
+    passes = (2 if reshard_after_forward else 1) + (2 if reduce_scatter == "all_reduce" else 1)
+    up = [0.0] * r
+
+    def ring(ranks: list[int], sent_per_rank: float) -> None:
+        for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+            if rack_of[a] != rack_of[b]:
+                up[rack_of[a]] += sent_per_rank
+
+    for group in shard_groups:
+        n = len(group)
+        ring(group, passes * (n - 1) / n * size)
+    for group in replica_groups:
+        n, shard = len(group), size / len(shard_groups[0])
+        ring(group, 2 * (n - 1) / n * shard)
+    return max(up)
