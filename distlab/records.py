@@ -131,6 +131,7 @@ class WatchMeta(TypedDict):
     ddp: bool
     layers: list[str]
     sharded_layers: list[str]  # layers whose parameters are sharded across ranks: norms and checksums of shards
+    replicated: bool  # False: each rank's weights are its own (watch(..., replicated=False)), no replicas
     grad_bytes: int  # one step's gradients: what a data-parallel step all-reduces
     initial_checksums: LayerChecksums
     timed: bool  # all-reduce buckets timed

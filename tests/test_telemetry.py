@@ -12,6 +12,7 @@ import torch
 import distlab
 from distlab.dashboard import analysis
 from distlab.telemetry import Watch, WatchConfig, watch
+from distlab.telemetry.config import make_config
 from distlab.telemetry.stats import LayerIndex
 
 # Defined on every rank by the tests below: a small model, a data stream per rank, a training loop.
@@ -378,6 +379,27 @@ def test_replicas_without_ddp_and_with_different_seeds_are_flagged_and_the_cause
     assert verdict.mismatch_steps == [0, 2, 4]
     assert "rank 1 differs from rank 0 in 3 of 3 layers" in verdict.message
     assert "different weights" in verdict.message and "torch.manual_seed" in verdict.message
+
+
+@pytest.mark.cluster
+def test_weights_that_are_each_ranks_own_are_not_taken_for_replicas(lab):
+    # An expert of expert parallelism, a stage trained by hand: different weights on purpose.
+    lab.run(SETUP, stream=False)
+    store = lab.telemetry
+    lab.run(
+        "model = make_model(seed=rank)\n"
+        "with distlab.watch(model, checksum_every=2, replicated=False):\n"
+        "    train(model, 4, data_seed=rank)",
+        stream=False,
+    )
+    meta = store.meta()
+    assert all(m["replicated"] is False and m["layout"] is None for m in meta.values())
+    verdict = analysis.divergence(store.records(), meta)
+    assert not verdict.diverged and "its own" in verdict.message
+    lines = analysis.summary(store.records(), meta, 2)
+    assert "communication in flight" in lines[1] and "exposed all-reduce" not in lines[1], lines
+    with pytest.raises(distlab.LabUsageError, match="replicated must be True or False"):
+        make_config(None, {"replicated": "no"})
 
 
 @pytest.mark.cluster

@@ -41,8 +41,7 @@ def complete_steps(records: Sequence[StepRecord], ranks: Sequence[int]) -> list[
     seen: dict[int, set[int]] = defaultdict(set)
     for rec in records:
         seen[rec["step"]].add(rec["rank"])
-    want = set(ranks)
-    return sorted(step for step, have in seen.items() if want <= have)
+    return sorted(step for step, have in seen.items() if set(ranks) <= have)
 
 
 # ---------------------------------------------------------------------------------- stragglers
@@ -124,6 +123,8 @@ def divergence(records: Sequence[StepRecord], meta: Meta) -> Divergence:
         return Divergence(False, "one rank: nothing to compare")
     ref = ranks[0]
     ref_meta = meta.get(ref)
+    if ref_meta and ref_meta.get("replicated") is False:
+        return Divergence(False, "each rank's weights are its own (replicated=False): no replicas to compare")
     if ref_meta and ref_meta.get("layers") and set(ref_meta.get("sharded_layers") or ()) >= set(ref_meta["layers"]):
         return Divergence(False, "weights sharded across ranks (FSDP2, tensor parallel): no replicas to compare")
     by_step: dict[int, dict[int, StepRecord]] = defaultdict(dict)
@@ -431,7 +432,8 @@ def summary(records: Sequence[StepRecord], meta: Meta, world_size: int) -> list[
         comm = sorted(rec["comm_s"] for rec in mine)
         median = times[len(times) // 2] * 1e3
         text = f"  rank {r}: loss {losses[-1]:.4g}" if losses else f"  rank {r}: loss not logged"
-        lines.append(f"{text}, step {median:.1f} ms (median), exposed all-reduce {comm[len(comm) // 2] * 1e3:.1f} ms")
+        waited = "exposed all-reduce" if r not in meta or meta[r].get("ddp") else "communication in flight"
+        lines.append(f"{text}, step {median:.1f} ms (median), {waited} {comm[len(comm) // 2] * 1e3:.1f} ms")
     lines.append("  " + divergence(records, meta).message)
     lines.append("  " + link_model(records, world_size).message)
     if any(rec.get("memory") for rec in records):

@@ -43,6 +43,10 @@ class WatchConfig:
     window_steps: int = 128
     #: Publish at all (off: records stay on the rank, read them with ``Watch.records()``).
     publish: bool = True
+    #: The ranks' weights are replicas of one model (data parallel, sharded or not). False where each
+    #: rank's weights are its own (an expert of expert parallelism, a pipeline stage trained by
+    #: hand): the dashboard then compares no replicas and applies no memory model.
+    replicated: bool = True
 
 
 def make_config(config: WatchConfig | None, overrides: dict[str, Any]) -> WatchConfig:
@@ -60,6 +64,6 @@ def make_config(config: WatchConfig | None, overrides: dict[str, Any]) -> WatchC
     checks.positive(
         "publish_interval_s", values["publish_interval_s"], kind="a number of seconds", example="publish_interval_s=1.0"
     )
-    for name in ("time_allreduce", "track_memory", "publish"):
+    for name in ("time_allreduce", "track_memory", "publish", "replicated"):
         checks.flag(name, values[name])
     return WatchConfig(**values)

@@ -244,6 +244,7 @@ class Watch:
             "ddp": self.is_ddp,
             "layers": list(self.layers.names),
             "sharded_layers": list(self.layers.sharded),
+            "replicated": self.config.replicated,
             "grad_bytes": self.layers.grad_bytes,
             "initial_checksums": dict(self.initial_checksums),
             "timed": self._timer is not None or (self._observer is not None and self._observer.timings is not None),
@@ -301,7 +302,8 @@ class Watch:
         if optimizer not in self._optimizers:
             self._optimizers.add(optimizer)
             # Read now: the optimizer may be gone by the time the watch publishes its last steps.
-            self._layout = describe(self.model, self.layers.params, list(self._optimizers), self.world_size)
+            self._layout = describe(self.model, self.layers.params, list(self._optimizers), self.world_size) \
+                if self.config.replicated else None
         step = self._open
         if step is not None and step.record is None:
             self._close(step)

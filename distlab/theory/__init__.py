@@ -88,6 +88,7 @@ from .scaling import (
     training_time_s,
     weak_scaling_efficiency,
 )
+from .sequence import causal_load_imbalance, expert_capacity, ring_attention_pairs
 from .sharding import (
     ShardedMemory,
     ddp_bytes_per_step,
@@ -129,6 +130,7 @@ __all__ = [
     "bus_bandwidth_factor",
     "busbw_bytes_per_s",
     "bytes_per_parameter",
+    "causal_load_imbalance",
     "check_plan",
     "cluster_mtbf_s",
     "collective_bytes",
@@ -140,6 +142,7 @@ __all__ = [
     "epoch_time_s",
     "expected_scaling_efficiency",
     "expected_staleness_updates",
+    "expert_capacity",
     "fit_latency_bandwidth",
     "from_base_units",
     "fsdp_bytes_per_step",
@@ -166,6 +169,7 @@ __all__ = [
     "pipeline_timeline",
     "ring_allreduce_sent_bytes",
     "ring_allreduce_time_s",
+    "ring_attention_pairs",
     "ring_edge_bandwidths",
     "ring_uplink_crossings",
     "sampler_padding_samples",

@@ -1,0 +1,411 @@
+# %% [markdown]
+# # 20 · Context and expert parallelism: splitting the tokens
+#
+# Data parallelism splits the batch, and tensor and pipeline parallelism split the model. The two
+# ways in this lab split the *tokens* of one batch instead:
+#
+# - **Context parallelism** splits a long sequence over the ranks. Attention is the hard part,
+#   because every query needs every key before it. **Ring attention** (Liu et al. 2023) keeps each
+#   rank's queries in place and passes the keys and values around the ring, one rank's part per
+#   step. Each rank combines the pieces with the same running softmax that FlashAttention uses
+#   (Dao et al. 2022).
+# - **Expert parallelism** gives each rank one expert of a mixture-of-experts layer (Lepikhin et
+#   al. 2020, GShard; Fedus et al. 2021, Switch). A router picks an expert for each token. An
+#   **all-to-all** sends each token to its expert's rank (dispatch), and a second one brings the
+#   results back (combine).
+#
+# Both are built here by hand from `torch.distributed`'s point-to-point ops and all-to-all, on 4
+# ranks. torch's own `context_parallel` has no sharding rule for the CPU's attention kernel, so on
+# CPU ranks it cannot run. Each part is checked against one process computing the same thing whole.
+
+# %%
+# %load_ext distlab
+# %dist start -n 4
+
+# %%
+import distlab
+from distlab import theory
+
+lab = distlab.current_lab()
+
+# %% [markdown]
+# ## Ring attention
+#
+# The sequence of `L` tokens is cut into chunks. Rank r keeps its chunk's queries, keys and values.
+# Each of the N steps does two things at once:
+#
+# - it computes its queries against the keys and values it holds now;
+# - it sends those keys and values to rank r+1 and receives rank r-1's (`batch_isend_irecv`, posted
+#   before the compute so that the two overlap).
+#
+# After N steps every query has met every key. Each step's scores are folded into a running maximum,
+# sum and weighted sum, as in FlashAttention. The result is softmax attention exactly, up to
+# rounding, though no rank ever holds the whole `L x L` score matrix.
+#
+# With a **causal** mask a query attends only to keys at or before it. A chunk of keys that lies
+# wholly in a chunk of queries' future is skipped. A chunk on the diagonal is computed whole, then
+# masked. So the ranks' work differs:
+#
+# - **Contiguous chunks**: rank 0 holds the start of the sequence and skips almost everything; rank
+#   N-1 computes against every chunk.
+# - **Zigzag**: the sequence is cut into 2N chunks, and rank r takes chunks r and 2N-1-r, one from
+#   each end. This evens the work out. Llama 3's context parallelism splits the sequence this way
+#   (Dubey et al. 2024).
+#
+# **Predict first**, in query-key pairs per rank, for a sequence of 2,048 tokens on 4 ranks:
+
+# %%
+L = 2048
+for layout in ("contiguous", "zigzag"):
+    pairs = theory.ring_attention_pairs(L, 4, layout)
+    print(f"{layout:<11} pairs per rank: {', '.join(f'{p:,}' for p in pairs)}; "
+          f"busiest / mean: {theory.causal_load_imbalance(4, layout):.2f}")
+
+# %% [markdown]
+# The ranks run the code below. Every rank makes the same `q`, `k` and `v` for the whole sequence
+# from one seed, so that each can check its part against one-process attention, and then takes its
+# own chunks' rows. Each rank also counts the query-key pairs it computed.
+
+# %%
+# %%ddp
+import math
+import time
+
+import torch.nn.functional as F
+from distlab.telemetry import track_memory
+
+B, H, L, D = 1, 4, 2048, 32
+torch.manual_seed(0)                                     # the same whole sequence on every rank
+q_all, k_all, v_all = (torch.randn(B, H, L, D).to(device) for _ in range(3))
+
+
+def chunks_of(layout):
+    """The positions this rank holds: one contiguous chunk, or a chunk from each end (zigzag)."""
+    if layout == "contiguous":
+        n = L // world_size
+        return [torch.arange(rank * n, (rank + 1) * n, device=device)]
+    n = L // (2 * world_size)
+    return [torch.arange(c * n, (c + 1) * n, device=device) for c in (rank, 2 * world_size - 1 - rank)]
+
+
+def ring_attention(layout):
+    """Causal attention for this rank's queries; keys and values go round the ring. (out, positions, pairs)"""
+    mine = chunks_of(layout)
+    pos = torch.cat(mine)
+    q = q_all[:, :, pos]
+    m = torch.full((B, H, len(pos), 1), -math.inf, device=device)    # running max of each query's scores
+    s_sum = torch.zeros(B, H, len(pos), 1, device=device)              # running sum of exp(score - max)
+    acc = torch.zeros(B, H, len(pos), D, device=device)                # running sum of exp(...) * value
+    kv, kv_pos = torch.stack([k_all[:, :, pos], v_all[:, :, pos]]), pos.clone()
+    pairs, size = 0, len(mine[0])
+    for step in range(world_size):
+        if step < world_size - 1:                        # the next hop, posted before the compute
+            nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
+            kv_in, pos_in = torch.empty_like(kv), torch.empty_like(kv_pos)
+            works = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, kv, nxt), dist.P2POp(dist.irecv, kv_in, prv),
+                dist.P2POp(dist.isend, kv_pos, nxt), dist.P2POp(dist.irecv, pos_in, prv)])
+        for qc, qpos in enumerate(mine):
+            rows = slice(qc * size, (qc + 1) * size)
+            for kc in range(len(kv_pos) // size):
+                cols = slice(kc * size, (kc + 1) * size)
+                kpos = kv_pos[cols]
+                if kpos[0] > qpos[-1]:
+                    continue                             # all in this query chunk's future: skipped
+                s = q[:, :, rows] @ kv[0][:, :, cols].transpose(-2, -1) / math.sqrt(D)
+                if kpos[-1] > qpos[0]:                   # the diagonal: mask the future
+                    s = s.masked_fill(qpos[:, None] < kpos[None, :], -math.inf)
+                pairs += s.shape[-2] * s.shape[-1]
+                m_new = torch.maximum(m[:, :, rows], s.amax(-1, keepdim=True))
+                rescale, p = torch.exp(m[:, :, rows] - m_new), torch.exp(s - m_new)
+                acc[:, :, rows] = acc[:, :, rows] * rescale + p @ kv[1][:, :, cols]
+                s_sum[:, :, rows] = s_sum[:, :, rows] * rescale + p.sum(-1, keepdim=True)
+                m[:, :, rows] = m_new
+        if step < world_size - 1:
+            for work in works:
+                work.wait()
+            kv, kv_pos = kv_in, pos_in
+    return acc / s_sum, pos, pairs
+
+
+def naive_attention():
+    """The whole sequence in one process, every score kept: what ring attention splits up."""
+    s = q_all @ k_all.transpose(-2, -1) / math.sqrt(D)
+    s = s.masked_fill(torch.ones(L, L, dtype=torch.bool, device=device).triu(1), -math.inf)
+    return torch.softmax(s, dim=-1) @ v_all
+
+
+reference = F.scaled_dot_product_attention(q_all, k_all, v_all, is_causal=True)
+ring = {}
+for layout in ("contiguous", "zigzag"):
+    ring_attention(layout)                               # warm up: the first send opens the connections
+    took = []
+    for _ in range(3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        out, pos, pairs = ring_attention(layout)
+        took.append(time.perf_counter() - t0)
+    ring[layout] = {"apart": (out - reference[:, :, pos]).abs().max().item(), "pairs": pairs,
+                    "seconds": sorted(took)[1]}
+
+# %%
+ring = lab.pull("ring")
+print(f"{'layout':<11} {'rank':>4} {'pairs':>10} {'theory':>10} {'max |ring - one process|':>25} {'time':>7}")
+for layout in ("contiguous", "zigzag"):
+    expected = theory.ring_attention_pairs(L, 4, layout)
+    for r in range(4):
+        got = ring[r][layout]
+        print(f"{layout:<11} {r:>4} {got['pairs']:>10,} {expected[r]:>10,} {got['apart']:>25.1e} "
+              f"{got['seconds']:>6.3f}s")
+
+# %% [markdown]
+# The outputs agree with one process's attention to float32's rounding (`F.scaled_dot_product_attention`,
+# causal). The pairs each rank counted as it ran are the theory's, to the pair:
+
+# %% tags=["nbval-check-output"]
+for layout in ("contiguous", "zigzag"):
+    expected = theory.ring_attention_pairs(L, 4, layout)
+    print(f"{layout}: every rank's output matches one process to 1e-5:",
+          all(ring[r][layout]["apart"] < 1e-5 for r in range(4)))
+    print(f"{layout}: every rank computed the pairs theory says:",
+          [ring[r][layout]["pairs"] for r in range(4)] == expected)
+
+# %% [markdown]
+# With contiguous chunks the last rank computes 4 times the first rank's pairs, and 1.6 times the
+# mean. A ring step ends when its slowest rank has received and computed, so the others wait. Zigzag
+# gives every rank the same work, and fewer pairs in all: smaller chunks skip more of the masked
+# future.
+#
+# The times above come from 4 ranks sharing this machine's cores. A rank that waits leaves its core
+# to a busy one, so the machine hides part of the imbalance that separate GPUs would show in full.
+# The counts are what a GPU per rank would feel.
+#
+# **Memory.** One process computing naive attention keeps the whole `L x L` matrix of scores, and its
+# softmax, for every head. A ring rank holds at most one chunk's scores against one chunk of keys at
+# a time. `track_memory` measures the most bytes of tensors alive at once while each runs:
+
+# %%
+# %%ddp
+memory = {}
+with track_memory() as mem:
+    naive_attention()
+memory["one process, naive"] = mem.peak_bytes
+for layout in ("contiguous", "zigzag"):
+    with track_memory() as mem:
+        ring_attention(layout)
+    memory[f"ring, {layout}"] = mem.peak_bytes
+
+# %%
+memory = lab.pull("memory")
+scores = 4 * 1 * 4 * L * L                               # float32 x B x H x L x L: one score matrix
+print(f"one L x L score matrix for 4 heads: {scores / 2**20:.0f} MiB")
+for name in memory[0]:
+    print(f"{name:<20} peak per rank: " + ", ".join(f"{memory[r][name] / 2**20:6.1f}" for r in range(4)) + " MiB")
+
+# %% tags=["nbval-check-output"]
+naive_peak = memory[0]["one process, naive"]
+print("naive attention holds at least one whole score matrix:", naive_peak >= scores)
+print("every ring rank's peak is under a quarter of naive attention's:",
+      all(memory[r][f"ring, {lay}"] < naive_peak / 4 for r in range(4) for lay in ("contiguous", "zigzag")))
+
+# %% [markdown]
+# The peak falls by more than the number of ranks. The score block of one step is `(L/N)^2` rather
+# than `L^2`, so it shrinks with the square of N; what a rank keeps for the whole run (its queries,
+# the running sums, the output) shrinks as 1/N. Fused kernels such as FlashAttention never hold the
+# score matrix either, even in one process. What they cannot do is hold a sequence too long for one
+# device's memory: keys, values and activations grow with `L`, and context parallelism divides them
+# by N.
+#
+# ## Expert parallelism
+#
+# A mixture-of-experts layer replaces one MLP with E of them. A small **router** (a linear layer
+# and a softmax) picks one expert per token (top-1, as in Switch), and the expert's output is scaled
+# by the router's probability. Here E = 4 experts sit one per rank, and each rank has its own 256
+# tokens.
+#
+# An expert has a fixed number of slots per batch, its **capacity** (GShard):
+# `capacity_factor * tokens / experts`. Tokens routed to a full expert are **dropped**: the layer
+# passes them on unchanged (here, as zeros, the residual connection that would carry them is left
+# out). Fixed slots give the all-to-all a fixed shape. Each rank sends E x capacity rows, one block
+# per expert, padded where there are fewer tokens.
+#
+# **Predict first**: the capacity at four factors, with 256 tokens per rank and 4 experts:
+
+# %%
+for cf in (1.0, 1.25, 2.0, 4.0):
+    print(f"capacity factor {cf}: {theory.expert_capacity(256, 4, cf)} slots per expert per rank")
+
+# %% [markdown]
+# At a factor of 1 a router that spreads the tokens perfectly evenly fills every slot, and any
+# imbalance drops tokens. The router below is untrained, with a bias towards expert 0, as an
+# unbalanced router would be. `moe_local` computes the layer in one process with every expert there.
+# `moe_parallel` is expert parallelism: one expert per rank, and two all-to-alls. It uses the
+# functional collective `all_to_all_single_autograd` (torch's, the one DTensor uses), whose backward
+# is an all-to-all too, so the layer trains.
+
+# %%
+# %%ddp
+import torch.nn as nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from distlab import theory
+
+E, DIM, HIDDEN, T = world_size, 64, 128, 256
+
+
+def make_router():
+    torch.manual_seed(1)
+    router = nn.Linear(DIM, E).to(device)
+    with torch.no_grad():
+        router.bias.copy_(torch.tensor([0.6, 0.0, 0.0, -0.3], device=device))   # expert 0 is popular
+    return router.requires_grad_(False)
+
+
+def make_expert(e):
+    torch.manual_seed(100 + e)                          # expert e starts the same wherever it is made
+    return nn.Sequential(nn.Linear(DIM, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, DIM)).to(device)
+
+
+def route(router, x, capacity):
+    """Top-1 routing: each token's expert and gate, and its slot there (-1: dropped, the expert was full)."""
+    gate, expert = torch.softmax(router(x), dim=-1).max(dim=-1)
+    slot = torch.full_like(expert, -1)
+    for e in range(E):
+        queue = (expert == e).nonzero().flatten()
+        slot[queue[:capacity]] = torch.arange(min(capacity, len(queue)), device=device)   # first come, first served
+    return expert, gate, slot
+
+
+def moe_local(router, experts, x, capacity):
+    """One process, every expert here: the reference."""
+    expert, gate, slot = route(router, x, capacity)
+    out = torch.zeros_like(x)
+    for e in range(E):
+        kept = (expert == e) & (slot >= 0)
+        out[kept] = experts[e](x[kept]) * gate[kept, None]
+    return out
+
+
+def moe_parallel(router, my_expert, x, capacity):
+    """Expert parallelism: each token to its expert's rank and back, by two all-to-alls."""
+    expert, gate, slot = route(router, x, capacity)
+    kept = slot >= 0
+    send = x.new_zeros(E, capacity, DIM)                # block e: the tokens for expert e, padded
+    send[expert[kept], slot[kept]] = x[kept]
+    received = all_to_all_single_autograd(send.flatten(0, 1), None, None, dist.group.WORLD)   # dispatch
+    done = my_expert(received)                          # this rank's expert on every rank's tokens for it
+    back = all_to_all_single_autograd(done, None, None, dist.group.WORLD).view(E, capacity, DIM)  # combine
+    out = torch.zeros_like(x)
+    out[kept] = back[expert[kept], slot[kept]] * gate[kept, None]
+    return out
+
+
+router = make_router()
+xs = [torch.randn(T, DIM, generator=torch.Generator().manual_seed(r)).to(device) for r in range(world_size)]
+x = xs[rank]
+experts = [make_expert(e) for e in range(E)]            # for the reference only
+routing, apart = {}, {}
+for cf in (1.0, 1.25, 2.0, 4.0):
+    capacity = theory.expert_capacity(T, E, cf)
+    expert, _, slot = route(router, x, capacity)
+    routing[cf] = (torch.bincount(expert, minlength=E).tolist(), int((slot < 0).sum()))
+    with torch.no_grad():
+        apart[cf] = (moe_parallel(router, experts[rank], x, capacity) - moe_local(router, experts, x, capacity)).abs().max().item()
+
+# %%
+routing, apart = lab.pull("routing"), lab.pull("apart")
+print(f"{'factor':>6} {'slots':>5}   tokens routed to experts 0-3 (all ranks)   dropped   max |parallel - one process|")
+for cf in (1.0, 1.25, 2.0, 4.0):
+    routed = [sum(routing[r][cf][0][e] for r in range(4)) for e in range(4)]
+    dropped = sum(routing[r][cf][1] for r in range(4))
+    print(f"{cf:>6} {theory.expert_capacity(256, 4, cf):>5}   {str(routed):<40} "
+          f"{dropped:>4} of 1024   {max(apart[r][cf] for r in range(4)):.1e}")
+
+# %% tags=["nbval-check-output"]
+drops = [sum(routing[r][cf][1] for r in range(4)) for cf in (1.0, 1.25, 2.0, 4.0)]
+print("expert parallelism gives one process's output, on every rank, at every factor:",
+      all(apart[r][cf] < 1e-6 for r in range(4) for cf in (1.0, 1.25, 2.0, 4.0)))
+print("fewer tokens dropped as the factor grows:", drops == sorted(drops, reverse=True) and drops[0] > drops[-1])
+print("at a factor of 4 (every token's slot guaranteed) none is dropped:", drops[-1] == 0)
+
+# %% [markdown]
+# The router sends more than a quarter of the tokens to expert 0, so at a factor of 1 that expert
+# overflows and its late tokens are dropped. A larger factor drops fewer and pads more. The padding
+# is sent too: every all-to-all carries E x capacity rows from each rank, whether full or not.
+# Trained routers add a load-balancing loss to keep the experts evenly used (Switch), so that a
+# small factor (1 to 1.25 in Switch) drops little.
+#
+# **Training, watched.** Each rank trains its own expert for three steps of SGD at a factor of
+# 1.25, on a target of its own. The tokens' input requires a gradient, as it would with layers
+# below, so the backward pass sends the gradients back through both all-to-alls.
+# `distlab.watch` records every collective of a step with its size (`replicated=False` tells it
+# that the ranks' experts differ on purpose, so it compares no replicas). Each all-to-all's buffer is
+# `E x capacity x DIM` float32 numbers, and each rank sends (N-1)/N of it to the others
+# (`theory.collective_bytes("all_to_all", ...)`).
+#
+# Rank 0 then trains all four experts in one process on all the ranks' tokens. Its loss is the mean
+# of the ranks' losses, so its gradients are the parallel run's, and its experts must end where the
+# ranks' experts end.
+
+# %%
+# %%ddp
+class MoE(nn.Module):
+    def __init__(self, expert, capacity):
+        super().__init__()
+        self.expert, self.capacity = expert, capacity
+
+    def forward(self, x):
+        return moe_parallel(router, self.expert, x, self.capacity)
+
+
+capacity = theory.expert_capacity(T, E, 1.25)
+targets = [torch.randn(T, DIM, generator=torch.Generator().manual_seed(50 + r)).to(device) for r in range(world_size)]
+layer = MoE(make_expert(rank), capacity).to(device)
+opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+watch = distlab.watch(layer, stats_every=0, checksum_every=0, replicated=False)   # each expert is its own
+for step in range(3):
+    inputs = x.clone().requires_grad_()                 # as if layers below wanted its gradient
+    loss = ((layer(inputs) - targets[rank]) ** 2).mean() / world_size   # the mean over the ranks' losses
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+watch.close()
+step_collectives = [(c["op"], c["bytes"], c["ranks"]) for c in watch.records()[-1]["collectives"]]
+
+# One process, every expert: the same three steps on all the ranks' tokens.
+experts = [make_expert(e) for e in range(E)]
+one_opt = torch.optim.SGD([p for e in experts for p in e.parameters()], lr=0.5)
+for step in range(3):
+    loss = sum(((moe_local(router, experts, xs[r], capacity) - targets[r]) ** 2).mean() for r in range(world_size)) / world_size
+    loss.backward()
+    one_opt.step()
+    one_opt.zero_grad()
+weights_apart = max((a - b).abs().max().item() for a, b in zip(layer.expert.parameters(), experts[rank].parameters()))
+
+# %%
+step_collectives, weights_apart = lab.pull("step_collectives"), lab.pull("weights_apart")
+capacity = theory.expert_capacity(256, 4, 1.25)
+buffer = 4 * capacity * 64 * 4                          # E x capacity x DIM float32
+sent = theory.collective_bytes("all_to_all", buffer, 4).sent_bytes
+print("rank 0's last step, as the watch recorded it:", step_collectives[0])
+print(f"the model: 4 all-to-alls (dispatch and combine, forward and backward) of {buffer:,} bytes; "
+      f"each rank sends {sent:,.0f} of them to the others")
+print("largest difference of an expert's weights from one process's, per rank:",
+      ", ".join(f"{weights_apart[r]:.1e}" for r in range(4)))
+
+# %% tags=["nbval-check-output"]
+print("each step: 4 all-to-alls over 4 ranks, each of the model's buffer, on every rank:",
+      all(c == [("all_to_all", buffer, 4)] * 4 for c in step_collectives.values()))
+print("each rank's expert ends as one process's, to 1e-6:", all(a < 1e-6 for a in weights_apart.values()))
+
+# %% [markdown]
+# Three steps of expert parallelism train the experts as one process holding them all would. The
+# watch sees the four all-to-alls of each step. Their size is set by the capacity, not by how many
+# tokens each expert really got.
+#
+# ## Practice
+
+# %%
+# %quiz model-parallelism -n 3 --seed 20
+
+# %%
+# %dist stop

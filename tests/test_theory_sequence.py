@@ -1,0 +1,42 @@
+"""distlab.theory for the sequence split over ranks (ring attention's causal work) and for experts' capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab import theory
+
+
+def test_contiguous_chunks_give_the_last_rank_n_times_the_first_ranks_work():
+    pairs = theory.ring_attention_pairs(2048, 4)
+    assert pairs == [(r + 1) * 512 * 512 for r in range(4)]
+    assert theory.causal_load_imbalance(4) == pytest.approx(2 * 4 / 5)
+    assert theory.causal_load_imbalance(64) == pytest.approx(128 / 65)  # towards 2
+
+
+def test_zigzag_chunks_even_the_work_out_and_skip_more_of_the_masked_half():
+    pairs = theory.ring_attention_pairs(2048, 4, "zigzag")
+    assert pairs == [9 * 256 * 256] * 4 and theory.causal_load_imbalance(4, "zigzag") == 1.0
+    # Smaller chunks skip more of the future: less work in all than four whole diagonal blocks.
+    assert sum(pairs) < sum(theory.ring_attention_pairs(2048, 4))
+    assert sum(pairs) > 2048 * 2049 // 2  # but never less than the causal half itself
+
+
+def test_an_expert_has_capacity_factor_times_its_even_share_of_slots():
+    assert theory.expert_capacity(256, 4) == 64
+    assert theory.expert_capacity(256, 4, 1.25) == 80
+    assert theory.expert_capacity(10, 4, 1.0) == 2  # floor: 2.5 slots is 2
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda: theory.ring_attention_pairs(1000, 3), "must split into 3 equal chunks"),
+        (lambda: theory.ring_attention_pairs(1024, 4, "striped"), "unknown layout 'striped'"),
+        (lambda: theory.expert_capacity(256, 0), "experts must be >= 1"),
+        (lambda: theory.expert_capacity(256, 4, 0), "capacity_factor must be a number > 0"),
+    ],
+)
+def test_bad_arguments_say_what_is_wrong(call, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        call()
