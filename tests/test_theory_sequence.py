@@ -40,3 +40,11 @@ def test_an_expert_has_capacity_factor_times_its_even_share_of_slots():
 def test_bad_arguments_say_what_is_wrong(call, fragment):
     with pytest.raises(ValueError, match=fragment):
         call()
+
+
+def test_averaging_every_h_steps_sends_one_hth_of_ddps_bytes():
+    psi = 400e6
+    assert theory.local_sgd_bytes_per_step(psi, 8, 1) == pytest.approx(theory.ddp_bytes_per_step(psi, 8))
+    assert theory.local_sgd_bytes_per_step(psi, 8, 500) == pytest.approx(2 * 7 / 8 * psi / 500)
+    with pytest.raises(ValueError, match="interval must be >= 1"):
+        theory.local_sgd_bytes_per_step(psi, 8, 0)

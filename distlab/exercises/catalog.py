@@ -19,6 +19,7 @@ _COURSE = (
     "zero_1",
     "tensor_parallel_mlp",
     "pipeline_1f1b",
+    "expert_dispatch",
     "atomic_checkpoint",
 )
 

@@ -125,6 +125,13 @@ def ddp_bytes_per_step(gradients_bytes: float, world_size: int) -> float:
     return collective_bytes("all_reduce", gradients_bytes, world_size).sent_bytes
 
 
+def local_sgd_bytes_per_step(parameters_bytes: float, world_size: int, interval: int = 1) -> float:
+    """Bytes each rank sends per step when the models are averaged every ``interval`` steps (local SGD,
+    DiLoCo): one ring all-reduce of the parameters every H steps, ``2(N-1)/N * Psi / H``. At H = 1
+    it is DDP's (parameters and gradients have the same size)."""
+    return ddp_bytes_per_step(parameters_bytes, world_size) / _count("interval", interval)
+
+
 def fsdp_bytes_per_step(parameters_bytes: float, world_size: int, reshard_after_forward: bool = True) -> float:
     """Bytes each rank sends per step in ZeRO-3 / FSDP: all-gather the parameters for forward, again for
     backward (they were resharded), reduce-scatter the gradients: 3(N-1)/N * Psi, 1.5x DDP. Without

@@ -403,6 +403,10 @@ print("each rank's expert ends as one process's, to 1e-6:", all(a < 1e-6 for a i
 # tokens each expert really got.
 #
 # ## Practice
+#
+# `%exercise expert-dispatch` asks you to write this layer's dispatch and combine yourself: the
+# capacity, the two all-to-alls and the rows put back in place. It is graded on ranks of its own, at 2
+# and 4 ranks, against one process holding every expert.
 
 # %%
 # %quiz model-parallelism -n 3 --seed 20
