@@ -28,7 +28,7 @@ NO_CAPACITY = NO_CAPACITY.replace(
 )
 CAPACITY_OVER_ALL = harness.changed(
     "kept = (expert_of == e).nonzero().flatten()[:capacity]",
-    "kept = [t for t in (expert_of == e).nonzero().flatten().tolist() if t < capacity]",
+    "kept = (expert_of == e).nonzero().flatten()\n        kept = kept[kept < capacity]",
 )
 WRONG_ROWS = harness.changed("out[tokens] = back[slots]", "out[tokens] = back[slots.flip(0)]")
 GATHER_EVERYTHING = harness.changed(

@@ -26,7 +26,7 @@ ALL = list(exercises.EXERCISES.values())
 def test_the_catalog_has_the_exercises_in_course_order():
     assert exercises.names() == [
         "average-gradients", "distributed-sampler", "ring-allreduce", "parameter-server", "ddp-from-hooks", "zero-1",
-        "tensor-parallel-mlp", "pipeline-1f1b", "atomic-checkpoint",
+        "tensor-parallel-mlp", "pipeline-1f1b", "expert-dispatch", "atomic-checkpoint",
     ]
     assert all(exercise.module == exercise.name.replace("-", "_") for exercise in ALL)
 
