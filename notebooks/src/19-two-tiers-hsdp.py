@@ -171,9 +171,9 @@ else:
 
 # %% [markdown]
 # Inside a rack the all-reduce never touches an uplink. Across racks the bytes are the model's, plus
-# the headers. The times are above the model by more than the headers' share. On this machine, rings
-# that cross an uplink ran 9-20% above the model in `benchmarks/RESULTS.md`, while rings on the star
-# of notebook 12 ran 3-10% above it. The ratio between the tiers is still the links' ratio.
+# the headers. The times are above the model by a little more than the headers' share, as on the
+# star of notebook 12 (3-10% above it on this machine, in `benchmarks/RESULTS.md`). The ratio between
+# the tiers is the links' ratio.
 #
 # ## HSDP: which collectives cross the uplinks
 #
