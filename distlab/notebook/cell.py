@@ -304,7 +304,7 @@ class CellRun:
             self._printer.feed(rank, "stdout", self._output(rank, "stdout") or "", final)
             self._printer.feed(rank, "stderr", self._output(rank, "stderr") or "", final)
             self._printer.show(rank, self._output(rank, "outputs") or [])
-        self._printer.flush(final, ended=[r for r, ar in self.pending.items() if ar.ready()])
+        self._printer.flush(final, ended=[r for r, ar in self.pending.items() if ar.ready() and _output_in(ar)])
 
     # ------------------------------------------------------------------------ stopping
 
@@ -398,13 +398,18 @@ class CellRun:
         return {rank: self._output(rank, name) or "" for rank in self.pending}
 
 
+def _output_in(ar: Any) -> bool:
+    """Whether a finished rank's last output came too (its reply can overtake it): a fold of alike
+    lines must not give up on a rank whose line is on its way. Never waits."""
+    with contextlib.suppress(Exception):
+        return bool(ar.wait_for_output(timeout=0))
+    return True
+
+
 class _AsPolled:
     """A rank's ``AsyncResult`` as one poll saw it: what the rank published (``data``) read once.
-
-    ipyparallel's thread updates ``data`` whenever a rank publishes; read twice in one poll, the
-    lab's telemetry store and a listener after it could see two different publishes (the listener
-    one the store never read). Everything else is the AsyncResult's own.
-    """
+    ipyparallel's thread updates ``data`` whenever a rank publishes; read twice in one poll, the lab's
+    telemetry store and a listener after it could see two publishes. The rest is the AsyncResult's."""
 
     __slots__ = ("_ar", "data")
 
@@ -421,8 +426,7 @@ def _cell_line(traceback_text: str, filename: str | None = None) -> str:
     lines = traceback_text.splitlines()
     name = re.escape(filename) if filename else r"<rank \d+ cell>"
     for i in range(len(lines) - 1, -1, -1):
-        match = re.search(rf'File "{name}", line (\d+)', lines[i])
-        if match:
+        if match := re.search(rf'File "{name}", line (\d+)', lines[i]):
             source = lines[i + 1].strip() if i + 1 < len(lines) else ""
             return f"; it was at line {match.group(1)}: {source}"
     return ""
