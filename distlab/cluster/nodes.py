@@ -72,24 +72,25 @@ DEFAULT_POOL = ipaddress.IPv4Network("198.18.0.0/15")
 _LAB_PREFIX = 24
 
 _LOCK_FILE = "/run/distlab-netns.lock"
-#: An uplink's queue, in seconds at its rate: a switch's shallower buffer (``_tbf`` says why).
-_UPLINK_QUEUE_S = 0.01
+#: A link's queue: (seconds of it at the link's rate, bursts at least). ``_tbf`` says why they differ.
+_LINK_QUEUE = (0.05, 4)
+_UPLINK_QUEUE = (0.01, 2)
 
 
-def _tbf(rate_bps: int, queue_s: float = 0.05) -> list[str]:
+def _tbf(rate_bps: int, queue: tuple[float, int] = _LINK_QUEUE) -> list[str]:
     """A token bucket at ``rate_bps``: a burst of 1 ms at the rate (32 KiB at least, room for the
-    large segments veth passes), and a queue of ``queue_s`` at the rate (at least 4 bursts for a
-    node's link, 2 for an uplink's shallower queue).
+    large segments veth passes), and a queue of ``queue`` (seconds at the rate, bursts at least).
 
     A node's own link is its first hop: TCP's small queues hold its sockets back there, so the queue
     stays short whatever its limit, and 50 ms only keeps it from dropping. An uplink's queue is a
     switch's, which nothing holds back: TCP fills it, and every step of a ring then waits behind it.
-    Uplinks get 10 ms, a shallower buffer: a ring across racks then runs 8% above the ring model
-    instead of 12-15% (as the star's links do), while two flows sharing an uplink (HSDP's replica
+    Uplinks get 10 ms, a shallower buffer: a ring across racks then runs about 8% above the ring
+    model, as on a star's links, instead of 12-15%, while two flows sharing an uplink (HSDP's replica
     groups) lose 10% of their pace; at 5 ms they lost 40% (benchmarks/RESULTS.md)."""
     per_s = rate_bps / 8
     burst = max(32 * 1024, int(per_s / 1000))
-    limit = max((4 if queue_s >= 0.05 else 2) * burst, int(per_s * queue_s))
+    seconds, bursts = queue
+    limit = max(bursts * burst, int(per_s * seconds))
     return ["tbf", "rate", f"{rate_bps}bit", "burst", str(burst), "limit", str(limit)]
 
 
@@ -285,7 +286,7 @@ class Network:
                 _run(["ip", "-n", ns, *args], f"making node {i}")
             _run(["ip", "-n", switch, "link", "set", port, "master", "br0", "up"], f"joining node {i} to its switch")
         self._shape(self._ends(), self.link, replace=False)
-        self._shape(self._uplink_ends(), self.uplink, replace=False, queue_s=_UPLINK_QUEUE_S)
+        self._shape(self._uplink_ends(), self.uplink, replace=False, queue=_UPLINK_QUEUE)
 
     def _node_switch(self, node: int) -> str:
         """The namespace of the switch ``node``'s link ends at: its rack's, or the one switch."""
@@ -307,7 +308,9 @@ class Network:
         return ends
 
     @staticmethod
-    def _shape(ends: list[tuple[str, str]], link: Link | None, replace: bool, queue_s: float = 0.05) -> None:
+    def _shape(
+        ends: list[tuple[str, str]], link: Link | None, replace: bool, queue: tuple[float, int] = _LINK_QUEUE
+    ) -> None:
         for ns, dev in ends:
             if replace:
                 with contextlib.suppress(DistlabError):
@@ -320,10 +323,10 @@ class Network:
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", half],
                      "delaying a link")
                 shaper = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"]
-                _run([*shaper, *_tbf(link.rate_bps, queue_s)], "shaping a link")
+                _run([*shaper, *_tbf(link.rate_bps, queue)], "shaping a link")
             else:
                 root = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root"]
-                _run([*root, *_tbf(link.rate_bps, queue_s)], "shaping a link")
+                _run([*root, *_tbf(link.rate_bps, queue)], "shaping a link")
 
     def set_link(self, link: Link | None) -> None:
         """Reshape every node's link (both ends) to ``link`` (None: not shaped), between cells."""
@@ -336,7 +339,7 @@ class Network:
         """Reshape every rack's uplink (both ends) to ``uplink`` (None: not shaped), between cells."""
         if not self.racks:
             raise LabUsageError("an uplink joins racks: this network has none (start it with racks=2)")
-        self._shape(self._uplink_ends(), uplink, replace=True, queue_s=_UPLINK_QUEUE_S)
+        self._shape(self._uplink_ends(), uplink, replace=True, queue=_UPLINK_QUEUE)
         self.uplink = uplink
 
     def reconnect(self) -> None:

@@ -41,7 +41,8 @@ def complete_steps(records: Sequence[StepRecord], ranks: Sequence[int]) -> list[
     seen: dict[int, set[int]] = defaultdict(set)
     for rec in records:
         seen[rec["step"]].add(rec["rank"])
-    return sorted(step for step, have in seen.items() if set(ranks) <= have)
+    want = set(ranks)
+    return sorted(step for step, have in seen.items() if want <= have)
 
 
 # ---------------------------------------------------------------------------------- stragglers

@@ -58,12 +58,14 @@ class HasNodes:
     @property
     def racks(self) -> list[list[int]]:
         """The ranks in each rack, rack by rack ([] for a lab without racks): who shares the fast links."""
-        if self._network is None or not self._network.racks:
+        network = self._network
+        if network is None or not network.racks:
             return []
-        nodes = self._network.rack_nodes()
-        hosts = [r.host for r in self.table]
-        return [[rank for rank, host in enumerate(hosts) if host in {Network.hostname(i) for i in rack}]
-                for rack in nodes]
+        rack_of = {Network.hostname(node): k for k, nodes in enumerate(network.rack_nodes()) for node in nodes}
+        racks: list[list[int]] = [[] for _ in range(network.racks)]
+        for r in self.table:
+            racks[rack_of[r.host]].append(r.rank)
+        return racks
 
     def set_uplink(self, rate: str | None) -> Link | None:
         """Reshape every rack's uplink to the spine, both ways, between cells: ``lab.set_uplink("100mbit")``.
