@@ -99,7 +99,7 @@ fp16_comm
 # %% [markdown]
 # The ranks build the five models and run three warm-up steps of batch 8 on each (DDP settles its
 # bucket in the first; PowerSGD starts compressing at the third). Then, for each batch size, the
-# notebook drives the steps, one model after the other, in rounds (four at batch 8, three at 16,384), so that every hook meets the same load on the
+# notebook drives the steps, one model after the other, in four rounds, so that every hook meets the same load on the
 # machine, and it reads the link's counters around each step: `lab.link_bytes()` gives the bytes each
 # node has sent onto its link so far (headers included, as notebook 12 explains). Each step begins
 # with a barrier; the time kept is the slower rank's.
@@ -162,7 +162,7 @@ for name in CONFIGS:
 # %%
 import statistics
 
-BATCHES, ROUNDS = (8, 16384), {8: 4, 16384: 3}
+BATCHES, ROUNDS = (8, 16384), {8: 4, 16384: 4}
 link_sent = {}                                         # (hook, batch): bytes on both links per step
 times = {}                                             # (config, batch): step seconds, per round
 for batch in BATCHES:
@@ -174,8 +174,10 @@ for batch in BATCHES:
             times.setdefault((name, batch), []).append(t)
             link_sent.setdefault((name, batch), []).append(sum(after[n] - before[n] for n in after))
 step_time = {key: statistics.median(v) for key, v in times.items()}
-# Speed-up over fp32, round by round (the two steps ran one after the other), then the median.
-speedup = {(name, batch): statistics.median(f / t for f, t in zip(times[("allreduce (fp32)", batch)], times[(name, batch)]))
+# Speed-up over fp32 from each config's fastest round: other work on the machine only ever adds time,
+# so the fastest round is the nearest to the unloaded step (a ratio round by round moved past 2x in
+# CI when a burst of other work landed on fp32's steps in two rounds of three).
+speedup = {(name, batch): min(times[("allreduce (fp32)", batch)]) / min(times[(name, batch)])
            for name, batch in times}
 
 # %% [markdown]
@@ -204,7 +206,7 @@ for name in ["no communication"] + HOOKS:
     print(row)
 for batch in BATCHES:
     gains = ", ".join(f"{n}: {speedup[(n, batch)]:.2f}x" for n in HOOKS[1:])
-    print(f"\nbatch {batch}: speed-up over fp32 all-reduce: {gains}; "
+    print(f"\nbatch {batch}: speed-up over fp32 all-reduce (fastest round each): {gains}; "
           f"no communication at all: {speedup[('no communication', batch)]:.2f}x")
 fp16_comm.reveal(step_time[("fp16_compress_hook", 8)] - step_time[("no communication", 8)])
 
@@ -259,7 +261,7 @@ if on_nodes:
           all(fast[n] > 5 and fast[n] > 2 * fast["fp16_compress_hook"] for n in HOOKS[2:]))
     # The model's ceiling at batch 16,384 is 1 + all-reduce / compute, about 1.25x. The checks allow 2x:
     # these 1.5 s steps share the two cores with whatever else runs (a browser, other tests beside
-    # this notebook in CI), and a burst during a round moves that round's ratio by a third or more.
+    # this notebook in CI), and a burst can slow a config's every round.
     print("batch 16,384: even no communication at all would be under 2x faster than fp32:", limit < 2)
     # fp16's gain at batch 8 (1.5-2x) and a loaded round's at 16,384 can meet: only PowerSGD's 5x
     # stands clear of the spread, so only it is compared across batches.
