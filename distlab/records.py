@@ -94,7 +94,8 @@ class StepRecord(TypedDict):
     # collective in flight
     idle_s: float | None  # before the forward, since the previous update (None on the first step)
     allreduce: list[AllReduceBucket]  # DDP's buckets
-    collectives: list[Collective]  # every other collective of the step (FSDP2, tensor parallel, by hand)
+    collectives: list[Collective]  # every other collective of the step (FSDP2, tensor parallel, by hand), and
+    # those after its update, before the next step (averaging models every H steps): start_s past step_time_s
     memory: MemoryUse | None  # None when the watch does not track memory
     grad_norm: LayerValues  # sampled steps only (stats_every), else {}
     weight_norm: LayerValues

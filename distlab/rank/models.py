@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 from . import torchcompat
 
-__all__ = ["is_zero_optimizer", "unwrap"]
+__all__ = ["ddp_of", "is_zero_optimizer", "unwrap"]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -34,6 +34,18 @@ def unwrap(model: nn.Module) -> nn.Module:
         if inner is None:
             return model
         model = inner
+
+
+def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
+    """The DDP module ``model`` is, or wraps under ``torch.compile`` (``torch.compile(DDP(m))``, as
+    torch's DDP notes advise: compiled after wrapping, its graphs are split at the buckets); None
+    for a model without DDP."""
+    while not isinstance(model, nn.parallel.DistributedDataParallel):
+        inner = torchcompat.compiled_original(model)
+        if inner is None:
+            return None
+        model = inner
+    return model
 
 
 def is_zero_optimizer(optimizer: object) -> TypeIs[ZeroRedundancyOptimizer]:

@@ -18,9 +18,10 @@ import functools
 import json
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -42,8 +43,10 @@ __all__ = [
     "foreach_norm",
     "foreach_sub_",
     "forget_process_groups",
+    "inside_compiled_call",
     "local_tensor",
     "memory_tracker",
+    "not_compiled",
     "observe_point_to_point",
     "replace_group_functions",
     "reset_group_count",
@@ -162,6 +165,38 @@ def tree_leaves(value: Any) -> list[Any]:
     arguments; it also opens the containers torch registers (``torch.Size``, named tuples of results).
     """
     return list(_pytree_leaves(value))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def not_compiled(fn: _F) -> _F:
+    """``torch.compiler.disable(fn)``, typed: torch.compile calls ``fn`` as it is, never traces into it."""
+    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # torch's is untyped
+
+
+_COMPILED_CALL_FILE = os.path.join("torch", "_dynamo", "eval_frame.py")
+
+
+def inside_compiled_call() -> bool:
+    """True when the caller runs inside a call of a ``torch.compile``'d module or function.
+
+    Found on the Python stack, in ``torch/_dynamo/eval_frame.py``: a compiled module's ``__call__``,
+    or the wrapper of a compiled call (``compile_wrapper``), but not ``torch.compiler.disable``'s
+    wrapper, which lives there too. torch offers no public query (``torch.compiler.is_compiling``
+    is true only while tracing).
+    """
+    optimized = getattr(torch._dynamo.eval_frame, "OptimizedModule", ())
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_COMPILED_CALL_FILE) and (
+            code.co_name == "compile_wrapper"
+            or (code.co_name == "__call__" and isinstance(frame.f_locals.get("self"), optimized))
+        ):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def compiled_original(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -70,8 +70,12 @@ class TimedGroup(dist.ProcessGroup):
         self.inner = inner
         self.timer = timer
 
+    # Not for torch.compile to trace (hence not_compiled): the reducer calls these from C++,
+    # and inside a compiled DDP forward (rebuilding buckets) torch.compile took each call for a frame
+    # to compile and failed on the stand-in group ("ProcessGroup name not set").
     # The reducer calls these four with (tensors, [...], opts) only: the other call forms of the base
     # class's overloads never reach a stand-in (hence the narrowed signatures, [override]).
+    @torchcompat.not_compiled
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions
     ) -> dist.Work:
@@ -98,17 +102,21 @@ class TimedGroup(dist.ProcessGroup):
 
     # What else a reducer asks of its group: bucket order is broadcast from rank 0 when buckets
     # are rebuilt; the rest is here so nothing reaches the base class, which has no backend.
+    @torchcompat.not_compiled
     def broadcast(self, tensors: list[torch.Tensor], opts: object) -> dist.Work:  # type: ignore[override]
         return self.inner.broadcast(tensors, opts)
 
+    @torchcompat.not_compiled
     def allgather(  # type: ignore[override]
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: object
     ) -> dist.Work:
         return self.inner.allgather(output_tensors, input_tensors, opts)
 
+    @torchcompat.not_compiled
     def barrier(self, opts: object) -> dist.Work:  # type: ignore[override]
         return self.inner.barrier(opts)
 
+    @torchcompat.not_compiled
     def getBackendName(self) -> str:  # torch's name
         return self.inner.name()
 
@@ -178,12 +186,15 @@ def summarize(
     return buckets, tail_s + blocking_s
 
 
-def summarize_collectives(timings: list[CollectiveTiming], step_begin: float) -> tuple[list[Collective], float]:
+def summarize_collectives(
+    timings: list[CollectiveTiming], step_begin: float, step_end: float | None = None
+) -> tuple[list[Collective], float]:
     """The collectives of a step's record (seen op by op), and the time any of them was in flight.
 
     In flight, not exposed: a prefetched all-gather runs while the rank computes, and nothing on
     the CPU says how much of it the rank waited for. The union of the intervals is the most it
-    could have cost the step.
+    could have cost the step. Only collectives launched by ``step_end`` count towards it: those
+    launched after the update (averaging the models every H steps) are listed, not counted.
     """
     out: list[Collective] = []
     spans: list[tuple[float, float]] = []
@@ -200,7 +211,8 @@ def summarize_collectives(timings: list[CollectiveTiming], step_begin: float) ->
             if timing.op in COLLECTIVES and timing.ranks > 1:
                 entry["busbw"] = entry["algbw"] * bus_bandwidth_factor(timing.op, timing.ranks)
         out.append(entry)
-        spans.append((timing.launched, timing.launched + seconds))
+        if step_end is None or timing.launched <= step_end:
+            spans.append((timing.launched, timing.launched + seconds))
     in_flight = 0.0
     end = float("-inf")
     for start, stop in sorted(spans):

@@ -8,8 +8,9 @@ whoever called it, so one observer covers FSDP2, DTensor and collectives written
 patch to any library. The same pass counts the storages each op makes (``memory.LiveTensors``), the
 CPU's stand-in for the allocator statistics it lacks.
 
-The observer is on only while a step runs (the watch pushes it at the step's first forward and
-pops it when the update is done), so code between steps runs at full speed.
+The observer is on while a model trains: the watch pushes it at the first step's forward and pops
+it at the cell's end, so what comes after an update (averaging the models every H steps) is seen
+too, and code outside training (between cells) runs at full speed.
 
 A collective is stamped when it is launched and when it completes: by a callback on its future
 where the backend gives one (gloo's all-reduce, all-gather, broadcast), else by waiting for it where
@@ -156,6 +157,15 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         self._seen: dict[Any, tuple[str | None, bool]] = {}
         #: The layer whose collectives run now (set around FSDP2's gathers and reductions).
         self.label: str | None = None
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile compile while this mode is on (measured: with any other mode on the stack it
+        skips every frame, and a watched compiled model ran uncompiled). The mode is off while torch
+        compiles and on while the compiled code runs: collectives outside the graphs are seen as ever,
+        and so are the ops of a graph that runs them one by one (aot_eager); a kernel that inductor
+        fused is one op the mode does not see (nor, on the CPU, the memory it allocates)."""
+        return True
 
     def set_label(self, label: str | None) -> str | None:
         """Tag the collectives launched from now on with ``label``; returns the previous one."""

@@ -1,6 +1,6 @@
 """A watched step while it runs, and what closes it and fills its record (``telemetry/watch.py``).
 
-:class:`Step` holds what a step gathers between its first forward and its update (timings, the
+:class:`Step` holds what a step gathers from its first forward to the next step's (timings, the
 memory it began with, what ``distlab.log`` gave); :func:`wrapped_by_zero` tells the optimizer whose
 step does not close one; :func:`metric_value` and :func:`metric_fields` turn logged values into the
 record's fields.
@@ -25,8 +25,8 @@ __all__ = ["Step", "metric_fields", "metric_value", "wrapped_by_zero"]
 class Step:
     """One training step of a watch, from its first forward to its update (and its record, once made)."""
 
-    __slots__ = ("begin", "collectives", "done_event", "end", "gap_s", "live_at_begin", "metrics", "number", "record",
-                 "resident", "timings", "version", "wall")
+    __slots__ = ("begin", "closed_with", "collectives", "done_event", "end", "gap_s", "live_at_begin", "metrics",
+                 "number", "record", "resident", "timings", "version", "wall")
 
     def __init__(self, number: int, gap_s: float | None, version: int) -> None:
         self.number = number
@@ -36,6 +36,7 @@ class Step:
         self.gap_s = gap_s
         self.timings: list[comm.BucketTiming] = []
         self.collectives: list[CollectiveTiming] = []
+        self.closed_with = 0  # collectives in its record: more may come after the update (see Watch._take_late)
         self.resident = 0  # parameter, gradient and optimizer bytes when the step began
         self.live_at_begin = 0  # what the live-tensor count said then (CPU)
         self.metrics: dict[str, float | torch.Tensor] = {}
@@ -49,7 +50,7 @@ class Step:
         """The record's fields that read the step's timed collectives (on a GPU, their CUDA events)."""
         step_time_s = self.end - self.begin
         buckets, comm_s = comm.summarize(self.timings, self.begin, world_size)
-        collectives, in_flight_s = comm.summarize_collectives(self.collectives, self.begin)
+        collectives, in_flight_s = comm.summarize_collectives(self.collectives, self.begin, self.end)
         comm_s = min(comm_s + in_flight_s, step_time_s)  # what was still in flight counts as exposed
         return {"allreduce": buckets, "collectives": collectives, "comm_s": comm_s, "compute_s": step_time_s - comm_s}
 

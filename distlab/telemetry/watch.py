@@ -9,8 +9,14 @@ all-reduce buckets of DDP, every other collective timed (FSDP2, tensor paralleli
 rank's memory; per-layer norms every ``stats_every`` steps, replica checksums every
 ``checksum_every`` steps).
 
-``distlab.log(loss=...)`` adds to the latest step, before or after its update; the record is
-final when the next step begins. Everything a hook does is cheap except on sampled steps.
+``distlab.log(loss=...)`` adds to the latest step, before or after its update, and so do the
+collectives after the update (averaging the models every H steps); the record is final when the
+next step begins. Everything a hook does is cheap except on sampled steps.
+
+A compiled model is watched too: DDP's under ``torch.compile`` (its buckets), and the ops of any
+other while it runs (the observer lets torch.compile compile). Watch the compiled module itself: a
+hook on a module inside it runs inside the compiled call, which sets the observer aside (the first
+step misses ops; the observer stays on after it).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import itertools
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from typing import Any, cast
@@ -94,7 +101,8 @@ class Watch:
             raise TypeError(f"watch() takes a torch.nn.Module (or a DDP-wrapped one), got {type(model).__name__}")
         self.config = config
         self.model = model
-        self.is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        self._ddp = models.ddp_of(model)  # a DDP model itself, or under torch.compile's wrapper
+        self.is_ddp = self._ddp is not None
         self.layers = LayerIndex(models.unwrap(model))  # layers named as the bare model names them
         up = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if up else 0
@@ -120,7 +128,7 @@ class Watch:
 
         self._timer: comm.CommTimer | None = None
         if config.time_allreduce:
-            self._timer, why = comm.attach(model)
+            self._timer, why = comm.attach(self._ddp or model)
             if why:
                 self.notes.append(why)
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
@@ -134,7 +142,9 @@ class Watch:
         self._observing = False
         self._undo_patches: Any = _nothing
         self._handles = [
-            model.register_forward_pre_hook(self._on_forward, prepend=True),
+            # Not traced by torch.compile: a hook on a module inside a compiled one runs in the
+            # compiled frame, and tracing it (clock, lock, dispatch mode) broke the graph at each call.
+            model.register_forward_pre_hook(torchcompat.not_compiled(self._on_forward), prepend=True),
             register_optimizer_step_post_hook(self._on_optimizer_step),
         ]
         publisher = sender if isinstance(sender, Publisher) or sender is None else Publisher(sender)
@@ -158,7 +168,7 @@ class Watch:
             handle.remove()
         self._handles = []
         if self._timer is not None:
-            comm.detach(self.model, self._timer)
+            comm.detach(self._ddp or self.model, self._timer)
         step = self._open
         if step is not None:
             if step.record is None and self._weights_version() != step.version:
@@ -185,6 +195,8 @@ class Watch:
         failed mid-step leaves no observer on the rank.
         """
         self._stop_observing()
+        if self._open is not None:
+            self._take_late(self._open)
         self._resolve(wait=True)
         if not self.closed and self._publisher is not None:
             self._publisher.flush()
@@ -287,6 +299,8 @@ class Watch:
             return  # evaluation forwards are not training steps
         step = self._open
         if step is None:
+            if self._observer is not None and torchcompat.inside_compiled_call():
+                self._note(_INSIDE_COMPILED)
             self._begin(0, None)
             return
         if step.record is None:
@@ -307,6 +321,12 @@ class Watch:
         step = self._open
         if step is not None and step.record is None:
             self._close(step)
+
+    def _note(self, text: str) -> None:
+        """Say it once: in the watch's notes, and as a warning on the rank (its cell streams it)."""
+        if text not in self.notes:
+            self.notes.append(text)
+            warnings.warn(f"distlab.watch: {text}", stacklevel=4)
 
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         owns = self._owns_cache.get(optimizer)
@@ -344,8 +364,10 @@ class Watch:
             self._start_observing()
 
     def _close(self, step: Step) -> None:
-        """The update is done: measure the step and make its record."""
-        self._stop_observing()
+        """The update is done: measure the step and make its record.
+
+        Ops stay observed: collectives after the update (averaging the models every H steps, an
+        outer optimizer's step) belong to this step, added to its record when the next one begins."""
         end = time.perf_counter()
         self._last_end = end
         n, cfg = step.number, self.config
@@ -370,6 +392,7 @@ class Watch:
         else:
             record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]
         step.record = record
+        step.closed_with = len(step.collectives)
         with self._lock:
             if deferred:
                 self._pending.record_ids.add(id(record))
@@ -410,10 +433,23 @@ class Watch:
             made = self._live.peak - step.live_at_begin if self._live is not None else 0
         return {**self._model_memory(), "peak_bytes": step.resident + max(0, made)}
 
+    def _take_late(self, step: Step) -> None:
+        """Add the collectives that came after a closed step's update to its record."""
+        record = step.record
+        if record is None or id(record) in self._pending.record_ids or len(step.collectives) == step.closed_with:
+            return  # a GPU step's record waiting for the GPU takes them all when it is completed
+        step.closed_with = len(step.collectives)
+        step.record = cast(StepRecord, {**record, "collectives": comm.summarize_collectives(
+            step.collectives, step.begin, step.end)[0]})  # copy-on-write, as in log()
+        with self._lock:
+            if self._latest is record:
+                self._latest = step.record
+
     def _finish(self, step: Step) -> None:
         """The record is final: keep it in the buffer."""
         if step.record is None:
             return
+        self._take_late(step)
         with self._lock:
             self._done.append(step.record)
             if self._latest is step.record:
@@ -444,6 +480,12 @@ class Watch:
         step = self._open
         assert step is not None
         return comm.timed_all_reduce(step.timings, self._observer, tensor, op, group)
+
+
+_INSIDE_COMPILED = (
+    "this model runs inside a torch.compile'd module, so the watch began inside the compiled call, which set "
+    "its op observer aside: the first step's record misses ops (FSDP2's collectives, the CPU's memory). "
+    "Watch the compiled module (distlab.watch(compiled)) to see them all")
 
 
 def _nothing() -> None:

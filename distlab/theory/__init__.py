@@ -13,7 +13,8 @@ The models live in modules by subject; every public name is here, so ``theory.X`
 
     units           units and quantities ("400 MB" -> bytes), the dimension a name's suffix carries
     batch           global batch and learning rate, each rank's share of the data, ranks and global means
-    communication   ring all-reduce, bus bandwidth, parameter server, the fit of latency and bandwidth
+    communication   ring all-reduce, compiled DDP's graphs, bus bandwidth, parameter server, latency and
+                    bandwidth fitted
     collectives     bytes each rank sends and receives per collective, their time, busbw factors
     memory          bytes per parameter, per-device memory under DDP and ZeRO, activation sizes
     sharding        memory per device under DDP, ZeRO-1/2/3, FSDP2 with TP and PP; bytes moved per step
@@ -43,6 +44,8 @@ from .communication import (
     asynchronous_run_time_s,
     bucketed_allreduce_time_s,
     busbw_bytes_per_s,
+    compiled_ddp_graph_bytes,
+    compiled_ddp_graphs,
     expected_staleness_updates,
     fit_latency_bandwidth,
     overlapped_backward_time_s,
@@ -137,6 +140,8 @@ __all__ = [
     "collective_bytes",
     "collective_time_s",
     "communication_per_step_s",
+    "compiled_ddp_graph_bytes",
+    "compiled_ddp_graphs",
     "compute_comm_ratio",
     "ddp_bytes_per_step",
     "dimension_of",

@@ -1,4 +1,5 @@
-"""Communication cost: ring all-reduce (whole, bucketed, and overlapped with backward), algorithm and bus
+"""Communication cost: ring all-reduce (whole, bucketed, and overlapped with backward), the graphs
+torch.compile cuts a DDP model into at its buckets, algorithm and bus
 bandwidth, the parameter server, synchronous and asynchronous runs and their staleness, and the fit of
 the ring model's latency and bandwidth to measured timings."""
 
@@ -65,6 +66,45 @@ def bucketed_allreduce_time_s(
     bandwidth_term_s = ring_allreduce_time_s(size_bytes, workers, bandwidth_bytes_per_s)
     buckets = math.ceil(size_bytes / _positive("bucket_bytes", bucket_bytes))
     return bandwidth_term_s + buckets * _ring_steps(workers) * _non_negative("latency_s", latency_s)
+
+
+#: The size DDP and torch.compile give the first bucket (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``):
+#: small, so that the first all-reduce starts early in backward.
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+def compiled_ddp_graph_bytes(
+    op_param_bytes: Sequence[float], bucket_cap_bytes: float, first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES
+) -> list[float]:
+    """The graphs ``torch.compile`` splits a DDP model into, as the parameter bytes each holds, in forward order.
+
+    torch's DDPOptimizer (``torch/_dynamo/backends/distributed.py``) cuts the compiled graph where DDP's
+    buckets end, so that each piece's backward hands its gradients to the reducer as it finishes and the
+    all-reduce still overlaps backward. It walks the ops from the last to the first, adding each op's
+    parameters to the current bucket, and opens a new bucket before an op once the current one holds
+    ``bucket_cap_bytes`` (``bucket_cap_mb`` MiB), the first one ``first_bucket_bytes``.
+    ``op_param_bytes``: the bytes of the parameters each op uses, in forward order (a linear layer's
+    weight and bias together, one entry). One graph when the cap exceeds the model.
+    """
+    sizes = [_positive("op_param_bytes", b) for b in _sequence("op_param_bytes", op_param_bytes)]
+    cap = _positive("bucket_cap_bytes", bucket_cap_bytes)
+    first = _positive("first_bucket_bytes", first_bucket_bytes)
+    if first > cap:
+        raise ValueError(f"first_bucket_bytes ({first:g}) is larger than bucket_cap_bytes ({cap:g}): DDP's first "
+                         f"bucket is the smaller one; pass a first_bucket_bytes at most the cap")
+    buckets = [0.0]
+    for size in reversed(sizes):
+        if buckets[-1] >= (first if len(buckets) == 1 else cap):
+            buckets.append(0.0)
+        buckets[-1] += size
+    return buckets[::-1]
+
+
+def compiled_ddp_graphs(
+    op_param_bytes: Sequence[float], bucket_cap_bytes: float, first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES
+) -> int:
+    """How many graphs ``torch.compile`` makes of a DDP model's forward (see :func:`compiled_ddp_graph_bytes`)."""
+    return len(compiled_ddp_graph_bytes(op_param_bytes, bucket_cap_bytes, first_bucket_bytes))
 
 
 def overlapped_backward_time_s(
