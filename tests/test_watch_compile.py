@@ -69,7 +69,7 @@ def compiled_ddp(cap_mb, split=True, watched=None):
     if w is not None:
         w.close()
     torch._dynamo.config.optimize_ddp = True
-    return len(graphs), weights, w.records() if w is not None else None
+    return len(graphs), weights, (w.records(), w.notes) if w is not None else None
 """
 
 LAYER_BYTES = (512 * 512 + 512) * 4
@@ -88,20 +88,23 @@ def test_a_compiled_ddp_model_is_cut_at_its_buckets_as_theory_says_watched_or_no
         "n_one, w_one, rec_one = compiled_ddp(2, split=False, watched='compiled')\n"
         "close = lambda ws: max((a - b).abs().max().item() for a, b in zip(ws, eager))\n"
         "(out, n_inner, n_outer, n_one, close(w_inner), close(w_outer), close(w_one),\n"
-        " [[b['bytes'] for b in r['allreduce']] for r in rec_inner],\n"
-        " [[b['bytes'] for b in r['allreduce']] for r in rec_outer],\n"
-        " [[b['bytes'] for b in r['allreduce']] for r in rec_one])",
+        " [[b['bytes'] for b in r['allreduce']] for r in rec_inner[0]],\n"
+        " [[b['bytes'] for b in r['allreduce']] for r in rec_outer[0]],\n"
+        " [[b['bytes'] for b in r['allreduce']] for r in rec_one[0]], rec_inner[1], rec_outer[1] + rec_one[1])",
         stream=False, timeout=300,
     )
     model_bytes = 8 * LAYER_BYTES
     for rank in (0, 1):
-        graphs, n_inner, n_outer, n_one, d_inner, d_outer, d_one, b_inner, b_outer, b_one = result[rank]
+        graphs, n_inner, n_outer, n_one, d_inner, d_outer, d_one, b_inner, b_outer, b_one, said, unsaid = result[rank]
         # DDPOptimizer cuts at the buckets, as the theory walks them: 5, 3 and 2 graphs.
         assert graphs == {cap: theory.compiled_ddp_graphs([LAYER_BYTES] * 8, cap * MiB) for cap in (2, 4, 100)}
         assert graphs == {2: 5, 4: 3, 100: 2}
         # Watching changes nothing about it, from inside the compiled module or from outside.
         assert n_inner == n_outer == graphs[2]
         assert n_one == 1  # optimize_ddp off: one graph
+        # Watched from inside the compiled module, the watch says so; from outside, it has nothing to say.
+        assert len(said) == 1 and "inside a torch.compile'd module" in said[0], said
+        assert unsaid == []
         # The same training as eager DDP (aot_eager runs the same kernels, decomposed).
         assert max(d_inner, d_outer, d_one) < 1e-5
         # Every step's buckets were timed, and they hold every gradient (in one bucket in the first

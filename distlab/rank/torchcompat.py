@@ -181,20 +181,22 @@ _COMPILED_CALL_FILE = os.path.join("torch", "_dynamo", "eval_frame.py")
 def inside_compiled_call() -> bool:
     """True when the caller runs inside a call of a ``torch.compile``'d module or function.
 
-    Found on the Python stack, in ``torch/_dynamo/eval_frame.py``: a compiled module's ``__call__``,
-    or the wrapper of a compiled call (``compile_wrapper``), but not ``torch.compiler.disable``'s
-    wrapper, which lives there too. torch offers no public query (``torch.compiler.is_compiling``
-    is true only while tracing).
+    Found on the Python stack: the wrapper ``torch/_dynamo/eval_frame.py`` puts around a compiled
+    call holds the context that compiles it as ``self``. Not ``torch.compiler.disable``'s wrapper,
+    which lives there too, and not a compiled module's own hooks, which run before its compiled call.
+    torch offers no public query (``torch.compiler.is_compiling`` is true only while tracing).
     """
-    optimized = getattr(torch._dynamo.eval_frame, "OptimizedModule", ())
+    frames = torch._dynamo.eval_frame
+    compiling = getattr(frames, "_TorchDynamoContext", None)
+    disabling = getattr(frames, "DisableContext", ())
+    if compiling is None:
+        return False
     frame = sys._getframe(1)
     while frame is not None:
-        code = frame.f_code
-        if code.co_filename.endswith(_COMPILED_CALL_FILE) and (
-            code.co_name == "compile_wrapper"
-            or (code.co_name == "__call__" and isinstance(frame.f_locals.get("self"), optimized))
-        ):
-            return True
+        if frame.f_code.co_filename.endswith(_COMPILED_CALL_FILE):
+            context = frame.f_locals.get("self")
+            if isinstance(context, compiling) and not isinstance(context, disabling):
+                return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
 
