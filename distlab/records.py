@@ -66,6 +66,7 @@ class Collective(_CollectiveTiming, total=False):
     algbw: float
     busbw: float  # algbw scaled by the op's ring traffic (distlab.theory.bus_bandwidth_factor)
     layer: str  # the layer it gathers or reduces, where known (FSDP2's units, named as in WatchMeta["layers"])
+    untimed: bool  # True for a send or receive on gloo: its bytes are known, its time is not (seconds 0)
 
 
 class MemoryUse(TypedDict):

@@ -1,4 +1,4 @@
-"""distlab.watch on compiled models, and on what comes after an update: real torch.compile on the ranks.
+"""distlab.watch on compiled models: real torch.compile on the ranks.
 
 torch.compile runs with its ``aot_eager`` backend behind a backend that counts the graphs it is
 given: the same graphs, cut the same way as with inductor, without inductor's tens of seconds of
@@ -196,36 +196,6 @@ def test_a_model_watched_from_inside_its_compiled_module_says_so_and_its_later_s
         ops, notes = result[rank]
         assert len(notes) == 1 and "inside a torch.compile'd module" in notes[0], notes
         assert ops[1:] == [[("all_gather", 8), ("reduce_scatter", 4)]] * 2
-
-
-def test_collectives_after_an_update_belong_to_the_step_they_follow(lab):
-    # Local SGD: each rank steps alone and the models are averaged after every second update.
-    result = lab.run(
-        "import torch\n"
-        "import torch.distributed as dist\n"
-        "torch.manual_seed(0)\n"
-        "model = torch.nn.Linear(64, 64)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "with distlab.watch(model, stats_every=0, checksum_every=0, publish=False) as w:\n"
-        "    for step in range(4):\n"
-        "        opt.zero_grad()\n"
-        "        model(torch.randn(8, 64)).square().mean().backward()\n"
-        "        opt.step()\n"
-        "        if step % 2 == 1:\n"
-        "            for p in model.parameters():\n"
-        "                dist.all_reduce(p.data)\n"
-        "                p.data /= world_size\n"
-        "[( [(c['op'], c['bytes']) for c in r['collectives']],\n"
-        "   all(c['start_s'] >= r['step_time_s'] for c in r['collectives']), r['comm_s']) for r in w.records()]",
-        stream=False,
-    )
-    averaged = [("all_reduce", 64 * 64 * 4), ("all_reduce", 64 * 4)]
-    for rank in (0, 1):
-        steps = result[rank]
-        assert [ops for ops, _, _ in steps] == [[], averaged, [], averaged]
-        # They came after the update, and the step's exposed communication does not count them.
-        assert all(after for _, after, _ in steps)
-        assert [comm for _, _, comm in steps] == [0.0] * 4
 
 
 def test_the_graphs_of_a_compiled_ddp_model_follow_ddps_buckets():

@@ -206,6 +206,8 @@ def summarize_collectives(
                              "start_s": timing.launched - step_begin}
         if timing.layer is not None:
             entry["layer"] = timing.layer
+        if timing.untimed:
+            entry["untimed"] = True
         if seconds > 0:
             entry["algbw"] = theory.algbw_bytes_per_s(timing.bytes, seconds)
             if timing.op in COLLECTIVES and timing.ranks > 1:

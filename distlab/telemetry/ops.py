@@ -16,7 +16,9 @@ A collective is stamped when it is launched and when it completes: by a callback
 where the backend gives one (gloo's all-reduce, all-gather, broadcast), else by waiting for it where
 it was launched (gloo's reduce-scatter has no future; FSDP2 waits for it at once anyway), and the
 functional collectives by waiting for their result, which the next op needs anyway. On a GPU the
-stamps say when work was queued, so CUDA events time it instead.
+stamps say when work was queued, so CUDA events time it instead. gloo's sends and receives are
+listed untimed: they have no future, waiting where one is posted can block the receive posted after
+it, and each can be waited for only once, by its caller.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class CollectiveTiming(Stamped):
     done: float | None = None
     #: Stamped by waiting where it was launched (no future to call back): the caller was blocked.
     waited: bool = False
+    #: Listed with its bytes, not timed (gloo's send and recv: see the module's docstring).
+    untimed: bool = False
     #: The layer it gathers or reduces, where that is known (FSDP2's units).
     layer: str | None = None
     events: tuple[Any, Any] | None = None
@@ -215,6 +219,13 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
             future = torchcompat_dispatch.future_of(work) if work is not None else None
             if future is not None:
                 future.then(lambda _done: self._stamp(timing))
+            elif name in _POINT_TO_POINT:
+                # Listed, not timed. Waited for here, a send would block before the receive posted
+                # beside it (a ring's batch_isend_irecv hung on every rank); and gloo's send and recv
+                # can be waited for once only (a thread waiting beside the caller left the caller
+                # hanging in its own wait).
+                timing.untimed = True
+                timing.done = timing.launched
             else:
                 if work is not None:
                     torchcompat_dispatch.wait_work(work)
@@ -227,3 +238,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         timing.done = time.perf_counter()
         if timing.events is not None:
             timing.events[1].record()
+
+
+#: Point-to-point ops: gloo's give no future, and their caller decides when to wait.
+_POINT_TO_POINT = frozenset({"send", "recv"})

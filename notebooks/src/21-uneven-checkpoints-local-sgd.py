@@ -255,7 +255,9 @@ shutil.rmtree(folder)
 # gradient for an *outer* optimizer: SGD with Nesterov momentum, lr 0.7, momentum 0.9 in the paper.
 #
 # The experiment: 4 ranks, each with its own regression task (its own teacher), the same number of
-# steps (48) for each H. torch's `CommDebugMode` counts the collectives the averaging makes.
+# steps (48) for each H. torch's `CommDebugMode` counts the collectives the averaging makes. A last
+# run at H = 16 is watched: `distlab.watch` records the averaging's all-reduce, which comes after
+# an update, in the record of the step it follows.
 #
 # **Predict first**: the bytes all-reduced per step, relative to DDP's.
 
@@ -274,10 +276,11 @@ from torch.distributed.tensor.debug import CommDebugMode
 STEPS, LR = 48, 0.05
 
 
-def local_sgd(h, outer=False):
+def local_sgd(h, outer=False, watched=False):
     """STEPS steps of SGD on this rank's task, the models averaged every h steps (DiLoCo's outer step if outer)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
+    watch = distlab.watch(model, stats_every=0, checksum_every=0, publish=False) if watched else None
     inner = torch.optim.SGD(model.parameters(), lr=LR)
     anchor = [p.detach().clone() for p in model.parameters()]       # the weights at the last average
     outer_opt = torch.optim.SGD(anchor, lr=0.7, momentum=0.9, nesterov=True) if outer else None
@@ -310,6 +313,9 @@ def local_sgd(h, outer=False):
                 outer_opt.step()
                 for p, a in zip(model.parameters(), anchor):
                     p.copy_(a)
+    if watch is not None:                                            # the steps whose record holds an all-reduce
+        watch.close()
+        return [r["step"] for r in watch.records() if any(c["op"] == "all_reduce" for c in r["collectives"])]
     with torch.no_grad():                                            # the averaged model on every rank's task
         x = torch.randn(256, 16, generator=torch.Generator().manual_seed(99)).to(device)
         loss = nn.functional.mse_loss(model(x), x @ teacher).reshape(1)
@@ -321,6 +327,7 @@ def local_sgd(h, outer=False):
 
 local = {f"local SGD, H = {h}": local_sgd(h) for h in (1, 4, 16)}
 local["DiLoCo, H = 16"] = local_sgd(16, outer=True)
+averaged_in = local_sgd(16, watched=True)
 
 # %%
 local = lab.pull("local")
@@ -340,6 +347,8 @@ drifts = [sum(local[k][name]["drift"] for k in local) for name in RUNS[:3]]
 print("bytes per step fall as 1/H (48, 12 and 3 all-reduces counted):", counts == [48, 12, 3])
 print("H = 1 all-reduces the parameters once per step:", base == 4 * params)
 print("the ranks' models drift further apart between averages as H grows:", drifts == sorted(drifts))
+print("distlab.watch puts each average (H = 16) in the step it follows: steps 15, 31 and 47:",
+      lab.pull("averaged_in") == {r: [15, 31, 47] for r in range(4)})
 
 # %% [markdown]
 # With H = 1 local SGD averages the models after every step of SGD, which for SGD is the same as
