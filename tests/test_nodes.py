@@ -285,6 +285,15 @@ def test_without_cap_net_admin_nodes_fail_before_anything_starts_in_one_line():
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert plain.returncode == 0 and "{0: 0, 1: 1}" in plain.stdout, plain.stderr[-2000:]
+    # The notebooks' fallback: nodes_here says why in one line and what runs instead, and is False.
+    probe = "from distlab.cluster.nodes import nodes_here\nprint(nodes_here('loopback instead', what='racks'))"
+    refused = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c", probe],
+                             capture_output=True, text=True, timeout=120, check=False)
+    why, answer = refused.stdout.strip().splitlines()
+    assert why.startswith("no emulated racks here (") and "CAP_NET_ADMIN" in why
+    assert why.endswith("): loopback instead") and answer == "False"
+    allowed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert allowed.stdout == "True\n", allowed.stderr
 
 
 def test_an_orphaned_labs_namespaces_are_removed_by_the_next_lab():

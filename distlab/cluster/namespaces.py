@@ -23,6 +23,7 @@ __all__ = [
     "NS_PREFIX",
     "lab_namespaces",
     "netem_missing",
+    "nodes_here",
     "remove_namespaces",
     "remove_orphans",
     "require_namespaces",
@@ -66,6 +67,20 @@ def require_namespaces(flag: str = "nodes") -> None:
             f"{flag} needs {', '.join(tools)} on PATH (Debian: apt install iproute2 util-linux); "
             f"without {flag} every rank runs on loopback"
         )
+
+
+def nodes_here(instead: str, what: str = "nodes") -> bool:
+    """True if emulated nodes can be made here; else print one line, why not and what runs ``instead``, and False.
+
+    For a notebook that falls back to loopback where it cannot make nodes (Binder, no root):
+    ``on_nodes = nodes_here("2 ranks on loopback instead, so the times are CPU copying")``.
+    """
+    try:
+        require_namespaces()
+    except LabUsageError as exc:
+        print(f"no emulated {what} here ({exc}): {instead}")
+        return False
+    return True
 
 
 def run(args: list[str], doing: str) -> str:

@@ -418,14 +418,10 @@ print(f"restart from a checkpoint every 25 steps: {redo_s / step_s:.0f} steps re
 # crashed rank's did above, or does it miss many steps?
 
 # %%
-from distlab.cluster.nodes import require_namespaces
+from distlab.cluster.nodes import nodes_here
 
-try:
-    require_namespaces()            # says in one line why namespaces and links cannot be made here
-    on_nodes = True
-except distlab.LabUsageError as e:
-    print(f"no emulated nodes here ({e}): rank 2 is killed at step 30 instead of cut off")
-    on_nodes = False
+# True where emulated nodes can be made; elsewhere False, after one line saying why not
+on_nodes = nodes_here("rank 2 is killed at step 30 instead of cut off")
 nodes = "--nodes 3 --link 1gbit" if on_nodes else ""
 
 # %%

@@ -27,14 +27,10 @@
 # %%
 # %load_ext distlab
 import distlab
-from distlab.cluster.nodes import require_namespaces
+from distlab.cluster.nodes import nodes_here
 
-try:
-    require_namespaces()            # says in one line why namespaces and links cannot be made here
-    on_nodes = True
-except distlab.LabUsageError as e:
-    print(f"no emulated nodes here ({e}): 4 ranks on loopback instead, so the times below are CPU copying, not a link")
-    on_nodes = False
+# True where emulated nodes can be made; elsewhere False, after one line saying why not
+on_nodes = nodes_here("4 ranks on loopback instead, so the times below are CPU copying, not a link")
 nodes = "--nodes 2 --link 100mbit" if on_nodes else ""
 
 # %% [markdown]

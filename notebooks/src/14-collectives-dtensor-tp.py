@@ -26,14 +26,10 @@
 # %%
 # %load_ext distlab
 import distlab
-from distlab.cluster.nodes import require_namespaces
+from distlab.cluster.nodes import nodes_here
 
-try:
-    require_namespaces()            # says in one line why namespaces and links cannot be made here
-    on_nodes = True
-except distlab.LabUsageError as e:
-    print(f"no emulated nodes here ({e}): 4 ranks on loopback instead, and no bytes counted on links")
-    on_nodes = False
+# True where emulated nodes can be made; elsewhere False, after one line saying why not
+on_nodes = nodes_here("4 ranks on loopback instead, and no bytes counted on links")
 nodes = "--nodes 4 --link 1gbit" if on_nodes else ""
 
 # %% [markdown]

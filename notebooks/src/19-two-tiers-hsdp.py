@@ -31,14 +31,10 @@
 # %%
 # %load_ext distlab
 import distlab
-from distlab.cluster.nodes import require_namespaces
+from distlab.cluster.nodes import nodes_here
 
-try:
-    require_namespaces()            # says in one line why namespaces and links cannot be made here
-    on_racks = True
-except distlab.LabUsageError as e:
-    print(f"no emulated racks here ({e}): 4 ranks on loopback instead, so nothing below crosses an uplink")
-    on_racks = False
+# True where emulated nodes can be made; elsewhere False, after one line saying why not
+on_racks = nodes_here("4 ranks on loopback instead, so nothing below crosses an uplink", what="racks")
 racks = "--nodes 4 --racks 2 --link 1gbit --uplink 100mbit" if on_racks else ""
 
 # %%
