@@ -137,7 +137,8 @@ def test_a_collective_on_a_subset_of_ranks_names_the_ranks_not_in_the_cell(lab):
 
 @pytest.mark.cluster
 def test_with_debug_a_shape_mismatch_is_named_on_every_rank_by_the_rank_itself(lab_factory):
-    lab = lab_factory(ranks=2, debug=True)
+    # 60 s: a fresh-clone CI run's start timed out at 30 s describing the engines, beside 4-rank labs.
+    lab = lab_factory(ranks=2, debug=True, timeout=60)
     assert lab.run("dist.get_debug_level() == dist.DebugLevel.DETAIL", stream=False) == {0: True, 1: True}
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:

@@ -210,3 +210,4 @@ def test_the_graphs_of_a_compiled_ddp_model_follow_ddps_buckets():
     with pytest.raises(ValueError, match="op_param_bytes"):
         theory.compiled_ddp_graph_bytes([1.0, -1.0], 1.0)
     assert collections.Counter(theory.compiled_ddp_graph_bytes([1.0] * 7, 2, first_bucket_bytes=1)) == {1.0: 1, 2.0: 3}
+

@@ -171,7 +171,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def not_compiled(fn: _F) -> _F:
-    """``torch.compiler.disable(fn)``, typed: torch.compile calls ``fn`` as it is, never traces into it."""
+    """``torch.compiler.disable(fn)``, typed: torch.compile calls ``fn`` as it is, never traces into it.
+
+    It imports TorchDynamo (1.2-1.5 s), which torch imports anyway at the first optimizer a process makes
+    (``Optimizer.add_param_group`` is wrapped the same way)."""
     return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # torch's is untyped
 
 
@@ -186,7 +189,7 @@ def inside_compiled_call() -> bool:
     which lives there too, and not a compiled module's own hooks, which run before its compiled call.
     torch offers no public query (``torch.compiler.is_compiling`` is true only while tracing).
     """
-    frames = torch._dynamo.eval_frame
+    frames = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing is compiled (and no import here)
     compiling = getattr(frames, "_TorchDynamoContext", None)
     disabling = getattr(frames, "DisableContext", ())
     if compiling is None:

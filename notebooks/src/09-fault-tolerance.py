@@ -134,7 +134,17 @@ reference = ref["weights"]
 #
 # Same run in another directory, checkpointing every 10 steps; rank 1 dies at step 25. Rank 0 is
 # then waiting in an all-reduce for a peer that no longer exists. distlab notices the dead engine,
-# releases rank 0, and reports both:
+# releases rank 0, and reports both.
+#
+# **Predict first**: the run will resume from its last checkpoint. How many steps will it do twice?
+
+# %%
+from distlab.quiz import predict
+
+redone_q = predict("Rank 1 dies at step 25 of a run that checkpoints every 10 steps. How many steps will the "
+                   "resumed run do a second time?", theory="lost_work_s", tolerance=0.01,
+                   elapsed_s=25, checkpoint_interval_s=10)          # the formula counts steps as well as seconds
+redone_q
 
 # %% tags=["raises-exception"]
 # %%ddp
@@ -186,6 +196,8 @@ print("replicas identical:", all(torch.equal(a, b) for a, b in zip(run[0]["weigh
 step_s = ref["s_per_step"]
 lost_s = theory.lost_work_s(elapsed_s=25 * step_s, checkpoint_interval_s=10 * step_s)
 print(f"a step took {step_s * 1e3:.1f} ms; the crash 25 steps in, with a checkpoint every 10, lost {lost_s * 1e3:.0f} ms")
+
+redone_q.reveal(25 - run[0]["first_step"])
 
 # %% tags=["nbval-check-output"]
 print("steps redone (crash step - step resumed from):", 25 - run[0]["first_step"])

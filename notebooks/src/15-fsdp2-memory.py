@@ -35,6 +35,26 @@
 # sharded `DTensor`s to plain gathered tensors while it is gathered, so `gathered()` below adds up the
 # plain ones, probed when each block starts its forward, when the loss is ready, and when each block's
 # backward starts.
+#
+# **Predict first**: with Adam in fp32 on 2 ranks, how many bytes per parameter does a rank hold
+# under ZeRO-1 (its weights, its gradients and its share of Adam's states)?
+
+# %%
+import distlab
+from distlab import theory
+from distlab.quiz import predict
+
+
+def bytes_per_parameter(strategy):
+    """What theory says a rank holds per parameter, at rest: weights, gradients and Adam's states (fp32, 2 ranks)."""
+    held = theory.sharded_memory(1_000_000, strategy, 2, precision="fp32")
+    return (held.parameters_bytes + held.gradients_bytes + held.optimizer_bytes) / 1_000_000
+
+
+zero1_q = predict("With Adam in fp32 on 2 ranks, how many bytes per parameter does each rank hold under ZeRO-1 "
+                  "(weights, gradients and its share of Adam's states)?", theory=bytes_per_parameter,
+                  tolerance=0.05, strategy="zero1")
+zero1_q
 
 # %%
 # %%ddp
@@ -134,9 +154,6 @@ sizes = {"parameters": sum(p.numel() for p in GPT(cfg).parameters()),          #
 # bytes are the same 16 bytes split another way).
 
 # %% tags=["nbval-check-output"]
-import distlab
-from distlab import theory
-
 lab = distlab.current_lab()
 results, sizes = lab.pull("results"), lab.pull("sizes")[0]
 P = sizes["parameters"]
@@ -152,6 +169,11 @@ for kind, strategy in STRATEGY.items():
         got = [results[r][kind]["memory"][key] for r in (0, 1)]
         errors = " ".join(f"{100 * (g / expected[key] - 1):+7.2f}%" for g in got)
         print(f"{kind:>11} {label:>12} {got[0]:>10,} {got[1]:>10,} {expected[key]:>10,.0f} {errors}")
+
+# %%
+held = [sum(results[r]["zero1"]["memory"][key] for _, key in PARTS) / P for r in (0, 1)]
+print(f"ZeRO-1: rank 0 holds {held[0]:.2f} bytes per parameter, rank 1 {held[1]:.2f}")
+zero1_q.reveal(sum(held) / 2)
 
 # %% [markdown]
 # Every difference is a tensor the formula does not count, and each can be counted to the byte:
@@ -433,10 +455,14 @@ for step in range(3):
     ref_opt.step()
     ref_losses.append(ref_loss.item())
 watch.close()
-mesh_memory = watch.records()[-1]["memory"]
+last = watch.records()[-1]
+mesh_memory = last["memory"]
 mesh_counts = {}
-for c in watch.records()[-1]["collectives"]:
-    key = f"{c['op']} over {'tp' if c['op'] == 'all_reduce' else 'dp'}"    # TP all-reduces activations; FSDP2 the rest
+for c in last["collectives"]:
+    if c["start_s"] > last["step_time_s"]:                 # after the update: the loss's average, over dp
+        key = "after the update: all_reduce over dp"
+    else:
+        key = f"{c['op']} over {'tp' if c['op'] == 'all_reduce' else 'dp'}"    # TP all-reduces activations; FSDP2 the rest
     n, nbytes = mesh_counts.get(key, (0, 0))
     mesh_counts[key] = (n + 1, nbytes + c["bytes"])
 mesh_result = {"memory": mesh_memory, "losses": losses, "reference": ref_losses, "split": split,
@@ -477,7 +503,9 @@ print(f"tensor-parallel bytes sent per rank: {theory.collective_bytes('all_reduc
 #   for the gradients of attention's and the MLP's inputs (the plan makes each input one replicated
 #   DTensor, so q, k and v share one all-reduce, as Megatron-LM's fused qkv does): 4 per block, as in
 #   `theory.tensor_parallel_bytes_per_step`. FSDP2 gathers and reduce-scatters **parameters** over
-#   `dp`, as on one dimension.
+#   `dp`, as on one dimension. The loop's own all-reduce of the loss, after the update, is in the
+#   step's record too (the watch gives what comes after an update to the step it follows; its
+#   `start_s` is past the step's time), counted apart.
 #
 # ## Practice
 #
