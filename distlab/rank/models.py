@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from typing_extensions import TypeIs
 
-from . import torchcompat
+from . import torchcompat_compile
 
 __all__ = ["ddp_of", "is_zero_optimizer", "unwrap"]
 
@@ -30,7 +30,7 @@ def unwrap(model: nn.Module) -> nn.Module:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
             continue
-        inner = torchcompat.compiled_original(model)
+        inner = torchcompat_compile.compiled_original(model)
         if inner is None:
             return model
         model = inner
@@ -41,7 +41,7 @@ def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
     torch's DDP notes advise: compiled after wrapping, its graphs are split at the buckets); None
     for a model without DDP."""
     while not isinstance(model, nn.parallel.DistributedDataParallel):
-        inner = torchcompat.compiled_original(model)
+        inner = torchcompat_compile.compiled_original(model)
         if inner is None:
             return None
         model = inner

@@ -4,8 +4,9 @@ distlab reaches into torch where torch offers no public way to do what it needs:
 all-reduces without a communication hook, rebuild a process group after a broken one, read the
 flight recorder in-process. Private APIs change between releases without notice, so each is called
 here and nowhere else, with a comment saying what it does and why no public API does it: a new
-torch release is checked against this file and ``torchcompat_dispatch.py``, which holds those behind
-the watch's view of a step's ops (dispatch modes, collective ops, FSDP2's internals).
+torch release is checked against this file, ``torchcompat_dispatch.py``, which holds those behind
+the watch's view of a step's ops (dispatch modes, collective ops, FSDP2's internals), and
+``torchcompat_compile.py``, which holds those behind torch.compile's wrappers.
 
 Importing this module checks the torch it runs on: outside the versions really run (CI and the GPU
 machines), it refuses with one line saying what to install, unless ``DISTLAB_ALLOW_ANY_TORCH=1``.
@@ -18,10 +19,9 @@ import functools
 import json
 import os
 import re
-import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,6 @@ __all__ = [
     "active_fake_mode",
     "check_torch",
     "comm_hook_names",
-    "compiled_original",
     "fake_store",
     "fake_tensor_mode",
     "flight_recorder_dump",
@@ -43,10 +42,8 @@ __all__ = [
     "foreach_norm",
     "foreach_sub_",
     "forget_process_groups",
-    "inside_compiled_call",
     "local_tensor",
     "memory_tracker",
-    "not_compiled",
     "observe_point_to_point",
     "replace_group_functions",
     "reset_group_count",
@@ -165,53 +162,6 @@ def tree_leaves(value: Any) -> list[Any]:
     arguments; it also opens the containers torch registers (``torch.Size``, named tuples of results).
     """
     return list(_pytree_leaves(value))
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def not_compiled(fn: _F) -> _F:
-    """``torch.compiler.disable(fn)``, typed: torch.compile calls ``fn`` as it is, never traces into it.
-
-    It imports TorchDynamo (1.2-1.5 s), which torch imports anyway at the first optimizer a process makes
-    (``Optimizer.add_param_group`` is wrapped the same way)."""
-    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # torch's is untyped
-
-
-_COMPILED_CALL_FILE = os.path.join("torch", "_dynamo", "eval_frame.py")
-
-
-def inside_compiled_call() -> bool:
-    """True when the caller runs inside a call of a ``torch.compile``'d module or function.
-
-    Found on the Python stack: the wrapper ``torch/_dynamo/eval_frame.py`` puts around a compiled
-    call holds the context that compiles it as ``self``. Not ``torch.compiler.disable``'s wrapper,
-    which lives there too, and not a compiled module's own hooks, which run before its compiled call.
-    torch offers no public query (``torch.compiler.is_compiling`` is true only while tracing).
-    """
-    frames = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing is compiled (and no import here)
-    compiling = getattr(frames, "_TorchDynamoContext", None)
-    disabling = getattr(frames, "DisableContext", ())
-    if compiling is None:
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_COMPILED_CALL_FILE):
-            context = frame.f_locals.get("self")
-            if isinstance(context, compiling) and not isinstance(context, disabling):
-                return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-def compiled_original(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The module ``torch.compile`` wrapped, or None when ``model`` is not a compiled module.
-
-    ``OptimizedModule._orig_mod``: torch.compile returns a wrapper whose parameters and state-dict
-    keys are prefixed ``_orig_mod.``; torch offers no public accessor for the module inside.
-    """
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, torch.nn.Module) else None
 
 
 # ------------------------------------------------------------------------------------ DDP

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import theory
-from ..rank import torchcompat
+from ..rank import torchcompat, torchcompat_compile
 from ..records import AllReduceBucket, Collective
 from ..theory.collectives import COLLECTIVES, bus_bandwidth_factor
 from .ops import CollectiveTiming, Stamped
@@ -75,7 +75,7 @@ class TimedGroup(dist.ProcessGroup):
     # to compile and failed on the stand-in group ("ProcessGroup name not set").
     # The reducer calls these four with (tensors, [...], opts) only: the other call forms of the base
     # class's overloads never reach a stand-in (hence the narrowed signatures, [override]).
-    @torchcompat.not_compiled
+    @torchcompat_compile.not_compiled
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions
     ) -> dist.Work:
@@ -102,21 +102,21 @@ class TimedGroup(dist.ProcessGroup):
 
     # What else a reducer asks of its group: bucket order is broadcast from rank 0 when buckets
     # are rebuilt; the rest is here so nothing reaches the base class, which has no backend.
-    @torchcompat.not_compiled
+    @torchcompat_compile.not_compiled
     def broadcast(self, tensors: list[torch.Tensor], opts: object) -> dist.Work:  # type: ignore[override]
         return self.inner.broadcast(tensors, opts)
 
-    @torchcompat.not_compiled
+    @torchcompat_compile.not_compiled
     def allgather(  # type: ignore[override]
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: object
     ) -> dist.Work:
         return self.inner.allgather(output_tensors, input_tensors, opts)
 
-    @torchcompat.not_compiled
+    @torchcompat_compile.not_compiled
     def barrier(self, opts: object) -> dist.Work:  # type: ignore[override]
         return self.inner.barrier(opts)
 
-    @torchcompat.not_compiled
+    @torchcompat_compile.not_compiled
     def getBackendName(self) -> str:  # torch's name
         return self.inner.name()
 

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..rank import hooks, models, torchcompat, torchcompat_dispatch
+from ..rank import hooks, models, torchcompat, torchcompat_compile, torchcompat_dispatch
 from ..rank.publish import Publisher, Sender, rank_publisher
 from ..records import PUBLISH_KEY, Layout, Publish, StepRecord, WatchMeta
 from . import comm
@@ -144,7 +144,7 @@ class Watch:
         self._handles = [
             # Not traced by torch.compile: a hook on a module inside a compiled one runs in the
             # compiled frame, and tracing it (clock, lock, dispatch mode) broke the graph at each call.
-            model.register_forward_pre_hook(torchcompat.not_compiled(self._on_forward), prepend=True),
+            model.register_forward_pre_hook(torchcompat_compile.not_compiled(self._on_forward), prepend=True),
             register_optimizer_step_post_hook(self._on_optimizer_step),
         ]
         publisher = sender if isinstance(sender, Publisher) or sender is None else Publisher(sender)
@@ -299,7 +299,7 @@ class Watch:
             return  # evaluation forwards are not training steps
         step = self._open
         if step is None:
-            if self._observer is not None and torchcompat.inside_compiled_call():
+            if self._observer is not None and torchcompat_compile.inside_compiled_call():
                 self._note(_INSIDE_COMPILED)
             self._begin(0, None)
             return
