@@ -439,10 +439,15 @@ class Watch:
         if record is None or id(record) in self._pending.record_ids or len(step.collectives) == step.closed_with:
             return  # a GPU step's record waiting for the GPU takes them all when it is completed
         step.closed_with = len(step.collectives)
-        step.record = cast(StepRecord, {**record, "collectives": comm.summarize_collectives(
-            step.collectives, step.begin, step.end)[0]})  # copy-on-write, as in log()
+        self._amend(step, {"collectives": comm.summarize_collectives(step.collectives, step.begin, step.end)[0]})
+
+    def _amend(self, step: Step, fields: dict[str, Any]) -> None:
+        """Give a closed step a new record with ``fields`` changed, where the watch keeps it.
+        Copy-on-write: the publisher thread may be reading the old dict."""
+        old = step.record
+        step.record = cast(StepRecord, {**cast(dict[str, Any], old), **fields})
         with self._lock:
-            if self._latest is record:
+            if self._latest is old:
                 self._latest = step.record
 
     def _finish(self, step: Step) -> None:
@@ -465,11 +470,7 @@ class Watch:
         assert step is not None
         step.metrics.update({k: metric_value(k, v) for k, v in values.items()})
         if step.record is not None and step not in self._pending:  # else _resolve adds them
-            # Copy-on-write: the publisher thread may be reading the old dict.
-            record = cast(StepRecord, {**step.record, **metric_fields(step.metrics)})
-            step.record = record
-            with self._lock:
-                self._latest = record
+            self._amend(step, metric_fields(step.metrics))
             if self._publisher is not None:
                 self._publisher.notify()
 
