@@ -9,6 +9,7 @@ only, and no cell keeps run timestamps. Files are only read: nothing is started 
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOK_PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 # What a notebook run leaves on cells (nbclient's timings, the classic Notebook's ExecuteTime).
 RUN_METADATA = ("execution", "ExecuteTime")
+NUMBERED = re.compile(r"(\d\d)([b-z]?)-")
+SITTINGS = "bcdefghijklmnopqrstuvwxyz"  # after NN-name: NNb-name, NNc-name, ...
 
 
 def paired_source(ipynb: Path) -> Path:
@@ -78,8 +81,14 @@ def unpaired(folder: Path) -> list[str]:
 
 
 def test_the_notebooks_are_numbered_from_00_without_gaps() -> None:
-    assert len(NOTEBOOK_PATHS) >= 12
-    assert [p.name[:3] for p in NOTEBOOK_PATHS] == [f"{n:02d}-" for n in range(len(NOTEBOOK_PATHS))]
+    # NN-name; a lesson split into sittings goes on in NNb-name, NNc-name (14-collectives, 14b-dtensor-...)
+    numbered = [NUMBERED.match(p.name) for p in NOTEBOOK_PATHS]
+    assert [p.name for p, m in zip(NOTEBOOK_PATHS, numbered) if m is None] == []
+    sittings = [(int(m[1]), m[2]) for m in numbered if m]
+    numbers = sorted({n for n, _ in sittings})
+    assert len(numbers) >= 12 and numbers == list(range(len(numbers)))
+    assert sittings == [(n, part) for n in numbers
+                        for part in ["", *SITTINGS][: sum(m == n for m, _ in sittings)]]
 
 
 def test_every_notebook_has_a_text_source_and_every_source_a_notebook() -> None:

@@ -3,7 +3,7 @@ from ..model import Exercise
 EXERCISE = Exercise(
     name="tensor-parallel-mlp",
     title="A tensor-parallel MLP by hand",
-    lesson="14-collectives-dtensor-tp.ipynb",
+    lesson="14b-dtensor-tensor-parallel.ipynb",
     task="""\
 Tensor parallelism splits one layer's weights over the ranks. Megatron-LM splits the MLP
 `y = gelu(x @ w1.T + b1) @ w2.T + b2` (`w1`: `[hidden, d]`, `w2`: `[d, hidden]`) so that it needs one
