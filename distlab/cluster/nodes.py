@@ -23,9 +23,12 @@ real cluster, it is reached over each node's link (and its rack's uplink). The a
 on interfaces inside the namespaces made here; nothing is added to this machine's own network, and
 there is no route out.
 
-Everything here needs CAP_NET_ADMIN and CAP_SYS_ADMIN (root, or a container given NET_ADMIN), as
-``cluster.namespaces`` checks. The values a link is described by (``Link``, its rate and latency,
-``spread``) live in ``cluster/links.py`` and are importable from here as well.
+As root (CAP_NET_ADMIN and CAP_SYS_ADMIN) the namespaces are named under /run/netns; a user without
+those capabilities gets the same network inside a user namespace of the lab's own, where the kernel
+allows one (``cluster.userns``); ``cluster.namespaces`` checks which, and says in one line if neither.
+
+The values a link is described by (``Link``, its rate and latency, ``spread``) live in
+``cluster/links.py`` and are importable from here as well.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from ..errors import DistlabError, LabUsageError
 from .links import Link, format_duration, format_rate, parse_duration, parse_rate, spread
 from .namespaces import (
     NS_PREFIX,
+    NamespaceHost,
     lab_namespaces,
+    namespace_host,
     netem_missing,
     nodes_here,
     remove_namespaces,
@@ -128,9 +133,10 @@ def check_subnet(
     return net
 
 
-def pick_subnet(nodes: int, asked: object = None) -> ipaddress.IPv4Network:
-    """The lab's subnet: ``asked`` if given and free, else the first free /24 of 198.18.0.0/15."""
-    used = _subnets_in_use()
+def pick_subnet(nodes: int, asked: object = None, in_use: bool = True) -> ipaddress.IPv4Network:
+    """The lab's subnet: ``asked`` if given and free, else the first free /24 of 198.18.0.0/15
+    (``in_use``: among other labs' named namespaces; a user namespace's network is its own)."""
+    used = _subnets_in_use() if in_use else []
     if asked is not None:
         net = check_subnet(asked, nodes)
         clash = next((u for u in used if u.overlaps(net)), None)
@@ -174,9 +180,11 @@ class Network:
 
     def __init__(
         self, nodes: int, subnet: ipaddress.IPv4Network, link: Link | None, owner: int, seq: int,
-        racks: int | None = None, uplink: Link | None = None,
+        racks: int | None = None, uplink: Link | None = None, host: NamespaceHost | None = None,
     ) -> None:
         self.nodes = nodes
+        #: What holds the namespaces: named ones (root), or a user namespace of the lab's own.
+        self.host: NamespaceHost = host or namespace_host()
         self.subnet = subnet
         self.link = link
         #: Racks the nodes are in (None: a star, every node on the one switch), and each rack's
@@ -228,9 +236,9 @@ class Network:
         program's own: the launcher's pid is the engine's, and signals reach it.
         """
         if node is None:
-            return ["ip", "netns", "exec", self.switch_ns]
+            return self.host.exec_prefix(self.switch_ns)
         return [
-            "ip", "netns", "exec", self.node_ns(node),
+            *self.host.exec_prefix(self.node_ns(node)),
             "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname(node),
         ]
 
@@ -247,24 +255,31 @@ class Network:
         remove_orphans()
         if link is not None and link.latency_s:
             require_netem("latency")
-        with _Lock():
-            _sequence += 1
-            net = cls(nodes, pick_subnet(nodes, subnet), link, os.getpid(), _sequence, racks, uplink)
-            try:
-                net._make()
-            except BaseException:
-                net.destroy()
-                raise
+        host = namespace_host()
+        try:
+            # A user namespace's network is its own: no other lab's subnet can clash with it.
+            with _Lock() if not host.rootless else contextlib.nullcontext():
+                _sequence += 1
+                picked = pick_subnet(nodes, subnet, in_use=not host.rootless)
+                net = cls(nodes, picked, link, os.getpid(), _sequence, racks, uplink, host)
+                try:
+                    net._make()
+                except BaseException:
+                    net.destroy()
+                    raise
+        except BaseException:
+            host.close()
+            raise
         return net
 
     def _bridge(self, ns: str, doing: str, addr: str | None = None) -> None:
         """A namespace holding a switch: a bridge, up, with ``addr`` on it if given."""
-        _run(["ip", "netns", "add", ns], doing)
+        self.host.add(ns)
         steps = [["link", "set", "lo", "up"], ["link", "add", "br0", "type", "bridge"]]
         if addr is not None:
             steps.append(["addr", "add", f"{addr}/{self.subnet.prefixlen}", "dev", "br0"])
         for args in (*steps, ["link", "set", "br0", "up"]):
-            _run(["ip", "-n", ns, *args], doing)
+            _run([*self.host.ip(ns), *args], doing)
 
     def _make(self) -> None:
         sw, plen = self.switch_ns, self.subnet.prefixlen
@@ -273,20 +288,23 @@ class Network:
             # A rack's switch: a bridge of its own, joined to the spine's by its uplink (up0 here, r<k> there).
             rack = self.rack_ns(k)
             self._bridge(rack, f"making rack {k}")
-            _run(["ip", "-n", rack, "link", "add", "up0", "type", "veth", "peer", "name", f"r{k}", "netns", sw],
-                 f"making rack {k}'s uplink")
-            _run(["ip", "-n", rack, "link", "set", "up0", "master", "br0", "up"], f"making rack {k}'s uplink")
-            _run(["ip", "-n", sw, "link", "set", f"r{k}", "master", "br0", "up"], f"joining rack {k} to the spine")
+            ip_rack, ip_sw = self.host.ip(rack), self.host.ip(sw)
+            _run([*ip_rack, "link", "add", "up0", "type", "veth", "peer", "name", f"r{k}",
+                  "netns", self.host.netns_path(sw)], f"making rack {k}'s uplink")
+            _run([*ip_rack, "link", "set", "up0", "master", "br0", "up"], f"making rack {k}'s uplink")
+            _run([*ip_sw, "link", "set", f"r{k}", "master", "br0", "up"], f"joining rack {k} to the spine")
         for i in range(self.nodes):
             ns, port, switch = self.node_ns(i), f"p{i}", self._node_switch(i)
-            _run(["ip", "netns", "add", ns], f"making node {i}")
+            self.host.add(ns)
             # Both ends are made inside their namespaces: nothing ever appears in this machine's own.
             for args in (["link", "set", "lo", "up"],
-                         ["link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", switch],
+                         ["link", "add", "eth0", "type", "veth", "peer", "name", port,
+                          "netns", self.host.netns_path(switch)],
                          ["addr", "add", f"{self.node_addr(i)}/{plen}", "dev", "eth0"],
                          ["link", "set", "eth0", "up"]):
-                _run(["ip", "-n", ns, *args], f"making node {i}")
-            _run(["ip", "-n", switch, "link", "set", port, "master", "br0", "up"], f"joining node {i} to its switch")
+                _run([*self.host.ip(ns), *args], f"making node {i}")
+            _run([*self.host.ip(switch), "link", "set", port, "master", "br0", "up"],
+                 f"joining node {i} to its switch")
         self._shape(self._ends(), self.link, replace=False)
         self._shape(self._uplink_ends(), self.uplink, replace=False, queue=_UPLINK_QUEUE)
 
@@ -309,25 +327,25 @@ class Network:
             ends += [(self.rack_ns(k), "up0"), (self.switch_ns, f"r{k}")]
         return ends
 
-    @staticmethod
     def _shape(
-        ends: list[tuple[str, str]], link: Link | None, replace: bool, queue: tuple[float, int] = _LINK_QUEUE
+        self, ends: list[tuple[str, str]], link: Link | None, replace: bool, queue: tuple[float, int] = _LINK_QUEUE
     ) -> None:
         for ns, dev in ends:
+            tc = self.host.tc(ns)
             if replace:
                 with contextlib.suppress(DistlabError):
-                    _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], "reshaping a link")
+                    _run([*tc, "qdisc", "del", "dev", dev, "root"], "reshaping a link")
             if link is None:
                 continue  # not shaped: the veth's default queue, as fast as the machine copies
             if link.latency_s:
                 # Half the delay on each end: node to node crosses two.
                 half = f"{link.latency_s / 2 * 1e6:.0f}us"
-                _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", half],
+                _run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", half],
                      "delaying a link")
-                shaper = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"]
+                shaper = [*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"]
                 _run([*shaper, *_tbf(link.rate_bps, queue)], "shaping a link")
             else:
-                root = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root"]
+                root = [*tc, "qdisc", "add", "dev", dev, "root"]
                 _run([*root, *_tbf(link.rate_bps, queue)], "shaping a link")
 
     def set_link(self, link: Link | None) -> None:
@@ -348,11 +366,10 @@ class Network:
         """Bring every node's link up again: one a rank cut (``distlab.chaos(cut=...)``) stays down
         until the lab starts an engine on the nodes (a replacement, a restart). Its shaping stays."""
         for i in range(self.nodes):
-            _run(["ip", "-n", self.node_ns(i), "link", "set", "eth0", "up"], "bringing a node's link up")
+            _run([*self.host.ip(self.node_ns(i)), "link", "set", "eth0", "up"], "bringing a node's link up")
 
-    @staticmethod
-    def _sent(ns: str, dev: str) -> int:
-        out = _run(["tc", "-s", "-n", ns, "qdisc", "show", "dev", dev], "reading a link's counters")
+    def _sent(self, ns: str, dev: str) -> int:
+        out = _run([*self.host.tc(ns), "-s", "qdisc", "show", "dev", dev], "reading a link's counters")
         match = re.search(r"Sent (\d+) bytes", out)
         return int(match.group(1)) if match else 0
 
@@ -368,7 +385,7 @@ class Network:
 
     def queues(self) -> dict[str, str]:
         """``tc``'s own account of each link end's queue (nodes' links, then racks' uplinks)."""
-        return {f"{ns}/{dev}": _run(["tc", "-n", ns, "qdisc", "show", "dev", dev], "reading a queue").strip()
+        return {f"{ns}/{dev}": _run([*self.host.tc(ns), "qdisc", "show", "dev", dev], "reading a queue").strip()
                 for ns, dev in self._ends() + self._uplink_ends()}
 
     def describe(self) -> str:
@@ -383,7 +400,8 @@ class Network:
 
     def destroy(self) -> None:
         """End every process left in the namespaces, then remove them (with their links and queues)."""
-        remove_namespaces(self.namespaces())
+        self.host.remove(self.namespaces())
+        self.host.close()
 
     def __repr__(self) -> str:
         racks = f" in {self.racks} racks, uplink {self.uplink}" if self.racks else ""

@@ -147,7 +147,8 @@ def _on_emulated_nodes() -> bool:
     """Whether this rank runs on a node distlab made: its host name is the node's, and its only
     interface but loopback is the node's link (``cluster.nodes``)."""
     node = os.environ.get("GROUP_RANK", "")
-    return socket.gethostname() == f"node{node}" and os.path.exists(f"/sys/class/net/{_LINK}")
+    # The namespace's own interfaces (netlink), not /sys: a node in a user namespace has the machine's /sys.
+    return socket.gethostname() == f"node{node}" and any(name == _LINK for _, name in socket.if_nameindex())
 
 
 def _link(state: str) -> None:
