@@ -259,16 +259,27 @@ for m in MS:
 # the least a pipeline of equal stages can idle: a check that a bubble of 0% would pass says nothing)
 # and at most 12 percentage points above it.
 #
+# That band needs each stage on a core of its own, as each would have its own device. Where the ranks
+# share fewer cores than there are stages (Binder gives one), the stages take turns on the core: each
+# one's compute is stretched by the other's, and what is measured is no longer the pipeline's bubble
+# alone. The cell below asks the ranks which cores they may run on, and says so where they share one.
+#
 # The step time falls less than the bubble does, because micro-batching has a price of its own: the
 # **busy** column grows with `m` (smaller matrices compute less efficiently, every micro-batch adds its
 # gradients into `.grad`, and two ranks computing at the same time share the memory bus). With GPipe,
 # the activations of all `m` micro-batches are also kept until their backward (1F1B keeps at most `p`).
 
+# %%
+# The cores the ranks may run on (their affinity, which a container or `taskset` narrows):
+cores = len(set().union(*lab.run("import os; os.sched_getaffinity(0)", stream=False).values()))
+print(f"the 2 stages may run on {cores} cores" if cores >= 2 else
+      "the 2 stages share 1 core here: they take turns on it, so the band below is not checked")
+
 # %% tags=["nbval-check-output"]
 theory_of = {m: theory.pipeline_bubble_fraction(2, m) for m in MS}
 print("the bubble falls as m grows (1 -> 2 -> 4 -> 8):", all(idle[a] > idle[b] for a, b in zip(MS, MS[1:])))
-print("measured between 80% of (p-1)/(m+p-1) and 12 points above it at m = 1, 2, 4, 8:",
-      all(0.8 * theory_of[m] <= idle[m] < theory_of[m] + 0.12 for m in MS))
+print("measured between 80% of (p-1)/(m+p-1) and 12 points above it at m = 1, 2, 4, 8, where each stage "
+      "has a core:", cores < 2 or all(0.8 * theory_of[m] <= idle[m] < theory_of[m] + 0.12 for m in MS))
 
 # %% [markdown]
 # The formula's numbers, and two worked examples:
