@@ -19,18 +19,22 @@
 #
 # The two ranks run on two **emulated nodes** (network namespaces, as in notebook 12) joined by a
 # link shaped to 100 Mbit/s each way, so the bytes cross a real, slow link whose rate we know, as
-# gradients do between machines. Making nodes needs root (CAP_NET_ADMIN); where that is missing
-# (on Binder, for one) the cell below says so and the ranks talk through loopback instead: everything
-# still runs, but the times then measure the CPU copying bytes, not a link, and the checks on the link
-# say "no link here".
+# gradients do between machines. Making nodes takes root's CAP_NET_ADMIN or, for a user without it, a
+# user namespace of the lab's own, which most Linux machines allow. Where neither can be had (some
+# containers, on Binder perhaps) the cell below says so and the ranks talk through loopback instead:
+# everything still runs, but the times then measure the CPU copying bytes, not a link; so each cell
+# whose result needs the link also shows what it printed in the run on nodes this notebook was saved
+# from, every line marked `saved |`.
 
 # %%
 # %load_ext distlab
 import distlab
 from distlab.cluster.nodes import nodes_here
+from distlab.notebook.saved import saved_from_nodes
 
 # True where emulated nodes can be made; elsewhere False, after one line saying why not
 on_nodes = nodes_here("2 ranks on loopback instead, so the times below are CPU copying, not a link")
+saved = saved_from_nodes("03-collectives-cost")   # without nodes: what the cells printed on them, marked saved
 nodes = "--nodes 2 --link 100mbit" if on_nodes else ""
 
 # %% [markdown]
@@ -109,6 +113,8 @@ for size, t, lo, hi in timings:
     label = f"{size} B" if size < 1024 else f"{size // 1024} KiB" if size < MB else f"{size // MB} MiB"
     print(f"{label:>8} {t * 1e3:>8.2f} ms ({lo * 1e3:6.2f}-{hi * 1e3:6.2f}) {fit.allreduce_time_s(size, 2) * 1e3:>8.2f} ms "
           f"{theory.algbw_bytes_per_s(size, t) / 1e6:>6.2f} MB/s {theory.busbw_bytes_per_s(size, t, 2) / 1e6:>6.2f} MB/s")
+if not on_nodes:
+    saved("all-reduce by size")
 big.reveal(t_of[4 * MB])
 
 # %% [markdown]
@@ -142,7 +148,7 @@ if on_nodes:
     print("busbw at 256 B is under 10% of the link's rate (latency):",
           theory.busbw_bytes_per_s(256, t_of[256], 2) / LINK < 0.1)
 else:
-    print("no link here: nothing to compare with a link's rate")
+    saved("the link's rate")
 print("a 4 MiB all-reduce takes longer than a 256 B one:", t_of[4 * MB] > t_of[256])
 
 # %% [markdown]
@@ -235,6 +241,8 @@ print(f"{'buckets':>8} {'bucket size':>12} {'measured (min-max)':>24} {'model':>
 for k, t, lo, hi in bucket_times:
     print(f"{k:>8} {MB // k // 1024:>8} KiB {t * 1e3:>8.1f} ms ({lo * 1e3:6.1f}-{hi * 1e3:6.1f}) "
           f"{model[k] * 1e3:>7.1f} ms {t / model[k]:>15.2f}")
+if not on_nodes:
+    saved("buckets")
 
 # %% [markdown]
 # Up to 16 buckets the latency is small next to the 90 ms of the bandwidth term and the times barely
@@ -258,6 +266,8 @@ if on_nodes:
     fastest = {k: lo for k, _, lo, _ in bucket_times}   # other work on the machine only ever slows a round
     print("1 and 4 buckets: the fastest round within 0.85x to 1.2x of the model:",
           all(0.85 < fastest[k] / model[k] < 1.2 for k in (1, 4)))
+else:
+    saved("buckets against the model")
 
 # %% [markdown]
 # ## What a bucket buys: overlap with backward

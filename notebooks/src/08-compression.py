@@ -19,17 +19,20 @@
 #
 # The two ranks run on two emulated nodes (as in notebooks 03 and 12) joined by a link shaped to
 # 100 Mbit/s each way, so the gradients cross a real link of known rate, as they do between machines.
-# Where nodes cannot be made (no root, e.g. on Binder) the ranks talk through loopback instead, and
-# the cell says so: loopback moves bytes about as fast as the CPUs compress them, so there the hooks
-# mostly do not pay, and the checks on the link say "no link here".
+# Where nodes cannot be made (neither root nor a user namespace: some containers, on Binder perhaps)
+# the ranks talk through loopback instead, and the cell says so: loopback moves bytes about as fast as
+# the CPUs compress them, so there the hooks mostly do not pay; the cells whose results need the link
+# then also show what they printed in the run on nodes this notebook was saved from, marked `saved |`.
 
 # %%
 # %load_ext distlab
 import distlab
 from distlab.cluster.nodes import nodes_here
+from distlab.notebook.saved import saved_from_nodes
 
 # True where emulated nodes can be made; elsewhere False, after one line saying why not
 on_nodes = nodes_here("2 ranks on loopback instead, so the times below are CPU copying, not a link")
+saved = saved_from_nodes("08-compression")   # without nodes: what the cells printed on them, marked saved
 nodes = "--nodes 2 --link 100mbit" if on_nodes else ""
 
 # %%
@@ -204,6 +207,8 @@ for batch in BATCHES:
     gains = ", ".join(f"{n}: {speedup[(n, batch)]:.2f}x" for n in HOOKS[1:])
     print(f"\nbatch {batch}: speed-up over fp32 all-reduce (fastest round each): {gains}; "
           f"no communication at all: {speedup[('no communication', batch)]:.2f}x")
+if not on_nodes:
+    saved("steps against the model")
 fp16_comm.reveal(step_time[("fp16_compress_hook", 8)] - step_time[("no communication", 8)])
 
 # %% [markdown]
@@ -236,6 +241,8 @@ for name in HOOKS:
               f"{sent_per_step[name] / model_bytes:>6.2f}")
     else:
         print(f"{name:>20} {model_bytes / 1e6:>15.3f} MB {'(no link)':>13}")
+if not on_nodes:
+    saved("bytes per step")
 
 # %% [markdown]
 # fp32 and fp16 put their data on the links plus about 5% of headers. PowerSGD's few kilobytes are
@@ -265,6 +272,7 @@ if on_nodes:
           all(slow[n] < 2 for n in HOOKS[1:]) and all(slow[n] < fast[n] for n in HOOKS[2:]))
 else:
     print("no link here: loopback is about as fast as compressing, nothing to check")
+    saved("checks")
 
 # %% [markdown]
 # On a real cluster the balance is set the same way, by the compute/communication ratio: a GPU

@@ -20,17 +20,22 @@
 # ring model predicted, measured and fitted on 2, 3 and 4 nodes, at 100 Mbit/s, 1 Gbit/s and with no
 # shaping at all.
 #
-# Making namespaces and links needs root (CAP_NET_ADMIN). Where that is missing (on Binder, for one),
-# the cell below says so and starts the same four ranks on loopback: everything below still runs, but
-# the times then measure the CPU copying bytes, not a link.
+# Making namespaces and links takes root's CAP_NET_ADMIN or, for a user without it, a user namespace
+# of the lab's own, which most Linux machines allow. Where neither can be had (some containers, on
+# Binder perhaps), the cell below says so and starts the same four ranks on loopback: everything below
+# still runs, but the times then measure the CPU copying bytes, not a link; so each cell whose result
+# needs the links also shows what it printed in the run on nodes this notebook was saved from, every
+# line marked `saved |`.
 
 # %%
 # %load_ext distlab
 import distlab
 from distlab.cluster.nodes import nodes_here
+from distlab.notebook.saved import saved_from_nodes
 
 # True where emulated nodes can be made; elsewhere False, after one line saying why not
 on_nodes = nodes_here("4 ranks on loopback instead, so the times below are CPU copying, not a link")
+saved = saved_from_nodes("12-network-lab")   # without nodes: what the cells printed on them, marked saved
 nodes = "--nodes 2 --link 100mbit" if on_nodes else ""
 
 # %% [markdown]
@@ -153,6 +158,8 @@ model = f"{theory.ring_allreduce_time_s(S, 2, rate):.3f}s" if on_nodes else "no 
 print(f"{'ranks 0, 2 (two nodes)':<24} {t_cross:>7.3f}s {model:>15}   {mib(sent_cross)}")
 print(f"\nthe pair on one node was {t_cross / t_same:.0f}x faster" if on_nodes else
       "\nno nodes here: both pairs are on this one machine")
+if not on_nodes:
+    saved("one node, two nodes")
 
 # %% [markdown]
 # What the counters say, checked with generous margins. The pair on one node puts next to nothing
@@ -167,7 +174,7 @@ if on_nodes:
     print("one node: under 1% of S went onto the links:", all(b < 0.01 * S for b in sent_same.values()))
     print("two nodes: each node sent between S and 1.15 S:", all(S < b < 1.15 * S for b in sent_cross.values()))
 else:
-    print("no link here: nothing to count")
+    saved("one node, two nodes: checks")
 print("the pair on one node is faster:", t_same < t_cross)
 
 # %%
@@ -282,6 +289,8 @@ print(f"\nthe local steps (reduce and broadcast within the nodes) alone: {t_loca
 if on_nodes:
     print(f"hierarchical / flat: time {t_hier / t_flat:.2f} (model {(theory.ring_allreduce_time_s(S, 2, rate) + t_local) / theory.ring_allreduce_time_s(S, 4, rate):.2f}), "
           f"bytes on the links {sum(sent_hier.values()) / sum(sent_flat.values()):.2f} (model {2 / 3:.2f})")
+else:
+    saved("hierarchical")
 
 # %% [markdown]
 # The model columns are `2(N-1)/N * S/B` and `2(N-1)/N * S` with N = 4 for the flat ring (each node's
@@ -297,7 +306,7 @@ if on_nodes:
     print("hierarchical: 0.6 to 0.75 of the flat ring's bytes on the links (model 2/3):", 0.6 < ratio < 0.75)
     print("hierarchical took less time:", t_hier < t_flat)
 else:
-    print("no link here: nothing to count")
+    saved("hierarchical: checks")
 
 # %% [markdown]
 # ## The ring model, one rank per node
@@ -369,6 +378,8 @@ def table(measured, fit, rate):
 
 table(at_100mbit, fit, rate)
 fit_100mbit = fit
+if not on_nodes:
+    saved("rings at 100mbit")
 
 # %% [markdown]
 # Time grows with `2(N-1)/N` (1, 1.33, 1.5 for N = 2, 3, 4) and with S, as the model says, and the
@@ -387,6 +398,8 @@ if on_nodes:
     print(f"\ndata share of the link's bytes: {share:.1%}; so at most {share * rate / 1e6:.2f} MB/s of data "
           f"fit in {rate / 1e6:g} MB/s; fitted B = {fit.bandwidth_bytes_per_s / 1e6:.2f} MB/s "
           f"({fit.bandwidth_bytes_per_s / (share * rate):.0%} of that)")
+else:
+    saved("bytes per node")
 
 # %% tags=["nbval-check-output"]
 if on_nodes:
@@ -394,7 +407,7 @@ if on_nodes:
           all(1.0 < sent[k] / data[k] < 1.15 for k in sent))
     print("fitted B at 100mbit is 80% to 100% of the set rate:", 0.8 < fit.bandwidth_bytes_per_s / rate < 1.0)
 else:
-    print("no link here: nothing to count")
+    saved("bytes per node: checks")
 
 # %% [markdown]
 # So the fitted B sits below the set rate mostly because of the headers: `tbf` meters whole frames,
@@ -432,6 +445,8 @@ table(at_1gbit, fit_1gbit, lab.link.bytes_per_s if on_nodes else None)
 if on_nodes:
     lab.set_link(None)
     print("\nlink:", lab.link or "not shaped")
+else:
+    saved("rings at 1gbit")
 
 # %%
 # %%ddp
@@ -447,6 +462,8 @@ for name, f in (("100mbit", fit_100mbit), ("1gbit", fit_1gbit), ("not shaped", f
     print(f"{name:>12} {f.bandwidth_bytes_per_s / 1e6:>7.1f} MB/s {f.latency_s * 1e3:>6.2f} ms")
 print(f"\n1gbit / 100mbit: {fit_1gbit.bandwidth_bytes_per_s / fit_100mbit.bandwidth_bytes_per_s:.1f}x; "
       f"not shaped / 1gbit: {fit_unshaped.bandwidth_bytes_per_s / fit_1gbit.bandwidth_bytes_per_s:.1f}x")
+if not on_nodes:
+    saved("three links")
 
 # %% [markdown]
 # At 1gbit the fitted B is about the same share of the set rate as at 100mbit: the link, not the CPU,

@@ -12,17 +12,21 @@
 # * **1.2** the bytes each rank sends and receives, counted on the links, next to `distlab.theory`.
 #
 # The nodes are network namespaces joined by links shaped to 1 Gbit/s, as in notebook 12, so that every
-# byte a rank sends crosses a link whose counters we can read. Making nodes needs root
-# (CAP_NET_ADMIN); where that is missing (on Binder, for one) the cell below says so, the ranks talk
-# through loopback, and the byte counts are skipped.
+# byte a rank sends crosses a link whose counters we can read. Making nodes takes root's CAP_NET_ADMIN
+# or, for a user without it, a user namespace of the lab's own, which most Linux machines allow. Where
+# neither can be had (some containers, on Binder perhaps) the cell below says so and the ranks talk
+# through loopback; the cells that count bytes on the links then show what they printed in the run on
+# nodes this notebook was saved from, every line marked `saved |`.
 
 # %%
 # %load_ext distlab
 import distlab
 from distlab.cluster.nodes import nodes_here
+from distlab.notebook.saved import saved_from_nodes
 
 # True where emulated nodes can be made; elsewhere False, after one line saying why not
 on_nodes = nodes_here("4 ranks on loopback instead, and no bytes counted on links")
+saved = saved_from_nodes("14-collectives")   # without nodes: what the cells printed on them, marked saved
 nodes = "--nodes 4 --link 1gbit" if on_nodes else ""
 
 # %% [markdown]
@@ -355,7 +359,7 @@ if on_nodes:
           f"the interfaces received {min(at_ranks):.4f} to {max(at_ranks):.4f}; gloo's reduce_scatter received "
           f"{min(gloo_rs):.4f} to {max(gloo_rs):.4f} x an all-reduce's bytes")
 else:
-    print("no link here: nothing to count")
+    saved("bytes per collective")
 
 # %% [markdown]
 # Your prediction, the theory, and what rank 2's interface counted:
@@ -401,7 +405,7 @@ if on_nodes:
           1.03 < sum(sent["broadcast", 4].values()) / (3 * S) < 1.07)
     print("broadcast, 4 ranks: the root sent 2 S, a tree (1.9x to 2.2x S):", 1.9 < sent["broadcast", 4][0] / S < 2.2)
 else:
-    print("no link here: nothing to count")
+    saved("bytes per collective: checks")
 
 # %% [markdown]
 # ## Practice

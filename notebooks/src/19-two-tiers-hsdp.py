@@ -24,17 +24,21 @@
 #    as replicas, and the mesh the wrong way round. The bytes on the uplinks are counted, and the
 #    steps timed.
 #
-# Making namespaces and links needs root (CAP_NET_ADMIN). Where that is missing (on Binder, for
-# one), the cell below says so and starts the same four ranks on loopback. Everything below still
-# runs, but there is no uplink to count.
+# Making namespaces and links takes root's CAP_NET_ADMIN or, for a user without it, a user namespace
+# of the lab's own, which most Linux machines allow. Where neither can be had (some containers, on
+# Binder perhaps), the cell below says so and starts the same four ranks on loopback. Everything below
+# still runs, but there is no uplink to count: the cells that count then also show what they printed
+# in the run on racks this notebook was saved from, every line marked `saved |`.
 
 # %%
 # %load_ext distlab
 import distlab
 from distlab.cluster.nodes import nodes_here
+from distlab.notebook.saved import saved_from_nodes
 
 # True where emulated nodes can be made; elsewhere False, after one line saying why not
 on_racks = nodes_here("4 ranks on loopback instead, so nothing below crosses an uplink", what="racks")
+saved = saved_from_nodes("19-two-tiers-hsdp")   # without racks: what the cells printed on them, marked saved
 racks = "--nodes 4 --racks 2 --link 1gbit --uplink 100mbit" if on_racks else ""
 
 # %%
@@ -145,6 +149,8 @@ for name, (nodes, in_racks) in rings.items():
     model = theory.tiered_allreduce_time_s(S, nodes, LINK, in_racks, UPLINK)
     counted = ", ".join(f"rack{r} {b / S:.2f}" for r, b in up[name].items()) or "(no uplinks)"
     print(f"{name:<19} {measured[name]:>8.3f}s {model:>7.3f}s   {counted}")
+if not on_racks:
+    saved("rings on racks")
 
 # %% [markdown]
 # The counters against the model, with margins for what else a link carries. A frame of 1,514 bytes
@@ -163,7 +169,7 @@ if on_racks:
     print("the pair in one rack was at least 3x faster than the pair across:",
           measured["0, 1 (one rack)"] * 3 < measured["0, 2 (two racks)"])
 else:
-    print("no racks here: nothing to count")
+    saved("rings on racks: checks")
 
 # %% [markdown]
 # Inside a rack the all-reduce never touches an uplink. Across racks the bytes are the model's, plus
@@ -284,6 +290,8 @@ print(f"{'layout':<13} {'rank 0 groups':<26} {'step':>7}   up each uplink per st
 for layout, r in results.items():
     counted = ", ".join(f"rack{k} {b / psi:.2f}" for k, b in r["up"].items()) or "(no uplinks)"
     print(f"{layout:<13} {str(r['groups']):<26} {r['step_s']:>6.3f}s   {counted} ({predicted[layout] / psi:.2f})")
+if not on_racks:
+    saved("layouts")
 
 # %% [markdown]
 # The groups column lists rank 0's groups: for a 2-D mesh, the replicate group, then the shard group.
@@ -298,7 +306,7 @@ if on_racks:
     print("HSDP's step took less time than flat FSDP's:", results["hsdp"]["step_s"] < results["flat"]["step_s"])
     print("the wrong way round took more time than HSDP:", results["hsdp"]["step_s"] < results["shard-across"]["step_s"])
 else:
-    print("no racks here: nothing to count")
+    saved("layouts: checks")
 
 # %% [markdown]
 # The layout changes where the bytes go, not what is computed. Each step averages the gradients of
