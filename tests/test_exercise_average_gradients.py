@@ -56,6 +56,31 @@ def average_gradients(model):
             p.grad = p.grad / world_size
 """
 
+ALL_REDUCES_A_COPY = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            summed = p.grad.clone()
+            dist.all_reduce(summed)
+            p.grad = summed / world_size
+"""
+
+SWAPS_THE_MEMORY = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.data = p.grad / world_size
+"""
+
+A_NEW_VIEW = """
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad = p.grad.div_(world_size).view(p.grad.shape)
+"""
+
 
 @pytest.mark.parametrize(
     ("code", "named"),
@@ -64,9 +89,21 @@ def average_gradients(model):
         (NEVER_COMMUNICATES, "not reduced across ranks"),
         (FROZEN_PARAMETERS, "NoneType"),
         (WEIGHTS_NOT_GRADIENTS, "unchanged"),
-        (NOT_IN_PLACE, "in a new tensor"),
+        (NOT_IN_PLACE, "holds the mean, but in a new tensor assigned to `.grad` (`p.grad = ...`)"),
+        (ALL_REDUCES_A_COPY, "holds the mean, but in a new tensor assigned to `.grad` (`p.grad = ...`)"),
+        (SWAPS_THE_MEMORY, "holds the mean, but in new memory put under the same tensor (`p.grad.data = ...`)"),
+        (A_NEW_VIEW, "holds the mean, but in a new tensor object over the old memory"),
     ],
-    ids=["forgot-to-divide", "never-communicates", "frozen-parameters", "weights-not-gradients", "not-in-place"],
+    ids=[
+        "forgot-to-divide",
+        "never-communicates",
+        "frozen-parameters",
+        "weights-not-gradients",
+        "not-in-place",
+        "all-reduces-a-copy",
+        "swaps-the-memory",
+        "a-new-view",
+    ],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
     result = harness.check(lab, code)

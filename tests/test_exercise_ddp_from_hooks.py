@@ -20,7 +20,9 @@ def test_the_reference_solution_passes_in_every_world_with_overlap(lab):
         assert case.measured["buckets"] == case.measured["expected_buckets"], case
         # Every full bucket is launched during backward; only the last, partly filled one waits for finish().
         assert case.measured["launched_in_finish"] <= 1, case
+        assert case.measured["overlap_launched"] == case.measured["overlap_theory"], case
     assert any(case.measured["launched_in_backward"] >= 2 for case in result.cases)
+    assert any(case.measured["overlap_theory"] > 0.5 for case in result.cases)
 
 
 # The reference's skeleton, with the bucket logic the mistakes change.
@@ -37,6 +39,7 @@ class HookDDP:
                 p.register_post_accumulate_grad_hook(self.ready)
 
     def ready(self, p):
+        {before}
         self.bucket.append(p)
         self.bucket_bytes += p.grad.numel() * p.grad.element_size()
         if {full}:
@@ -67,11 +70,54 @@ _RIGHT = {
     "wait": "work.wait()",
     "divide": "flat /= world_size",
     "again": "",
+    "before": "",
 }
 
 
 def _wrong(**change: str) -> str:
     return _SKELETON.format(**{**_RIGHT, **change})
+
+
+# Every bucket launched, asynchronously and during backward, but only once the last gradient is in:
+# nothing is left of backward for the all-reduces to overlap.
+AT_THE_END_OF_BACKWARD = """
+class HookDDP:
+    def __init__(self, model, bucket_cap_bytes):
+        self.cap = bucket_cap_bytes
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ready_ones, self.pending = [], []
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, p):
+        self.ready_ones.append(p)
+        if len(self.ready_ones) < len(self.params):
+            return
+        bucket, held = [], 0
+        for q in self.ready_ones:
+            bucket.append(q)
+            held += q.grad.numel() * q.grad.element_size()
+            if held >= self.cap:
+                self.launch(bucket)
+                bucket, held = [], 0
+        if bucket:
+            self.launch(bucket)
+        self.ready_ones = []
+
+    def launch(self, bucket):
+        flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+        self.pending.append((dist.all_reduce(flat, async_op=True), flat, bucket))
+
+    def finish(self):
+        for work, flat, params in self.pending:
+            work.wait()
+            flat /= world_size
+            offset = 0
+            for q in params:
+                q.grad.copy_(flat[offset : offset + q.grad.numel()].view_as(q.grad))
+                offset += q.grad.numel()
+        self.pending = []
+"""
 
 
 @pytest.mark.parametrize(
@@ -84,10 +130,35 @@ def _wrong(**change: str) -> str:
             "synchronous (async_op=False) in step 1: it blocks backward",
         ),
         (_wrong(launch="work = dist.all_reduce(flat, async_op=True); work.wait()"), "blocks backward"),
+        (
+            _wrong(launch="work = dist.all_reduce(flat, async_op=True); work.get_future().wait()"),
+            "waited on before backward returned in step 1 (work.get_future().wait() in a hook): that blocks backward",
+        ),
+        (
+            _wrong(launch="work = dist.all_reduce(flat, async_op=True); dist.barrier()"),
+            "waited on before backward returned in step 1 (dist.barrier() in a hook)",
+        ),
+        (
+            # A bucket launched by the hook after the one that filled it: one gradient late.
+            _wrong(full="False", before="if self.bucket_bytes >= self.cap: self.launch()"),
+            "yet backward went on to the next gradient before its all-reduce was launched",
+        ),
+        (AT_THE_END_OF_BACKWARD, "became ready in step 1"),
         (_wrong(full="True"), "one all-reduce per parameter"),
         (_wrong(again="self.register()"), "gradients are reduced more than once a step"),
     ],
-    ids=["forgot-to-divide", "no-overlap", "synchronous-in-hook", "waits-in-hook", "per-parameter", "hooks-twice"],
+    ids=[
+        "forgot-to-divide",
+        "no-overlap",
+        "synchronous-in-hook",
+        "waits-in-hook",
+        "waits-on-the-future-in-hook",
+        "barrier-in-hook",
+        "launched-a-gradient-late",
+        "launched-at-the-end-of-backward",
+        "per-parameter",
+        "hooks-twice",
+    ],
 )
 def test_each_mistake_fails_with_feedback_that_names_it(lab, code, named):
     result = harness.check(lab, code)

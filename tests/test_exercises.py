@@ -47,7 +47,10 @@ def test_a_rank_that_imports_a_grader_loads_no_notebook_side_and_no_task():
     # Its folder and the package above it load too (their __init__ imports nothing); nothing else of
     # distlab.exercises (the catalog, grading, the tasks) nor of the notebook's side may.
     allowed = {"distlab.exercises"} | {f"distlab.exercises.{e.module}" for e in ALL}
-    allowed |= {f"distlab.exercises.{e.module}.{part}" for e in ALL for part in ("grader", "saver", "states")}
+    # The modules a grader imports from its own folder: atomic-checkpoint's saving process and states,
+    # what ddp-from-hooks watches of backward, pipeline-1f1b's recorded schedule.
+    parts = ("grader", "saver", "states", "watch", "schedule")
+    allowed |= {f"distlab.exercises.{e.module}.{part}" for e in ALL for part in parts}
     code = (
         "import sys\n"
         "from distlab.rank.exercise import _grader\n"

@@ -125,7 +125,7 @@ print("this lab still has its 2 ranks and works:", distlab.current_lab().run("wo
 # | `ddp-from-hooks` | DDP from autograd hooks: buckets, asynchronous all-reduce overlapping backward | [03](03-collectives-cost.ipynb) |
 # | `zero-1` | Adam's state sharded across ranks, from reduce-scatter and all-gather | [06](06-memory-sharding.ipynb) |
 # | `tensor-parallel-mlp` | a column- then row-split MLP: one all-reduce forward, one backward | [14b](14b-dtensor-tensor-parallel.ipynb) |
-# | `pipeline-1f1b` | a 1F1B schedule on 2 stages; the bubble measured against theory | [16](16-pipeline-schedules.ipynb) |
+# | `pipeline-1f1b` | a 1F1B schedule on 2 stages; its bubble, laid out from the order it ran, graded against theory | [16](16-pipeline-schedules.ipynb) |
 # | `expert-dispatch` | a mixture-of-experts layer's dispatch and combine by two all-to-alls, with each expert's capacity | [20](20-context-expert-parallelism.ipynb) |
 # | `atomic-checkpoint` | a save that survives a SIGKILL mid-write | [09](09-fault-tolerance.ipynb) |
 #

@@ -2,7 +2,8 @@
 
 Each case builds the same model on every rank (one seed), gives each rank its own batch, and compares
 the learner's gradients with those of ``DistributedDataParallel`` on a copy of the model fed the same
-batch: equal within float rounding (the sums may be added in another order).
+batch: equal within float rounding (the sums may be added in another order). Each ``p.grad`` must
+then still be the tensor backward made, in the memory it had: averaged in place, as DDP does.
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     backward(nn.functional.mse_loss(reference(x), y))
     backward(nn.functional.mse_loss(model(x), y))
     local = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
-    # Where each gradient lives: DDP averages in place (its buckets are views of the gradients), and
-    # so must this (an optimizer or a hook holding p.grad would keep the old tensor).
-    storage = {name: p.grad.data_ptr() for name, p in model.named_parameters() if p.grad is not None}
+    # The tensors backward made, and their memory. DDP averages them in place (its buckets are views of
+    # them), and so must this: an optimizer or a hook holding p.grad keeps that object. Both held here
+    # (`.data = ...` would swap the memory under the same object), the memory cannot be reused by a new
+    # tensor, so the same address after the call is the same memory.
+    made = {name: (p.grad, p.grad.untyped_storage()) for name, p in model.named_parameters() if p.grad is not None}
     learner["average_gradients"](model)
 
     world = dist.get_world_size()
@@ -82,11 +85,9 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
             return failed(f"`{name}`'s gradient is gone (None) after average_gradients")
         wrong = first_difference(p.grad, q.grad, **tol)
         if wrong is None:
-            if p.grad.data_ptr() != storage[name]:
-                return failed(
-                    f"`{name}`'s gradient holds the mean, but in a new tensor: average it in place (all-reduce "
-                    "`p.grad` itself, then divide it with `/=`), as the task asks"
-                )
+            replaced = _replaced(p.grad, *made[name])
+            if replaced:
+                return failed(f"`{name}`'s gradient holds the mean, but {replaced}")
             continue
         if first_difference(p.grad, q.grad * world, **tol) is None:
             return failed(
@@ -102,3 +103,19 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
             )
         return failed(f"`{name}`'s gradient differs from DDP's at {wrong}")
     return passed()
+
+
+_KEEP_IT = (
+    "DDP's buckets, an optimizer or a hook may hold the tensor backward made, and that tensor must be the one "
+    "averaged: all-reduce `p.grad` itself and divide it in place (`/=`), as the task asks"
+)
+
+
+def _replaced(now: torch.Tensor, made: torch.Tensor, memory: torch.UntypedStorage) -> str | None:
+    """How ``p.grad`` stopped being the tensor backward made, in the memory it had; None if it did not."""
+    same_memory = now.untyped_storage().data_ptr() == memory.data_ptr()
+    if now is made:
+        return None if same_memory else f"in new memory put under the same tensor (`p.grad.data = ...`): {_KEEP_IT}"
+    if same_memory:
+        return f"in a new tensor object over the old memory, assigned to `.grad` (`p.grad = ...`): {_KEEP_IT}"
+    return f"in a new tensor assigned to `.grad` (`p.grad = ...`): {_KEEP_IT}"

@@ -7,21 +7,22 @@ learner's gradients must equal DDP's within float rounding. Both copies then tak
 from DDP's gradients (so a wrong step does not spoil the next one's comparison) and their gradients
 are zeroed, alternately to None and in place.
 
-While the learner's backward and ``finish()`` run, ``torch.distributed.all_reduce`` is wrapped to
-record each call: whether it came before backward returned, whether it was asynchronous, how many
-elements it reduced, and whether its work was waited on before backward returned. From that: the
-overlap (all-reduces launched during backward vs. in ``finish()``) and the bucket count, against the
-count the cap gives when gradients are grouped in the order they become ready and a bucket is closed
-once it holds at least ``bucket_cap_bytes`` (DDP's rule). The grader's own collectives (DDP's) are
-the same on every rank whatever the learner's result: every step runs on every rank, and the first
-problem is returned at the end.
+While the learner's backward and ``finish()`` run, the grader watches them (``watch.py``): the
+gradients as they become ready, each ``dist.all_reduce`` (how many gradients were ready when it was
+launched, asynchronous or not, how many elements) and every wait on one before backward returned.
+Graded from that order, not from a clock (it holds on a loaded machine): each gradient reduced once
+a step, asynchronously, never waited on inside backward (that blocks backward until the all-reduce
+is done: no overlap), and each bucket launched from the hook that fills it, where DDP's rule closes
+a bucket once it holds at least ``bucket_cap_bytes`` of gradients taken in the order they become
+ready; a full bucket left waiting while backward goes on to the next gradient fails. Shown beside
+each case: the share of the gradient bytes launched while backward still had gradients to compute,
+and DDP's buckets' share. The grader's own collectives (DDP's) are the same on every rank whatever
+the learner's result: every step runs on every rank, and the first problem is returned at the end.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...rank.exercise import Learner, backward, failed, first_difference, passed
+from .watch import Late, Launch, Watch
 
 # (kind, bucket cap: "tiny" smaller than any parameter, "mid" about a third of the model, "huge" one bucket)
 _KINDS = (
@@ -120,42 +122,6 @@ def _expected_no_overflow(sizes: list[int], cap: int) -> int:
     return count + (1 if held else 0)
 
 
-class _Watched:
-    """The work handle of an all-reduce, telling the grader when it is waited on."""
-
-    def __init__(self, work: Any, record: dict[str, Any], log: dict[str, Any]) -> None:
-        self._work, self._record, self._log = work, record, log
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        if self._log["in_backward"]:
-            self._record["waited_in_backward"] = True
-        return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
-
-
-@contextmanager
-def _recording() -> Iterator[dict[str, Any]]:
-    """Wrap ``torch.distributed.all_reduce`` while the learner's backward and finish() run: the log of its calls."""
-    original = dist.all_reduce
-    log: dict[str, Any] = {"in_backward": False, "calls": []}
-
-    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        async_op = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
-        record = {"in_backward": log["in_backward"], "async": async_op, "numel": tensor.numel()}
-        record["waited_in_backward"] = False
-        log["calls"].append(record)
-        work = original(tensor, *args, **kwargs)
-        return _Watched(work, record, log) if work is not None else None
-
-    dist.all_reduce = all_reduce
-    try:
-        yield log
-    finally:
-        dist.all_reduce = original
-
-
 def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     dtype = getattr(torch, case["dtype"])
     world = dist.get_world_size()
@@ -165,9 +131,11 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     expected = _expected(sizes, case["cap"])
     bounds = sorted((expected, _expected_no_overflow(sizes, case["cap"])))
     grad_elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    watch = Watch(model, case["cap"])  # its hooks first: see watch.py
     wrapped = learner["HookDDP"](model, case["cap"])
     gen = torch.Generator().manual_seed(case["seed"] + 1 + dist.get_rank())
     tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-14}
+    overlap = _Overlap(sizes, case["cap"], watch.element_size)
 
     problem: str | None = None
     measured: dict[str, Any] = {}
@@ -177,24 +145,25 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
         backward(nn.functional.mse_loss(reference(x), y))
 
         loss = nn.functional.mse_loss(model(x), y)
-        with _recording() as log:
-            log["in_backward"] = True
-            backward(loss)
-            log["in_backward"] = False
+        with watch.step() as now:
+            watch.backward(loss)
             local = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
             wrapped.finish()
-        calls = log["calls"]
-        during = [c for c in calls if c["in_backward"]]
+        during = [launch for launch in now.launches if launch.in_backward]
         measured = {
             "launched_in_backward": len(during),
-            "launched_in_finish": len(calls) - len(during),
-            "buckets": len(calls),
+            "launched_in_finish": len(now.launches) - len(during),
+            "buckets": len(now.launches),
             "expected_buckets": expected,
+            "overlap_launched": round(overlap.launched(during), 3),
+            "overlap_theory": round(overlap.theory, 3),
         }
         if problem is None:
             problem = _gradients(model, reference, local, world, tol, step)
         if problem is None:
-            problem = _schedule(calls, during, expected, bounds, len(sizes), grad_elements, case["cap"], step)
+            problem = _schedule(now.launches, during, now.waits, grad_elements, step)
+        if problem is None:
+            problem = _buckets(now.launches, during, now.late, overlap, expected, bounds, case["cap"], step)
 
         # Both copies take DDP's step, so the next step compares from equal weights whatever happened here.
         with torch.no_grad():
@@ -243,55 +212,99 @@ def _gradients(
 
 
 def _schedule(
-    calls: list[dict[str, Any]],
-    during: list[dict[str, Any]],
-    expected: int,
-    bounds: list[int],
-    parameters: int,
-    grad_elements: int,
-    cap: int,
-    step: int,
+    launches: list[Launch], during: list[Launch], waits: list[str], grad_elements: int, step: int
 ) -> str | None:
+    """How the all-reduces were made: each gradient once, asynchronously, never waited on inside backward."""
     at = f"in step {step + 1}"
-    reduced = sum(c["numel"] for c in calls)
+    reduced = sum(launch.numel for launch in launches)
     if reduced > grad_elements:
         return (
             f"{reduced} elements all-reduced {at} for {grad_elements} gradient elements: gradients are reduced "
             "more than once a step. Are the hooks registered again each step (register them once, in __init__), "
             "or is a bucket not emptied after it is sent?"
         )
-    if not calls:
+    if not launches:
         return f"no dist.all_reduce call {at}: launch each bucket's all-reduce with dist.all_reduce(..., async_op=True)"
-    if any(not c["async"] for c in during):
+    if any(not launch.is_async for launch in during):
         return (
             f"an all-reduce in backward was synchronous (async_op=False) {at}: it blocks backward until it is "
             "done. Launch it with async_op=True, keep the work handle and wait in finish()"
         )
-    if any(c["waited_in_backward"] for c in during):
+    if waits:
         return (
-            f"a bucket's all-reduce was waited on before backward returned {at}: that blocks backward. "
+            f"a bucket's all-reduce was waited on before backward returned {at} ({waits[0]} in a hook): that "
+            "blocks backward until the all-reduce is done, so the two run one after the other, not at once. "
             "Keep the work handles and wait for them in finish()"
         )
+    return None
+
+
+def _buckets(
+    launches: list[Launch],
+    during: list[Launch],
+    late: Late | None,
+    overlap: _Overlap,
+    expected: int,
+    bounds: list[int],
+    cap: int,
+    step: int,
+) -> str | None:
+    """When the all-reduces were launched, against DDP's buckets: each as soon as it is full."""
+    at = f"in step {step + 1}"
+    against = (
+        f"{overlap.launched(during):.0%} of the gradient bytes were launched while backward still had gradients "
+        f"to compute, where DDP's buckets launch {overlap.theory:.0%}"
+    )
     if expected > 1 and not during:
-        launched = "the one all-reduce was" if len(calls) == 1 else f"all {len(calls)} all-reduces were"
+        launched = "the one all-reduce was" if len(launches) == 1 else f"all {len(launches)} all-reduces were"
         return (
             f"{launched} launched in finish(), after backward {at}: no overlap: "
-            "launch each bucket's all-reduce from the hook, as soon as the bucket is full"
+            f"launch each bucket's all-reduce from the hook, as soon as the bucket is full ({against})"
+        )
+    if late is not None:
+        return (
+            f"a bucket was full after gradient {late.after} of {overlap.gradients} became ready {at} ({late.pending} "
+            f"bytes waiting, cap {cap}), yet backward went on to the next gradient before its all-reduce was "
+            f"launched: {against}. Launch a bucket's all-reduce from the hook that fills it"
         )
     if expected > 1 and len(during) < expected - 1:
         return (
-            f"only {len(during)} of {len(calls)} all-reduces were launched during backward {at}: every full "
+            f"only {len(during)} of {len(launches)} all-reduces were launched during backward {at}: every full "
             "bucket's all-reduce must be launched from the hook (only the last, partly filled one may wait for "
             "finish())"
         )
-    if len(calls) == parameters and expected < parameters and not bounds[0] <= len(calls) <= bounds[1]:
+    if (
+        len(launches) == overlap.gradients
+        and expected < overlap.gradients
+        and not bounds[0] <= len(launches) <= bounds[1]
+    ):
         return (
-            f"one all-reduce per parameter ({len(calls)}) {at}, though a cap of {cap} bytes groups them into "
+            f"one all-reduce per parameter ({len(launches)}) {at}, though a cap of {cap} bytes groups them into "
             f"{expected} buckets: gather gradients into a bucket until it holds bucket_cap_bytes"
         )
-    if len(calls) == 1 and expected > 1:
+    if len(launches) == 1 and expected > 1:
         return (
             f"everything in one all-reduce {at}, though a cap of {cap} bytes makes {expected} buckets: "
             "close a bucket and launch it once it holds bucket_cap_bytes"
         )
     return None
+
+
+class _Overlap:
+    """The share of the gradient bytes whose all-reduce is launched while backward has gradients left to compute.
+
+    DDP's buckets (``theory``): all but the bucket the last gradient closes or leaves for finish().
+    """
+
+    def __init__(self, sizes: list[int], cap: int, element_size: int) -> None:
+        self.gradients, self.total, self.element_size = len(sizes), sum(sizes), element_size
+        early, held = 0, 0
+        for index, size in enumerate(sizes):
+            held += size
+            if held >= cap and index < len(sizes) - 1:
+                early, held = early + held, 0
+        self.theory = early / self.total
+
+    def launched(self, during: list[Launch]) -> float:
+        early = sum(launch.numel for launch in during if launch.is_async and launch.ready < self.gradients)
+        return min(early * self.element_size / self.total, 1.0)

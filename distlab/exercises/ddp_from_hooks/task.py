@@ -28,12 +28,15 @@ The same `HookDDP` serves every step: the grader runs 2 or 3 steps (forward with
 Grading, in worlds of 2 and 3 ranks: after every step the gradients must equal DDP's on the same
 model and batches, within float rounding, with a cap smaller than any parameter (one bucket per
 parameter), a cap of about a third of the model, and a cap larger than the model (one bucket).
-While your code runs, `dist.all_reduce` is watched: the all-reduces launched during backward and in
-`finish()` and the bucket count are shown beside each case. A case fails if everything is launched
-in `finish()` when the cap makes several buckets (no overlap), if an all-reduce during backward is
-synchronous or waited on before backward returns (it blocks backward), if gradients are reduced
-more than once a step, or if the cap is ignored where it would group several gradients (one
-all-reduce per parameter, or one for everything).""",
+While your code runs, the grader watches the gradients become ready and `dist.all_reduce` be called:
+the all-reduces launched during backward and in `finish()`, the bucket count, and the share of the
+gradient bytes launched while backward still had gradients to compute (beside DDP's buckets' share)
+are shown beside each case. A case fails if everything is launched in `finish()` when the cap makes
+several buckets (no overlap), if a full bucket is left waiting while backward goes on to the next
+gradient (launch it from the hook that fills it), if an all-reduce during backward is synchronous
+or waited on before backward returns (`wait()`, its future's, a barrier: it blocks backward), if
+gradients are reduced more than once a step, or if the cap is ignored where it would group several
+gradients (one all-reduce per parameter, or one for everything).""",
     starter="""\
 %%ddp
 class HookDDP:
@@ -57,9 +60,9 @@ class HookDDP:
             "When it is full, flatten its gradients into one tensor with `torch.cat([p.grad.reshape(-1) ...])`."
         ),
         (
-            "An async all-reduce hands back a request before the sum is done: the flat tensor must stay alive and "
-            "untouched until `finish()` waits on that request. Only then divide by the world size and put each "
-            "slice back into its parameter's gradient, and reset the buckets so that the next step starts empty."
+            "An async all-reduce hands back a request before the sum is done: until something waits on that "
+            "request, the tensor it reduces must stay alive and untouched, and what it holds is not yet the sum. "
+            "Whatever the hooks gather during one step must be gone before the next step's backward begins."
         ),
     ),
     defines=("HookDDP",),

@@ -64,9 +64,10 @@ class ShardSampler:
             "draw `torch.randperm(dataset_len, generator=g).tolist()`: every rank then gets the same permutation."
         ),
         (
-            "Padding repeats indices from the start of the list until its length is a multiple of `num_replicas`; "
-            "then each rank takes every `num_replicas`-th index, starting at its own rank, as torch's "
-            "`DistributedSampler` does: no two ranks share an index, the padding aside."
+            "Two properties decide the rest: every rank gets the same number of indices (so the padding reuses "
+            "indices the list already has, never new ones), and the ranks' shares never overlap and together "
+            "cover the list. torch's `DistributedSampler.__iter__` is short: read it to see how it deals the "
+            "list out."
         ),
     ),
     defines=("ShardSampler",),

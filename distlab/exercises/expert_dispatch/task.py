@@ -54,8 +54,8 @@ def moe_forward(x, expert_of, capacity, expert):
             "`capacity` rows."
         ),
         (
-            "The combine is the same exchange in reverse: send `expert(received)` as it is, and row "
-            "`e * capacity + k` of what comes back is the result for the token you put in slot k of expert e."
+            "The combine undoes the dispatch. With every block the same size, an all-to-all is its own inverse: "
+            "each expert's result travels back to the rank, and the slot, its token came from."
         ),
     ),
     defines=("moe_forward",),

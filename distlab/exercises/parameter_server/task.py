@@ -53,9 +53,9 @@ def parameter_server_step(params, grads, lr):
             "then divide by `world_size - 1` (the workers, not the world)."
         ),
         (
-            "Rank 0 steps only when every worker's gradients are in, then sends the new parameters back in the "
-            "order the workers wait for them. A worker's round is: send its gradients, then receive each "
-            "parameter straight into the model's own tensor, so that the model sees it."
+            "A synchronous server steps only once every worker's gradients are in, and each side must reach its "
+            "sends and receives in the order the other expects them. Where a received tensor lands matters too: "
+            "the model must see its new parameters without being rebuilt."
         ),
     ),
     defines=("parameter_server_step",),

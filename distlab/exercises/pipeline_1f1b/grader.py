@@ -4,17 +4,23 @@ Both ranks build the same model (one seed) and each gives the learner its own ha
 stage and the micro-batches, rank 1 the second stage and the targets. The reference is the whole model
 in this process, the loss the mean of the micro-batches' losses: each stage's gradients must equal the
 matching parameters' gradients of it, within float rounding (the micro-batches' gradients are added in
-another order). The stage's forward and the autograd backward calls are wrapped during the learner's
-call: the forwards and backwards must come in torch's ``Schedule1F1B`` order
-(``distlab.theory.pipeline_schedule``), and their time against the call's is the measured bubble,
-reported beside theory's ``(p-1)/(m+p-1)`` and never failed on.
+another order).
+
+The learner's call is recorded (``schedule.py``): each stage's forwards, backwards and messages, in
+order. Graded from that order, not from a clock: the forwards and backwards must come in torch's
+``Schedule1F1B`` order (``distlab.theory.pipeline_schedule``), and the step laid out from both
+stages' orders (a forward one unit, a backward two, messages free) must idle no more than theory's
+``(p-1)/(m+p-1)``, which 1F1B's order reaches exactly: a stage that sends a tensor later than it
+could keeps the other waiting (at worst the stages take turns), and fails. The timed case also shows
+each stage's measured idle time against the theory, never failed on: messages are not free on gloo
+over loopback, and when both stages share one core the clock cannot show a bubble at all.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,13 +29,9 @@ from torch import nn
 
 from ...rank.exercise import Learner, backward, failed, first_difference, grad_of, passed
 from ...theory.pipeline import bubble_fraction, pipeline_schedule
+from .schedule import Layout, Recorder, laid_out, late_send
 
 _STAGES = 2
-_NO_GRAD_INPUT = (
-    "stage 1's input does not require a gradient, so stage 0 would get none: set requires_grad on the received "
-    "activation and send its .grad back (x.requires_grad_() before stage 1's forward, then x.grad to stage 0 after "
-    "the backward)"
-)
 
 
 def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
@@ -92,35 +94,41 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
 
     stage = _halves(case)[r]
     timed = case["timed"]
-    order, spent = _record(stage, r)
+    recorder = Recorder(stage, r)
     activation_shape = (case["batch"], case["width"])
 
     def step() -> tuple[Any, float]:
         dist.barrier()  # both stages start the clock together
         start = time.perf_counter()
-        returned = learner["one_f_one_b"](
-            stage, inputs if r == 0 else None, targets if r == 1 else None, loss_fn, activation_shape
-        )
+        with recorder.watching():
+            returned = learner["one_f_one_b"](
+                stage, inputs if r == 0 else None, targets if r == 1 else None, loss_fn, activation_shape
+            )
         return returned, time.perf_counter() - start
 
-    try:
-        if timed:  # a step first, untimed: the first one pays for allocations and lazy set-up
-            step()
-            stage.zero_grad(set_to_none=True)
-            order.clear()
-            spent.update(busy_s=0.0, forwards=0)
-        returned, total_s = step()
-    finally:
-        _unrecord(stage)
-    # Every rank gathers what the other measured, whatever its own result: none may leave the other waiting.
-    idle = 1.0 - min(spent["busy_s"] / total_s, 1.0) if total_s > 0 else 0.0
-    mine = torch.tensor([idle, _most_in_flight(order), total_s], dtype=torch.float64)
-    both = [torch.zeros(3, dtype=torch.float64) for _ in range(_STAGES)]
-    dist.all_gather(both, mine)
-    measured: dict[str, Any] = {f"in_flight_stage_{s}": int(both[s][1]) for s in range(_STAGES)}
+    if timed:  # a step first, untimed: the first one pays for allocations and lazy set-up
+        step()
+        stage.zero_grad(set_to_none=True)
+        recorder.clear()
+    returned, total_s = step()
+    # Every rank gathers what the other recorded, whatever its own result: none may leave the other waiting.
+    mine = {
+        "actions": recorder.actions,
+        "in_flight": _most_in_flight(recorder.order),
+        "idle": 1.0 - min(recorder.busy_s / total_s, 1.0) if total_s > 0 else 0.0,
+        "cores": sorted(os.sched_getaffinity(0)),
+    }
+    both: list[Any] = [None] * _STAGES
+    dist.all_gather_object(both, mine)
+    layout = laid_out([stage_of["actions"] for stage_of in both])
+    theory = bubble_fraction(_STAGES, m, "1f1b")
+    measured: dict[str, Any] = {f"in_flight_stage_{s}": both[s]["in_flight"] for s in range(_STAGES)}
+    measured.update(bubble_theory=round(theory, 4))
+    if layout is not None:
+        measured.update(bubble_of_order=round(layout.whole, 4))
     if timed:  # with little work per micro-batch the messages, not the schedule, make the idle time
-        measured.update({f"bubble_stage_{s}": round(both[s][0].item(), 4) for s in range(_STAGES)})
-        measured.update(bubble_theory=round(bubble_fraction(_STAGES, m, "1f1b"), 4), step_s=round(total_s, 4))
+        measured.update({f"bubble_stage_{s}": round(both[s]["idle"], 4) for s in range(_STAGES)})
+        measured.update(step_s=round(total_s, 4))
 
     if r == 1:
         wrong = _loss_mistake(returned, mean_loss, losses)
@@ -134,76 +142,46 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
         if wrong:
             return failed(f"stage {r}'s `{names[index]}`: {wrong}", **measured)
     expected = pipeline_schedule(_STAGES, m, "1f1b")[r]
-    if order != expected:
-        return failed(_order_mistake(order, expected, r, m), **measured)
+    bubble = _bubble_mistake(layout, theory, [stage_of["actions"] for stage_of in both])
+    idles = bubble[1] if bubble is not None and bubble[0] in (None, r) else None  # said by the stage to blame
+    if recorder.order != expected:
+        also = f"; and {idles}" if idles else ""
+        return failed(_order_mistake(recorder.order, expected, r, m) + also, **measured)
+    if idles:
+        return failed(idles, **measured)
     if timed:
-        # Theory's bubble counts messages as free; on gloo over loopback each send and receive costs
-        # about a millisecond of two shared cores, as much as a micro-batch's compute here.
-        return passed(
-            f"idle {measured[f'bubble_stage_{r}']:.0%} of the step against theory's "
-            f"{measured['bubble_theory']:.0%}: the theory counts messages as free, and here each of the "
-            f"{2 * m} messages per stage costs about as much as a micro-batch's compute",
-            **measured,
-        )
+        return passed(_timed_note(both, r, m, theory), **measured)
     return passed(**measured)
 
 
-# ---------------------------------------------------------------------------- watching the learner's call
-
-
-def _record(stage: nn.Module, r: int) -> tuple[list[str], dict[str, float]]:
-    """Wrap the stage's forward and autograd's backward calls: the order of F and B, and the time spent."""
-    order: list[str] = []
-    spent = {"busy_s": 0.0, "forwards": 0}
-    module_forward = stage.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        index = int(spent["forwards"])
-        spent["forwards"] += 1
-        if r == 1 and torch.is_grad_enabled():
-            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            if tensors and not any(t.requires_grad for t in tensors):
-                raise RuntimeError(_NO_GRAD_INPUT)
-        began = time.perf_counter()
-        out = module_forward(*args, **kwargs)
-        spent["busy_s"] += time.perf_counter() - began
-        order.append(f"F{index}")
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            # The gradient reaching this micro-batch's output: its backward through this stage begins.
-            # torch leaves Tensor.register_hook unannotated.
-            out.register_hook(lambda grad, index=index: order.append(f"B{index}"))
-        return out
-
-    stage.forward = forward
-    depth = 0
-
-    def timed(backward: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            nonlocal depth
-            depth += 1  # Tensor.backward calls torch.autograd.backward: time the outer call only
-            began = time.perf_counter()
-            try:
-                return backward(*args, **kwargs)
-            finally:
-                depth -= 1
-                if depth == 0:
-                    spent["busy_s"] += time.perf_counter() - began
-
-        run.__wrapped__ = backward  # type: ignore[attr-defined]
-        return run
-
-    torch.Tensor.backward = timed(torch.Tensor.backward)  # type: ignore[method-assign]
-    torch.autograd.backward = timed(torch.autograd.backward)
-    return order, spent
-
-
-def _unrecord(stage: nn.Module) -> None:
-    del stage.forward
-    torch.Tensor.backward = torch.Tensor.backward.__wrapped__  # type: ignore[attr-defined,method-assign]
-    torch.autograd.backward = torch.autograd.backward.__wrapped__  # type: ignore[attr-defined]
-
-
 # ---------------------------------------------------------------------------- mistakes in words
+
+
+def _bubble_mistake(layout: Layout | None, theory: float, actions: list[list[Any]]) -> tuple[int | None, str] | None:
+    """(the stage to blame, or None for both; what is wrong) when the order idles more than 1F1B's, else None."""
+    if layout is None or layout.whole <= theory + 1e-9:
+        return None
+    late = late_send(actions)
+    stage, why = late if late is not None else (None, "the stages wait on each other longer than 1F1B makes them")
+    return stage, (
+        f"{why}: laid out from the order of the forwards, backwards and messages (a forward one unit of time, "
+        f"a backward two, messages free), the pipeline idles {layout.whole:.0%} of the step where 1F1B's theory "
+        f"is {theory:.0%}, (p-1)/(m+p-1). Send each tensor as soon as it is made (dist.isend goes on while it "
+        "travels), and wait for a message only where its tensor is needed"
+    )
+
+
+def _timed_note(both: list[dict[str, Any]], r: int, m: int, theory: float) -> str:
+    idle = f"idle {both[r]['idle']:.0%} of the step (timed) against theory's {theory:.0%}"
+    if len(set().union(*(stage_of["cores"] for stage_of in both))) < _STAGES:
+        # One core runs one stage at a time: what the clock shows is the sharing, not a bubble.
+        return f"{idle}: the two stages share one core here, so the time measured cannot show the bubble"
+    # Theory's bubble counts messages as free; on gloo over loopback each send and receive costs
+    # about a millisecond of two shared cores, as much as a micro-batch's compute here.
+    return (
+        f"{idle}: the theory counts messages as free, and here each of the {2 * m} messages per stage costs "
+        "about as much as a micro-batch's compute"
+    )
 
 
 def _loss_mistake(returned: Any, mean_loss: float, losses: list[float]) -> str | None:

@@ -37,10 +37,13 @@ parameters are those of that mean (accumulated over the micro-batches). Rank 1 r
 
 The grader runs your function on 2 ranks with 2 to 8 micro-batches and compares each stage's
 gradients with those of the whole model in one process (equal within float rounding); it records the
-order of each stage's forwards and backwards and checks it is 1F1B's. It also times them: the share of
-the step each stage was not computing is shown beside theory's bubble (not graded). Expect it well
-above theory's: `(p-1)/(m+p-1)` counts messages as free, and on 2 CPU ranks a message costs about as
-much as a micro-batch's small compute (notebook 16 makes compute dominate to show the bubble's shape).""",
+order of each stage's forwards, backwards and messages and checks the forwards and backwards come in
+1F1B's order. From both stages' orders it lays the step out (a forward one unit of time, a backward
+two, messages free) and grades its idle share against theory's bubble, `(p-1)/(m+p-1)`, which 1F1B
+reaches exactly: a stage that sends a tensor later than it could keeps the other waiting, and fails.
+The timed case also shows the share of the step each stage was not computing, by the clock (not
+graded): on 2 CPU ranks a message costs about as much as a micro-batch's small compute, and a busy
+machine adds its own waits (notebook 16 makes compute dominate to show the bubble's shape).""",
     starter="""\
 %%ddp
 def one_f_one_b(stage, micro_batches, targets, loss_fn, activation_shape):
@@ -71,9 +74,10 @@ def one_f_one_b(stage, micro_batches, targets, loss_fn, activation_shape):
             "tensor and the request, and `.wait()` for the requests before returning)."
         ),
         (
-            "Count the micro-batches stage 0 has in flight: 1F1B holds it at the number of stages (2 here): a "
-            "warm-up of that many forwards, then, for each backward, one new forward while any are left. Stage 1 "
-            "needs no schedule: for each micro-batch in order, receive, forward, backward, send."
+            "1F1B is a bound on memory: stage 0 never holds more micro-batches in flight than there are stages "
+            "from it to the last. Within that bound, neither stage should wait for a tensor the other could "
+            "already have sent: the messages' places in your loops decide the bubble as much as the order of "
+            "the forwards and backwards."
         ),
     ),
     defines=("one_f_one_b",),

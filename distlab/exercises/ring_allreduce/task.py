@@ -55,9 +55,9 @@ def ring_all_reduce(tensor):
             "full sum of chunk `(rank + 1) % N`."
         ),
         (
-            "The all-gather walks the same ring as the reduce-scatter, one chunk further along: at each step a "
-            "rank passes on the fully summed chunk it got last, and the receiver copies it into place instead of "
-            "adding it (adding would count it twice)."
+            "After the reduce-scatter each rank holds one finished chunk, and the all-gather only spreads the "
+            "finished chunks around the same ring. Ask what a rank must do with a chunk that arrives already "
+            "summed: that is the one thing the second phase does differently."
         ),
     ),
     defines=("ring_all_reduce",),

@@ -64,9 +64,9 @@ class TPMLP(torch.nn.Module):
             "f's forward can return `x.view_as(x)`."
         ),
         (
-            "The forward is the plain MLP with your two Functions where the ranks' views meet: f where the input, "
-            "whole on every rank, enters the split first layer; g where the second layer's partial outputs must "
-            "be summed. `b2` is added once, after g."
+            "Put each Function where the ranks' views of the activations change: where a tensor every rank holds "
+            "whole meets a layer split over the ranks, and where partial results must become one. Anything every "
+            "rank would add into a sum counts once per rank."
         ),
     ),
     defines=("TPMLP",),
