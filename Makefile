@@ -34,7 +34,8 @@ $(STAMP): pyproject.toml Makefile extension/package.json $(wildcard extension/sr
 	touch $(STAMP)
 
 # Open MPI's mpiexec, for the MPI launcher test; iproute2 (ip, tc) for labs on emulated nodes and
-# OpenSSH for the SSH launcher test across them; Chromium, for the browser tests (driven by
+# OpenSSH for the SSH launcher test across them; munge and Slurm (slurmctld, slurmd, its clients) for the
+# Slurm launcher test on them; Chromium, for the browser tests (driven by
 # Playwright; its own browser download is not used): installed with apt when missing and we may.
 # Node.js 20+ builds the JupyterLab extension (extension/) when pip installs distlab.
 system-deps:
@@ -46,6 +47,10 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 openssh-server openssh-client >/dev/null; \
 	  else echo "install iproute2 and OpenSSH (Debian: sudo apt-get install iproute2 openssh-server openssh-client), then re-run" >&2; exit 1; fi; }
+	@{ test -x /usr/sbin/munged && test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && command -v sbatch; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq munge slurmctld slurmd slurm-client >/dev/null; \
+	  else echo "install Slurm (Debian: sudo apt-get install munge slurmctld slurmd slurm-client), then re-run" >&2; exit 1; fi; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \

@@ -6,8 +6,9 @@ a machine that reaches the nodes (the switch), as a child Python process whose o
 ipyparallel's profile configuration (``ipcluster_config.py``: the nodes' addresses, how to ssh).
 ``distlab.start(launcher="ssh")`` then takes its multi-host path, with no distlab shortcut: the
 controller on every interface, engines started over ssh by ipyparallel, ranks grouped by the host
-names the engines report, rank 0's rendezvous at its node's address. The same nodes then run the
-lab with ``launcher="mpi"``: Open MPI's mpiexec on the switch starts the engines over the same sshds.
+names the engines report, rank 0's rendezvous at its node's address (the notebook and the checks of
+its result are ``tests/_remote_lab.py``'s, shared with the Slurm launcher's test). The same nodes then
+run the lab with ``launcher="mpi"``: Open MPI's mpiexec on the switch starts the engines over the same sshds.
 
 Needs root (namespaces) and ``/usr/sbin/sshd`` (Debian's openssh-server; ``make test`` installs it).
 Everything started here (sshd, the notebook, its controller and engines, ssh connections, the
@@ -17,10 +18,8 @@ namespaces, the key and profile folders) is ended and removed when the module's 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,61 +29,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from _remote_lab import NODES, check_two_node_lab, run_notebook, write_profile
 
 from distlab.cluster.nodes import Network
 
 pytestmark = pytest.mark.cluster
 
 SSHD = "/usr/sbin/sshd"
-NODES = 2
 RANKS_PER_NODE = 2
-# How long the notebook may take as a whole (start, cells, stop); it takes ~30-45 s on 2 cores.
-NOTEBOOK_DEADLINE_S = 240
-START_TIMEOUT_S = 90  # distlab.start(timeout=...): each of its waits
-
-# The notebook: start the lab with the launcher named in argv[1], look at it from inside, stop it.
-# It prints one line, RESULT {json}; the test asserts on it.
-NOTEBOOK = textwrap.dedent(
-    """
-    import json, sys, time
-    import distlab
-
-    ALL_REDUCE_ONE = "t = torch.ones(1)\\ndist.all_reduce(t)\\nt.item()"
-    out = {}
-    t0 = time.monotonic()
-    lab = distlab.start(ranks=4, launcher=sys.argv[1], timeout=float(sys.argv[2]))
-    try:
-        out["start_s"] = time.monotonic() - t0
-        out["table"] = [
-            {"rank": r.rank, "host": r.host, "addr": r.addr, "local_rank": r.local_rank, "pid": r.pid}
-            for r in lab.table
-        ]
-        seen = lab.run(
-            "import os, socket\\n(os.environ['MASTER_ADDR'], os.environ['LOCAL_RANK'], socket.gethostname(), "
-            "os.environ.get('OMPI_COMM_WORLD_RANK'))",
-            stream=False,
-        )
-        out["seen"] = {str(rank): list(value) for rank, value in seen.items()}
-        out["all_reduce"] = {str(rank): value for rank, value in lab.run(ALL_REDUCE_ONE, stream=False).items()}
-        # A hang across hosts: ranks 0 (node0) and 2 (node1) wait in an all-reduce the others never join.
-        pids = [r.pid for r in lab.status()]
-        t1 = time.monotonic()
-        try:
-            lab.run("if rank in (0, 2):\\n    dist.all_reduce(torch.ones(4))\\n", timeout=3, stream=False)
-            out["hang"] = "returned"
-        except distlab.CellTimeout as exc:
-            out["hang"] = "CellTimeout"
-            out["hang_text"] = str(exc)
-        out["hang_s"] = time.monotonic() - t1
-        out["pids_before"], out["pids_after"] = pids, [r.pid for r in lab.status()]
-        out["all_reduce_after"] = {str(rank): value for rank, value in lab.run(ALL_REDUCE_ONE, stream=False).items()}
-    finally:
-        t2 = time.monotonic()
-        lab.stop()
-        out["stop_s"] = time.monotonic() - t2
-    print("RESULT " + json.dumps(out), flush=True)
-    """
-)
 
 
 @dataclass
@@ -215,70 +167,12 @@ def ssh_nodes() -> Iterator[SshNodes]:
         assert not set(net.namespaces()) & set(os.listdir("/run/netns")), "the nodes' namespaces outlived the test"
 
 
-def _write_profile(nodes: SshNodes, settings: str) -> str:
-    """A fresh IPYTHONDIR whose default profile's ipcluster_config.py holds ``settings`` (Python)."""
-    ipython_dir = tempfile.mkdtemp(prefix="ipython-", dir=nodes.folder)
-    os.makedirs(os.path.join(ipython_dir, "profile_default"))
-    with open(os.path.join(ipython_dir, "profile_default", "ipcluster_config.py"), "w") as f:
-        f.write(settings)
-    return ipython_dir
+def _run_notebook(nodes: SshNodes, launcher: str, settings: str) -> dict:
+    """The notebook's RESULT with ``launcher`` and profile ``settings``; the sshds' logs if it failed."""
+    def logs() -> str:
+        return "\n".join(f"--- sshd on node{i}:\n{nodes.sshd_log(i)[-3000:]}" for i in range(NODES))
 
-
-def _run_notebook(nodes: SshNodes, launcher: str, ipython_dir: str) -> dict:
-    """Run NOTEBOOK on the switch with ``launcher``; its RESULT, or a failure with everything it said."""
-    out_path = os.path.join(ipython_dir, "notebook.out")
-    env = dict(os.environ, IPYTHONDIR=ipython_dir)
-    # Open MPI's mpiexec refuses root without these (CI runs as root); conftest sets them too.
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen(
-            [*nodes.net.exec_prefix(None), sys.executable, "-c", NOTEBOOK, launcher, str(START_TIMEOUT_S)],
-            env=env, cwd=ipython_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=NOTEBOOK_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    with open(out_path) as f:
-        said = f.read()
-    results = [line[len("RESULT "):] for line in said.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not results:
-        logs = "\n".join(f"--- sshd on node{i}:\n{nodes.sshd_log(i)[-3000:]}" for i in range(NODES))
-        pytest.fail(
-            f"the notebook (launcher={launcher}) exited {proc.returncode} without a result:\n{said[-12000:]}\n{logs}",
-            pytrace=False,
-        )
-    return json.loads(results[-1])
-
-
-def _check_two_node_lab(result: dict, nodes: SshNodes) -> None:
-    print({k: round(result[k], 1) for k in ("start_s", "hang_s", "stop_s")})  # shown with -s, or on failure
-    table = result["table"]
-    assert [r["rank"] for r in table] == [0, 1, 2, 3]
-    hosts = [r["host"] for r in table]
-    # Ranks 0-1 on one node, 2-3 on the other (node0 first with ipyparallel's engine order).
-    assert sorted(hosts) == ["node0", "node0", "node1", "node1"], table
-    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], table
-    node_of = {f"node{i}": nodes.addr(i) for i in range(NODES)}
-    for row in table:
-        assert row["addr"] == node_of[row["host"]], table  # the address its node reaches the others at
-    assert [r["local_rank"] for r in table] == [0, 1, 0, 1], table
-    master = node_of[hosts[0]]
-    for rank, (master_addr, local_rank, hostname, _) in result["seen"].items():
-        assert master_addr == master != "127.0.0.1", result["seen"]
-        assert int(local_rank) == table[int(rank)]["local_rank"], result["seen"]
-        assert hostname == table[int(rank)]["host"], result["seen"]
-    assert result["all_reduce"] == {str(r): 4.0 for r in range(4)}
-    # The hang across hosts was released by the cell's deadline, without a restart.
-    assert result["hang"] == "CellTimeout", result
-    assert result["hang_s"] < 30, result
-    assert "never arrived" in result["hang_text"], result["hang_text"]
-    assert result["pids_after"] == result["pids_before"]
-    assert result["all_reduce_after"] == {str(r): 4.0 for r in range(4)}
+    return run_notebook(nodes.net, launcher, write_profile(nodes.folder, settings), logs)
 
 
 def test_ssh_launcher_starts_ranks_on_two_hosts_grouped_by_host(ssh_nodes: SshNodes) -> None:
@@ -300,8 +194,8 @@ def test_ssh_launcher_starts_ranks_on_two_hosts_grouped_by_host(ssh_nodes: SshNo
             {ssh_nodes.addr(1)!r}: {{"n": {RANKS_PER_NODE}, "remote_profile_dir": {profile_dirs[1]!r}}},
         }}
         """)
-    result = _run_notebook(ssh_nodes, "ssh", _write_profile(ssh_nodes, settings))
-    _check_two_node_lab(result, ssh_nodes)
+    result = _run_notebook(ssh_nodes, "ssh", settings)
+    check_two_node_lab(result, ssh_nodes.net)
     # ipyparallel's ssh ran the engines: each node's sshd let the key in, and scp sent each node
     # the controller's connection file.
     for node in range(NODES):
@@ -334,8 +228,8 @@ def test_mpi_launcher_starts_ranks_on_two_hosts_over_ssh_numbered_as_mpi_numbers
         c.Cluster.controller_location = {ssh_nodes.net.switch_addr!r}
         c.MPILauncher.mpi_args = {mpi_args!r}
         """)
-    result = _run_notebook(ssh_nodes, "mpi", _write_profile(ssh_nodes, settings))
-    _check_two_node_lab(result, ssh_nodes)
+    result = _run_notebook(ssh_nodes, "mpi", settings)
+    check_two_node_lab(result, ssh_nodes.net)
     # Ranks follow MPI's numbering (by slot: the hostfile's first node takes ranks 0 and 1).
     assert {rank: int(seen[3]) for rank, seen in result["seen"].items()} == {str(r): r for r in range(4)}
     assert [r["host"] for r in result["table"]] == ["node0", "node0", "node1", "node1"]

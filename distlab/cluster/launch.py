@@ -21,6 +21,7 @@ from .allocator import engine_environment
 from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
 from .nodes import Network
 from .processes import pid_alive, wait_for
+from .slurm import SlurmEngineSetLauncher
 
 __all__ = [
     "HEARTBEAT_MISSES",
@@ -74,10 +75,12 @@ def make_cluster(
             f"--IPController.client_ip={os.path.join(str(folder), _CLIENT_SOCKET)}",
         ]
     forked = network is None and launcher == "local" and warm.enabled()
+    # ipyparallel's Slurm launcher, with what a lab needs of it (cluster.slurm).
+    engines_class = ForkedEngineSetLauncher if forked else SlurmEngineSetLauncher if launcher == "slurm" else launcher
     cluster = ipp.Cluster(
         n=engines,
         # Local engines and their controller are forked from the warm-rank template (cluster.warm).
-        engine_launcher_class=ForkedEngineSetLauncher if forked else launcher,
+        engine_launcher_class=engines_class,
         controller_launcher_class=ForkedControllerLauncher if forked else "local",
         controller_args=args,
         delay=0,
@@ -145,6 +148,8 @@ def wait_for_engines(
     processes ``cluster`` started (of its engine sets ``sets``)."""
     deadline = time.monotonic() + timeout_s
     while not wait_for(lambda: len(set(client.ids) - leaving) >= count, _RECOUNT_S, poll_s=0.01):
+        for job in _slurm_jobs(cluster, sets):
+            job.check()  # raises for a job Slurm will never start as asked, or one that ended: no use waiting
         if time.monotonic() > deadline:
             report = engine_report(cluster, sets or list(cluster.engines)) if cluster is not None else ""
             raise DistlabError(
@@ -158,12 +163,13 @@ def wait_for_engines(
 
 def engine_report(cluster: ipp.Cluster, sets: Iterable[str]) -> str:
     """A line per engine process of ``sets`` started on this machine: running or how it ended, and
-    the last line it wrote (why an engine that never registered did not)."""
+    the last line it wrote (why an engine that never registered did not); a line per Slurm job of
+    ``sets``: its state, and what it waits for."""
+    lines = [job.report() for job in _slurm_jobs(cluster, sets)]
     try:
         states = ipycompat.engine_states(cluster, sets)
     except DistlabError:
-        return ""
-    lines = []
+        return "".join(lines)
     for pid, code, output in states:
         said = [line.strip() for line in output.splitlines() if line.strip()]
         if code is not None:
@@ -172,6 +178,14 @@ def engine_report(cluster: ipp.Cluster, sets: Iterable[str]) -> str:
             state = "running" if pid_alive(pid) else "exited"
         lines.append(f"\n  engine pid {pid}: {state}; its last line: {said[-1][:200] if said else '(none)'}")
     return "".join(lines)
+
+
+def _slurm_jobs(cluster: ipp.Cluster | None, sets: Iterable[str] | None) -> list[SlurmEngineSetLauncher]:
+    """The engine sets (of ``sets``; all by default) that are Slurm jobs."""
+    if cluster is None:
+        return []
+    found = [cluster.engines.get(name) for name in (sets if sets is not None else list(cluster.engines))]
+    return [job for job in found if isinstance(job, SlurmEngineSetLauncher)]
 
 
 def guard_iopub(client: ipp.Client, timeout_s: float = 5.0) -> None:
