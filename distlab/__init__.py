@@ -28,6 +28,7 @@ __all__ = [
     "LabUsageError",
     "RankError",
     "__version__",
+    "attach",
     "chaos",
     "current_lab",
     "divergence",
@@ -41,6 +42,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
+    from .notebook.kept import attach
     from .notebook.lab import Lab, start
     from .notebook.labs import current as current_lab
     from .rank.chaos import chaos
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
     "Lab": "notebook.lab",
+    "attach": "notebook.kept",  # a lab kept past its kernel (start(keep=True)), taken back
     "current_lab": "notebook.labs",
     "start": "notebook.lab",
     "CellTimeout": "errors",

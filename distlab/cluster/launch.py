@@ -58,7 +58,7 @@ _CLIENT_SOCKET = "client"
 
 def make_cluster(
     engines: int, launcher: str, local: bool, timeout_s: float,
-    network: Network | None = None, folder: str | None = None,
+    network: Network | None = None, folder: str | None = None, warm_ok: bool = True,
 ) -> ipp.Cluster:
     """A cluster of ``engines`` engines, not started. ``local``: every engine runs on this machine.
 
@@ -74,7 +74,8 @@ def make_cluster(
             "--IPController.client_transport=ipc",
             f"--IPController.client_ip={os.path.join(str(folder), _CLIENT_SOCKET)}",
         ]
-    forked = network is None and launcher == "local" and warm.enabled()
+    # warm_ok False: a lab that outlives its kernel (``notebook.kept``) cannot hang on its warm template.
+    forked = network is None and launcher == "local" and warm.enabled() and warm_ok
     # ipyparallel's Slurm launcher, with what a lab needs of it (cluster.slurm).
     engines_class = ForkedEngineSetLauncher if forked else SlurmEngineSetLauncher if launcher == "slurm" else launcher
     cluster = ipp.Cluster(

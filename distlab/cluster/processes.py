@@ -134,10 +134,15 @@ class ProcessGuard:
         self._lock = threading.Lock()  # _helpers: an old world's end (a thread) pops what the lab reads
         self._ending: list[threading.Thread] = []  # old worlds ending in the background
 
-    def watch(self, cluster: Any, folders: Iterable[str] = (), namespaces: Iterable[str] = ()) -> None:
+    def watch(
+        self, cluster: Any, folders: Iterable[str] = (), namespaces: Iterable[str] = (),
+        keep: tuple[float, str] | None = None,
+    ) -> None:
         """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up);
         if the notebook dies it also removes ``folders`` (files the lab made) and ``namespaces``
-        (its nodes and switch, with their links and queues)."""
+        (its nodes and switch, with their links and queues). ``keep``: (seconds, record) of a lab
+        kept past its notebook (``notebook.kept``): the watchdog then waits that long for another
+        process to take the record over before it ends the lab."""
         self._cluster = cluster
         # ipyparallel's files for this cluster (logs, connection files, the hub's engine state):
         # a stop leaves the engine state, a killed notebook all of them.
@@ -148,7 +153,7 @@ class ProcessGuard:
         self._reaper = subprocess.Popen(
             [sys.executable, "-m", "distlab.cluster.reaper", str(os.getpid()), self._pgid_file,
              *(f"--netns={name}" for name in namespaces), *(f"--glob={pattern}" for pattern in self._files),
-             *folders],
+             *([f"--keep={keep[0]:g}:{keep[1]}"] if keep else []), *folders],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )
@@ -242,6 +247,12 @@ class ProcessGuard:
         self._cluster = None
         remove_files(self._files)
         self._files = []
+
+    def release(self) -> None:
+        """Let go of the cluster without ending it (a kept lab let go of): its watchdog stays, to end
+        it if nobody takes it back."""
+        self._reaper, self._pgid_file, self._cluster = None, None, None
+        self._helpers, self._own, self._files = {}, set(), []
 
     def close(self) -> None:
         """Stop the watchdog: the last step of a lab's stop. Until then a notebook killed part way

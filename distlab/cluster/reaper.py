@@ -9,11 +9,18 @@ the patterns (ipyparallel's logs and connection files of the cluster) and the fo
 sockets). Lab rewrites the file whenever the world changes and terminates the reaper on a
 clean stop.
 
-    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [--netns=NAME ...] [--glob=PATTERN ...] [FOLDER ...]
+A lab kept past its notebook on purpose (``--keep=SECONDS:RECORD``, ``notebook.kept``) is spared for
+that long once its owner is gone: if another process takes it over (the record names a new owner),
+this watchdog goes, that process's own watches it from then on; else it ends the lab as above.
+
+    python -m distlab.cluster.reaper OWNER_PID PGID_FILE [--netns=NAME ...] [--glob=PATTERN ...]
+        [--keep=SECONDS:RECORD] [FOLDER ...]
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -62,15 +69,39 @@ def _kill_groups(pgids: list[int]) -> None:
             time.sleep(0.3)
 
 
+def _taken_over(owner_pid: int, keep: str) -> bool:
+    """A kept lab: wait its time for another process to take the record over (True), or until the
+    record is gone (the lab was stopped: True, nothing left to end); False once the time is out."""
+    seconds, record = keep.split(":", 1)
+    deadline = time.monotonic() + float(seconds)
+    while time.monotonic() < deadline:
+        try:
+            with open(record) as f:
+                owner = json.load(f).get("owner")
+        except FileNotFoundError:
+            return True
+        except (OSError, ValueError):
+            owner = owner_pid  # being replaced: read it again
+        if owner != owner_pid:
+            return True
+        time.sleep(_POLL_S)
+    with contextlib.suppress(OSError):
+        os.unlink(record)
+    return False
+
+
 def main(argv: list[str]) -> int:
     owner_pid, pgid_file = int(argv[0]), argv[1]
     namespaces = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("--netns=")]
     patterns = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("--glob=")]
-    folders = [a for a in argv[2:] if not a.startswith(("--netns=", "--glob="))]
+    keep = next((a.split("=", 1)[1] for a in argv[2:] if a.startswith("--keep=")), None)
+    folders = [a for a in argv[2:] if not a.startswith(("--netns=", "--glob=", "--keep="))]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while os.getppid() == owner_pid:
         time.sleep(_POLL_S)
+    if keep is not None and _taken_over(owner_pid, keep):
+        return 0
     _kill_groups(_read_pgids(pgid_file))
     try:
         os.unlink(pgid_file)

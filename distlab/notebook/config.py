@@ -28,6 +28,7 @@ _SPELLING = {
         "subnet": ("subnet", 'subnet="198.18.7.0/24"'), "launcher": ("launcher", 'launcher="local"'),
         "heal": ("heal", "heal=True"), "backend": ("backend", 'backend="gloo"'),
         "spares": ("spares", "spares=2"), "racks": ("racks", "racks=2"), "uplink": ("uplink", 'uplink="1gbit"'),
+        "keep": ("keep", "keep=True"),
     },
     "magic": {
         "ranks": ("-n", "-n 2"), "timeout": ("--timeout", "--timeout 30"), "debug": ("--debug", "--debug"),
@@ -36,12 +37,14 @@ _SPELLING = {
         "subnet": ("--subnet", "--subnet 198.18.7.0/24"), "launcher": ("--launcher", "--launcher local"),
         "heal": ("--heal", "--heal"), "backend": ("--backend", "--backend gloo"),
         "spares": ("--spares", "--spares 2"), "racks": ("--racks", "--racks 2"),
-        "uplink": ("--uplink", "--uplink 1gbit"),
+        "uplink": ("--uplink", "--uplink 1gbit"), "keep": ("--keep", "--keep 3600"),
     },
 }
 
 
 _SECONDS = "a number of seconds"
+#: How long a kept lab that nobody attaches waits, after its kernel is gone, before it ends.
+KEEP_IDLE_S = 3600.0
 
 
 # Where a batch system or Open MPI is told of more than one host: mpiexec then starts ranks there.
@@ -112,6 +115,10 @@ class LabConfig:
     #: to take instead of starting new ones (``notebook.spares``). None: as many as the world has
     #: ranks where they are forked from the warm template (a local lab without nodes), else none.
     spares: int | None = None
+    #: Outlive the kernel on purpose (``notebook.kept``): True, or the seconds that a lab nobody
+    #: attaches (``distlab.attach``) waits, once its kernel is gone, before it ends (True: ``KEEP_IDLE_S``).
+    #: Normalised to seconds; 0: not kept, the lab ends with its kernel.
+    keep: bool | float = False
     #: "magic" when the values come from ``%dist``: messages then name its flags.
     spelling: InitVar[str] = "python"
 
@@ -128,7 +135,24 @@ class LabConfig:
         checks.flag(say["debug"][0], self.debug)
         self._check_nodes(say)
         self._check_heal(say)
+        self._check_keep(say)
         self._check_spares(say)
+
+    def _check_keep(self, say: dict[str, tuple[str, str]]) -> None:
+        keep = say["keep"][0]
+        if self.keep is False or self.keep == 0:
+            object.__setattr__(self, "keep", 0.0)
+            return
+        idle = KEEP_IDLE_S if self.keep is True else checks.positive(
+            keep, self.keep, example=say["keep"][1], kind=_SECONDS)
+        object.__setattr__(self, "keep", idle)
+        if self.launcher != "local" or self.nodes or self.heal:
+            what = (f"{say['launcher'][0]} {self.launcher}" if self.launcher != "local"
+                    else say["nodes"][0] if self.nodes else say["heal"][0])
+            raise LabUsageError(
+                f"{keep} keeps a lab whose processes all run on this machine's loopback, as the local launcher "
+                f"starts them: leave out {what}, or {keep}"
+            )
 
     def _check_spares(self, say: dict[str, tuple[str, str]]) -> None:
         if self.spares is None:
@@ -136,6 +160,7 @@ class LabConfig:
         checks.whole(say["spares"][0], self.spares, minimum=0, example=say["spares"][1])
         if self.spares and not self.forks_spares:
             why = (f"{say['nodes'][0]} starts ranks inside the nodes" if self.nodes
+                   else f"a lab kept with {say['keep'][0]} starts its ranks cold" if self.keep
                    else "ranks are started cold here (DISTLAB_WARM=0)" if self.launcher == "local"
                    else f"the {self.launcher} launcher starts ranks elsewhere")
             raise LabUsageError(
@@ -148,7 +173,9 @@ class LabConfig:
         """Whether this lab's engines are forked from the warm template, so that it can keep spares."""
         from ..cluster import warm
 
-        return self.launcher == "local" and not self.nodes and warm.enabled()
+        # A kept lab's engines are started cold: forked ones would be the warm template's, which ends
+        # with its kernel.
+        return self.launcher == "local" and not self.nodes and not self.keep and warm.enabled()
 
     @property
     def spare_count(self) -> int:

@@ -38,7 +38,7 @@ from ..cluster.lighthouse import Lighthouse
 from ..cluster.nodes import Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, signal_all, terminate, wait_for
 from ..errors import LabUsageError, parse_ranks
-from . import labs, rpc
+from . import kept, labs, rpc
 from .cell import Listener, RunResult
 from .cells import RunsCells
 from .config import LabConfig
@@ -56,7 +56,7 @@ from .world import RankInfo, RankTable, World, check_gpus, plan_world
 __all__ = ["LabCore", "RankInfo", "RankTable", "RunResult"]
 
 
-class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
+class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.KeepsItself):
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells; no views.
 
     ``distlab.start`` gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached.
@@ -67,12 +67,12 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
         self, ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local",
         debug: bool = False, nodes: int | None = None, link: str | None = None,
         latency: str | float | None = None, subnet: str | None = None, heal: bool = False,
-        spares: int | None = None, racks: int | None = None, uplink: str | None = None,
+        spares: int | None = None, racks: int | None = None, uplink: str | None = None, keep: bool | float = False,
     ) -> None:
         self._configure(LabConfig(
             ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
             nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal, spares=spares,
-            racks=racks, uplink=uplink,
+            racks=racks, uplink=uplink, keep=keep,
         ))
 
     @classmethod
@@ -146,12 +146,13 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
                 )
                 self._phase("network_s")
             self._cluster = make_cluster(
-                self.world_size, self.config.launcher, self.config.local, self.timeout, self._network, self._folder
+                self.world_size, self.config.launcher, self.config.local, self.timeout, self._network, self._folder,
+                warm_ok=not self.config.keep,
             )
             self._cluster.start_controller_sync(**controller_start_args(self._network))
             self._guard.watch(
                 self._cluster, folders=[self._folder] if self._folder else [],
-                namespaces=self._network.namespaces() if self._network else [],
+                namespaces=self._network.namespaces() if self._network else [], keep=self._keep_watch(),
             )
             self._phase("controller_s")
             if self.config.heal:
@@ -159,6 +160,8 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
             ids = self._gather_engines(self.world_size)
             self._phase("engines_s")
             self._build_world(ids)
+            if self.config.keep:
+                kept.write(self)
         except BaseException:
             self.stop()
             raise
@@ -237,6 +240,8 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
             self._build_world(self._gather_engines(self.world_size))
             for engine_set in old_sets:
                 self._cluster.stop_engines_sync(engine_set)
+            if self.config.keep:
+                kept.write(self)
         except BaseException:
             self.stop()
             raise
@@ -265,6 +270,8 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks):
                 raise errors[0]
 
     def _stop_own(self) -> None:
+        if self.config.keep:
+            kept.remove(self)
         cluster, self._cluster = self._cluster, None
         if cluster is None:
             self._remove_network()  # a start that failed before its cluster existed

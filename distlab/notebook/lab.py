@@ -90,6 +90,7 @@ def start(
     ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False,
     nodes: int | None = None, link: str | None = None, latency: str | float | None = None, subnet: str | None = None,
     heal: bool = False, spares: int | None = None, racks: int | None = None, uplink: str | None = None,
+    keep: bool | float = False,
 ) -> Lab:
     """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
 
@@ -109,10 +110,13 @@ def start(
     ``spares``: engines kept started and registered beside the ranks, which a restart or a dead rank's
     replacement takes instead of starting new ones (a restart then takes ~0.15 s instead of ~0.8 s).
     By default one per rank in a local lab without nodes (forked, ~36 MB each of their own), else none.
+
+    ``keep=True`` keeps the lab past its kernel's end, for ``distlab.attach()`` in another kernel to
+    take back, ranks and all; one that nobody attaches ends an hour later (``keep=600``: in 600 s).
     """
     lab: Lab = Lab(
         ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
         nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal, spares=spares,
-        racks=racks, uplink=uplink,
+        racks=racks, uplink=uplink, keep=keep,
     ).start()
     return lab

@@ -120,7 +120,11 @@ def current(shell: Any = None) -> LabCore | None:
 
 
 def stop_all() -> None:
-    """Stop every running lab (at the interpreter's exit)."""
+    """Stop every running lab (at the interpreter's exit); a kept one is let go of instead, for
+    another kernel to attach (``notebook.kept``)."""
     for lab in list(_running.values()):
         with contextlib.suppress(Exception):
-            lab.stop()
+            if lab.config.keep:
+                lab.detach()
+            else:
+                lab.stop()

@@ -31,7 +31,9 @@ from .profiling import profile_parser, show_after
 
 __all__ = ["DistMagics", "current_lab", "register", "unregister"]
 
-_SUBCOMMANDS = ("start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks", "profile")
+_SUBCOMMANDS = (
+    "start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks", "profile", "attach",
+)
 
 
 def _text(text: str) -> Any:
@@ -86,6 +88,8 @@ def _start_parser() -> MagicArgumentParser:
     p.add_argument("--subnet", default=None, help="the nodes' IPv4 subnet (default: a free /24 of 198.18.0.0/15)")
     p.add_argument("--racks", type=_text, default=None, help="racks the nodes are in, each with one uplink to a spine")
     p.add_argument("--uplink", default=None, help="each rack's uplink to the spine, both ways, like 1gbit")
+    p.add_argument("--keep", nargs="?", const=True, default=False, type=_text,
+                   help="outlive this kernel, for %%dist attach in another (seconds to wait for one; default 3600)")
     return p
 
 
@@ -164,6 +168,7 @@ class DistMagics(Magics):
         %dist debug [RANK]: the failed rank's frames and their locals, summarised
         %dist stacks [RANKS] [--native] [--all]: every rank's live frames, read now from outside it
         %dist profile [--steps N] [--warmup W] [--path FILE]: the next %%ddp cell under torch.profiler
+        %dist attach [LAB_ID]: take back a lab kept past its kernel (%dist start --keep)
         """
         try:
             words = shlex.split(line)
@@ -194,6 +199,8 @@ class DistMagics(Magics):
             return self._stacks(_stacks_parser().parse_args(rest))
         if sub == "profile":
             return self._profile(profile_parser().parse_args(rest))
+        if sub == "attach":
+            return self._attach(rest)
         _no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -208,7 +215,7 @@ class DistMagics(Magics):
             config = LabConfig(
                 ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher,
                 debug=args.debug, nodes=args.nodes, link=args.link, latency=args.latency, subnet=args.subnet,
-                heal=args.heal, spares=args.spares, racks=args.racks, uplink=args.uplink,
+                heal=args.heal, spares=args.spares, racks=args.racks, uplink=args.uplink, keep=args.keep,
                 spelling="magic",
             )
             lab = Lab.from_config(config)
@@ -224,6 +231,25 @@ class DistMagics(Magics):
         )
         if lab.note:
             print(lab.note)
+        if config.keep:
+            print(f"kept: it outlives this kernel; %dist attach {labs.id_of(lab)} in another takes it back "
+                  f"(else it ends {config.keep:g} s after this kernel)")
+
+    def _attach(self, rest: list[str]) -> None:
+        from .kept import attach
+
+        if len(rest) > 1:
+            raise UsageError("%dist attach takes one lab id at most: %dist attach [LAB_ID]")
+        if self.lab is not None and self.lab.running:
+            raise UsageError(f"a lab of {self.lab.world_size} ranks is running here: %dist stop it first")
+        try:
+            lab = attach(rest[0] if rest else None)
+        except LabUsageError as exc:
+            raise UsageError(str(exc)) from None
+        self.lab = lab
+        labs.set_current(lab, self.shell)
+        print(f"attached {_ranks(lab.world_size)} on {lab.backend}, as their cells left them; "
+              "%%ddp cells now run on every rank")
 
     def _running_lab(self) -> Any:
         if self.lab is None or not self.lab.running:
