@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,6 +194,19 @@ def _panel_ranks(page: Any) -> list[dict[str, str]]:
     ]
 
 
+def _kernel_that_keeps_a_lab_and_dies(jupyter: JupyterLab) -> str:
+    """A process of this server's user starts a kept lab and is killed; the lab's id."""
+    out = jupyter.runtime_dir / "kept-kernel.out"
+    code = ("import os, distlab\nfrom distlab.notebook import labs\nlab = distlab.start(ranks=2, keep=True)\n"
+            "print('ID', labs.id_of(lab), flush=True)\nos.kill(os.getpid(), 9)")
+    with open(out, "w") as f:  # not a pipe: the kept lab's processes would hold it open
+        subprocess.run([sys.executable, "-c", code], env=jupyter.env, stdout=f, stderr=subprocess.STDOUT,
+                       timeout=120, check=False)
+    said = re.search(r"^ID (\S+)$", out.read_text(), re.MULTILINE)
+    assert said is not None, out.read_text()[-2000:]
+    return said.group(1)
+
+
 def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab(
     server: tuple[JupyterLab, list[str]], page: Any
 ) -> None:
@@ -279,5 +294,18 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     page.locator("#distlab-panel .distlab-empty").wait_for(timeout=60_000)
     assert jupyter.labs() == []
     wait_for(lambda: not any(_alive(p) for p in pids), 15, "the stopped ranks to exit")
+
+    # A lab kept past its kernel (one killed outside this server) waits in the panel for a notebook
+    # to attach it; attached and stopped elsewhere, it leaves the panel.
+    kept_id = _kernel_that_keeps_a_lab_and_dies(jupyter)
+    waiting = page.locator(f"#distlab-panel .distlab-kept-lab[data-lab-id='{kept_id}']")
+    waiting.wait_for(timeout=30_000)
+    assert re.search(rf"2 ranks · gloo · ends in (59|60) min unless attached: %dist attach {kept_id}",
+                     waiting.inner_text()), waiting.inner_text()
+    _shot(page, "5-kept")
+    stop = subprocess.run([sys.executable, "-c", f"import distlab\ndistlab.attach({kept_id!r}).stop()"],
+                          env=jupyter.env, capture_output=True, text=True, timeout=120, check=False)
+    assert stop.returncode == 0, stop.stderr[-2000:]
+    page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
 
     assert page.js_errors == []  # type: ignore[attr-defined]

@@ -64,7 +64,7 @@ def jupyter(tmp_path: Path) -> Iterator[JupyterLab]:
 def test_labs_endpoint_refuses_requests_without_a_valid_token(jupyter: JupyterLab) -> None:
     assert jupyter.request("GET", "/distlab/labs", token=None)[0] == 403
     assert jupyter.request("GET", "/distlab/labs", token="not-the-token")[0] == 403
-    assert jupyter.request("GET", "/distlab/labs") == (200, {"labs": []})
+    assert jupyter.request("GET", "/distlab/labs") == (200, {"labs": [], "kept": []})
     assert jupyter.request("POST", "/distlab/labs/lab-1-a/stop", token=None)[0] == 403
     assert jupyter.request("POST", "/distlab/labs/lab-1-a/stop", token="not-the-token")[0] == 403
 

@@ -74,6 +74,9 @@ def _taken_over(owner_pid: int, keep: str) -> bool:
     record is gone (the lab was stopped: True, nothing left to end); False once the time is out."""
     seconds, record = keep.split(":", 1)
     deadline = time.monotonic() + float(seconds)
+    # When the owner went, beside the record (which only its holder writes): when the lab ends.
+    with contextlib.suppress(OSError), open(record + ".gone", "w") as f:
+        f.write(str(time.time()))
     while time.monotonic() < deadline:
         try:
             with open(record) as f:
@@ -85,8 +88,9 @@ def _taken_over(owner_pid: int, keep: str) -> bool:
         if owner != owner_pid:
             return True
         time.sleep(_POLL_S)
-    with contextlib.suppress(OSError):
-        os.unlink(record)
+    for path in (record, record + ".gone"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     return False
 
 

@@ -66,8 +66,10 @@ def write(lab: Any, **extra: Any) -> Path:
 
 def remove(lab: Any) -> None:
     if lab._cluster is not None:
-        with contextlib.suppress(OSError):
-            record_path(lab._cluster.cluster_id).unlink()
+        path = record_path(lab._cluster.cluster_id)
+        for each in (path, Path(f"{path}.gone")):
+            with contextlib.suppress(OSError):
+                each.unlink()
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -88,6 +90,8 @@ def kept_labs() -> list[dict[str, Any]]:
             continue
         owner = int(record.get("owner", 0))
         record["held"] = owner != os.getpid() and pid_alive(owner) and not record.get("detached")
+        with contextlib.suppress(OSError, ValueError):  # when its watchdog saw its kernel go
+            record["gone"] = float(Path(f"{path}.gone").read_text())
         found.append(record)
     return sorted(found, key=lambda r: r.get("started", 0))
 

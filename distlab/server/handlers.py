@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -152,8 +153,24 @@ def _lab_of_this_server(kernel_manager: Any, lab_id: str, doing: str) -> tuple[d
     return lab, kernel_id
 
 
+def kept_waiting() -> list[dict[str, Any]]:
+    """The labs kept past their kernel that no kernel holds now (``notebook.kept``): what a notebook
+    of this user may attach, each with its id, ranks, and when it ends if nobody does."""
+    from ..notebook.kept import kept_labs
+
+    waiting = []
+    for record in kept_labs():
+        if record["held"]:
+            continue
+        let_go = max(float(record.get("detached") or 0), float(record.get("gone") or 0)) or time.time()
+        waiting.append({"id": record["id"], "world_size": len(record["world"]["table"]),
+                        "backend": record["world"]["backend"], "ends": let_go + float(record["config"]["keep"])})
+    return waiting
+
+
 class LabsHandler(APIHandler):
-    """``GET /distlab/labs`` -> ``{"labs": [...]}``; for logged-in users allowed to see kernels."""
+    """``GET /distlab/labs`` -> ``{"labs": [...], "kept": [...]}`` (``kept_waiting``); for logged-in
+    users allowed to see kernels."""
 
     auth_resource = "kernels"
 
@@ -162,7 +179,7 @@ class LabsHandler(APIHandler):
     async def get(self) -> None:
         labs = await labs_in_server(self.kernel_manager, self.session_manager)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"labs": labs}))
+        self.finish(json.dumps({"labs": labs, "kept": kept_waiting()}))
 
 
 class LabActionHandler(APIHandler):

@@ -61,6 +61,15 @@ export interface ILabInfo {
   };
 }
 
+/** A lab kept past its kernel (`%dist start --keep`) that no kernel holds now: a notebook may attach it. */
+export interface IKeptLab {
+  id: string;
+  world_size: number;
+  backend: string;
+  /** When it ends if nobody attaches it (seconds since the epoch). */
+  ends: number;
+}
+
 const distlabIcon = new LabIcon({
   name: 'distlab:ranks',
   svgstr:
@@ -74,6 +83,7 @@ const distlabIcon = new LabIcon({
 /** Polls the server for the labs; views subscribe with `onChange`. */
 class LabsModel {
   labs: ILabInfo[] = [];
+  kept: IKeptLab[] = [];
   error: string | null = null;
 
   constructor(private _settings: ServerConnection.ISettings) {}
@@ -103,7 +113,9 @@ class LabsModel {
       if (!response.ok) {
         this.error = `the server answered ${response.status} for /distlab/labs`;
       } else {
-        this.labs = ((await response.json()) as { labs: ILabInfo[] }).labs;
+        const body = (await response.json()) as { labs: ILabInfo[]; kept?: IKeptLab[] };
+        this.labs = body.labs;
+        this.kept = body.kept ?? [];
         this.error = null;
       }
     } catch (reason) {
@@ -229,7 +241,15 @@ class LabsPanel extends Widget {
   }
 
   render(): void {
-    const state = JSON.stringify([this._model.labs, this._model.error, this._pending, this._messages, this._stacks]);
+    const state = JSON.stringify([
+      this._model.labs,
+      this._model.kept,
+      this._model.kept.length > 0 ? Math.floor(Date.now() / 60000) : 0, // a kept lab's minutes left
+      this._model.error,
+      this._pending,
+      this._messages,
+      this._stacks
+    ]);
     if (state === this._shown) {
       return; // unchanged: keep the DOM (and any focus) as it is
     }
@@ -240,13 +260,29 @@ class LabsPanel extends Widget {
     if (this._model.error) {
       root.appendChild(el('p', 'distlab-error', this._model.error));
     }
-    if (this._model.labs.length === 0) {
+    if (this._model.labs.length === 0 && this._model.kept.length === 0) {
       root.appendChild(
         el('p', 'distlab-empty', 'No lab is running in this server. In a notebook: %load_ext distlab, then %dist start -n 2.')
       );
     }
     for (const lab of this._model.labs) {
       root.appendChild(this._renderLab(lab));
+    }
+    if (this._model.kept.length > 0) {
+      const box = el('section', 'distlab-kept');
+      box.appendChild(el('h3', 'distlab-kept-title', 'Kept, waiting for a notebook'));
+      for (const kept of this._model.kept) {
+        const minutes = Math.max(0, Math.round((kept.ends * 1000 - Date.now()) / 60000));
+        const line = el(
+          'p',
+          'distlab-kept-lab',
+          `${kept.id} · ${kept.world_size} ranks · ${kept.backend} · ends in ${minutes} min unless ` +
+            `attached: %dist attach ${kept.id}`
+        );
+        line.dataset.labId = kept.id;
+        box.appendChild(line);
+      }
+      root.appendChild(box);
     }
   }
 
