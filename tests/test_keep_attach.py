@@ -66,7 +66,7 @@ lab = distlab.start(ranks=2, keep={keep}, timeout=60)
 lab.run("import torch\\nheld = torch.full((3,), float(rank) + 0.5)", stream=False)
 from distlab.notebook import labs
 print("SAID " + json.dumps(dict(id=labs.id_of(lab), pids=[r.pid for r in lab.table],
-                                files=lab._guard._files)), flush=True)
+                                files=lab._guard._files + [lab._guard._pgid_file])), flush=True)
 os.kill(os.getpid(), 9)  # the kernel dies with its lab up
 """
 
@@ -113,7 +113,9 @@ def test_a_kept_lab_that_nobody_attaches_ends_after_its_time(tmp_path: Path) -> 
     pids = started["pids"]
     assert isinstance(pids, list)
     assert _until(lambda: not any(_alive(p) for p in pids), 60)
-    assert not list((tmp_path / "distlab" / "kept").glob("*.json"))
+    assert not list((tmp_path / "distlab" / "kept").glob("*"))
+    files = started["files"]
+    assert isinstance(files, list) and _until(lambda: not [f for p in files for f in glob.glob(p)], 10)
 
 
 def test_keep_and_attach_refuse_what_they_cannot_do_in_one_line(

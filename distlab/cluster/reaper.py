@@ -105,6 +105,8 @@ def main(argv: list[str]) -> int:
     while os.getppid() == owner_pid:
         time.sleep(_POLL_S)
     if keep is not None and _taken_over(owner_pid, keep):
+        with contextlib.suppress(OSError):  # the new owner's watchdog has a list of its own
+            os.unlink(pgid_file)
         return 0
     _kill_groups(_read_pgids(pgid_file))
     try:
