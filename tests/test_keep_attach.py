@@ -14,36 +14,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import distlab
+from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import LabUsageError
 from distlab.notebook.magics import _start_parser
 
 pytestmark = pytest.mark.cluster
 
 KERNEL_S = 120
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _until(check: Callable[[], bool], seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return bool(check())
 
 
 def _kernel(code: str, runtime: Path) -> tuple[int, dict[str, object]]:
@@ -85,7 +68,7 @@ def test_a_kept_lab_outlives_its_killed_kernel_and_another_takes_it_back_ranks_a
     code, started = _kernel(START.format(keep=600), tmp_path)
     assert code == -signal.SIGKILL
     pids = started["pids"]
-    assert isinstance(pids, list) and all(_alive(p) for p in pids)  # spared by the watchdog
+    assert isinstance(pids, list) and all(pid_alive(p) for p in pids)  # spared by the watchdog
     records = list((tmp_path / "distlab" / "kept").glob("*.json"))
     assert len(records) == 1
 
@@ -95,12 +78,12 @@ def test_a_kept_lab_outlives_its_killed_kernel_and_another_takes_it_back_ranks_a
     assert code == 0
     assert first == {"held": {"0": [0.5, 0.5, 0.5], "1": [1.5, 1.5, 1.5]}, "total": {"0": 2.0, "1": 2.0},
                      "pids": pids}
-    assert all(_alive(p) for p in pids) and records[0].exists()
+    assert all(pid_alive(p) for p in pids) and records[0].exists()
 
     # A third, with no id (the only kept lab), stops it: everything goes, record and files too.
     code, second = _kernel(ATTACH.format(lab_id=None, stop=True), tmp_path)
     assert code == 0 and second["pids"] == pids
-    assert _until(lambda: not any(_alive(p) for p in pids))
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), 30)
     assert not records[0].exists()
     files = started["files"]
     assert isinstance(files, list)
@@ -112,10 +95,10 @@ def test_a_kept_lab_that_nobody_attaches_ends_after_its_time(tmp_path: Path) -> 
     assert code == -signal.SIGKILL
     pids = started["pids"]
     assert isinstance(pids, list)
-    assert _until(lambda: not any(_alive(p) for p in pids), 60)
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), 60)
     assert not list((tmp_path / "distlab" / "kept").glob("*"))
     files = started["files"]
-    assert isinstance(files, list) and _until(lambda: not [f for p in files for f in glob.glob(p)], 10)
+    assert isinstance(files, list) and wait_for(lambda: not [f for p in files for f in glob.glob(p)], 10)
 
 
 def test_keep_and_attach_refuse_what_they_cannot_do_in_one_line(

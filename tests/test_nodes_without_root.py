@@ -20,36 +20,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 
 import pytest
 
 import distlab
 from distlab import theory
+from distlab.cluster.processes import pid_alive, wait_for
 
 pytestmark = pytest.mark.cluster
 
 NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin,-sys_admin"]
 NO_USERNS_EITHER = ["setpriv", "--bounding-set=-net_admin,-sys_admin,-setfcap"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(distlab.__file__)))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _until(check: Callable[[], bool], seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return bool(check())
 
 
 LAB = """
@@ -99,7 +81,7 @@ def test_without_root_capabilities_a_lab_on_nodes_runs_in_a_user_namespace_and_l
     # Whether stopped or killed, the holder of the user namespace, the namespaces' holders and the
     # ranks are gone (the holder ends the namespaces once its lab's process is).
     pids = [said["holder"], *said["namespaces"], *said["ranks"]]
-    assert _until(lambda: not any(_alive(p) for p in pids)), [p for p in pids if _alive(p)]
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), 30), [p for p in pids if pid_alive(p)]
 
 
 def test_where_user_namespaces_are_refused_too_nodes_fail_in_one_line_and_loopback_still_works() -> None:
@@ -186,4 +168,4 @@ def test_a_user_who_is_not_root_makes_nodes_and_a_shaped_link() -> None:
     assert said["got"] == said["size"] and said["sent"] >= said["size"]  # across node 0's link, counted by tc
     # No faster than the link allows (a bound the kernel sets, not a speed target).
     assert said["took"] > 0.9 * said["size"] * 8 / 100e6, said
-    assert not _alive(said["holder"])
+    assert not pid_alive(said["holder"])

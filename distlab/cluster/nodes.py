@@ -44,6 +44,7 @@ from ..errors import DistlabError, LabUsageError
 from .links import Link, format_duration, format_rate, parse_duration, parse_rate, spread
 from .namespaces import (
     NS_PREFIX,
+    NamedNamespaces,
     NamespaceHost,
     lab_namespaces,
     namespace_host,
@@ -183,8 +184,9 @@ class Network:
         racks: int | None = None, uplink: Link | None = None, host: NamespaceHost | None = None,
     ) -> None:
         self.nodes = nodes
-        #: What holds the namespaces: named ones (root), or a user namespace of the lab's own.
-        self.host: NamespaceHost = host or namespace_host()
+        #: What holds the namespaces: named ones (root), or a user namespace of the lab's own
+        #: (``create`` picks); a network made here directly only names its namespaces, so it starts nothing.
+        self.host: NamespaceHost = host or NamedNamespaces()
         self.subnet = subnet
         self.link = link
         #: Racks the nodes are in (None: a star, every node on the one switch), and each rack's

@@ -212,8 +212,8 @@ class KeepsItself:
             self.backend = self._world.backend
             self._releaser.listen(self._client, table, self.timeout)
             ids = [r.engine_id for r in table]
-            get(self._client.direct_view(ids).apply_async(lambda: None), self.timeout, "reaching the kept ranks")
-            self._client.direct_view(ids).use_cloudpickle().get(timeout=self.timeout)
+            # The ranks answer (within the deadline), and take names defined here by value, as at a start.
+            get(self._client.direct_view(ids).use_cloudpickle(), self.timeout, "reaching the kept ranks")
             self._guard.watch(self._cluster, keep=self._keep_watch())
             self._guard.adopt_engine_helpers(self._local_pids())
             # Ours now: the watchdog of the kernel that kept it sees another owner, and goes.
