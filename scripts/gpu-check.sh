@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What only a machine with an NVIDIA GPU can check, in stages that each fit a 10-minute run:
 #   scripts/gpu-check.sh tests       the gpu-marked tests (tests/test_gpu.py)
-#   scripts/gpu-check.sh notebooks   notebook 00 and the parallelism labs (14, 14b, 15, 16, 20, 21) under nbval
+#   scripts/gpu-check.sh notebooks   notebook 00 and the parallelism labs (14, 14b, 15, 16, 20, 21, 22) under nbval
+#   scripts/gpu-check.sh executed NB...  the notebooks named, run whole (errors kept), saved executed to $OUT
 #   scripts/gpu-check.sh bench       time to ready against torchrun, an empty cell against raw
 #                                    ipyparallel, a DDP step watched against unwatched
 # Where Jupyter and ipyparallel are missing, run scripts/gpu-wheels.sh on a machine with a package
@@ -9,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:-tests}
-case "$STAGE" in tests|notebooks|bench) ;; *) echo "usage: scripts/gpu-check.sh tests|notebooks|bench" >&2; exit 2 ;; esac
+case "$STAGE" in tests|notebooks|executed|bench) ;; *) echo "usage: scripts/gpu-check.sh tests|notebooks|executed NB...|bench" >&2; exit 2 ;; esac
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -28,7 +29,23 @@ tests)
 notebooks)
     $PY -m pytest -p no:cacheprovider -v notebooks/00-start-here.ipynb notebooks/14-collectives.ipynb \
         notebooks/14b-dtensor-tensor-parallel.ipynb notebooks/15-fsdp2-memory.ipynb notebooks/16-pipeline-schedules.ipynb \
-        notebooks/20-context-expert-parallelism.ipynb notebooks/21-uneven-checkpoints-local-sgd.ipynb 2>&1 | tee "$OUT/gpu-notebooks.log" ;;
+        notebooks/20-context-expert-parallelism.ipynb notebooks/21-uneven-checkpoints-local-sgd.ipynb notebooks/22-compile-ddp-fsdp2.ipynb 2>&1 | tee "$OUT/gpu-notebooks.log" ;;
+executed)
+    shift
+    for nb in "$@"; do
+        $PY - "$nb" "$OUT/$(basename "$nb")" <<'PY' 2>&1 | tee -a "$OUT/gpu-executed.log"
+import sys, time
+import nbclient, nbformat
+source, target = sys.argv[1:]
+nb = nbformat.read(source, as_version=4)
+t0 = time.time()
+nbclient.NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3").execute()
+nbformat.write(nb, target)
+errors = [i for i, c in enumerate(c for c in nb.cells if c.cell_type == "code")
+          if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+print(f"{source}: {time.time() - t0:.0f} s, code cells with an error: {errors or 'none'}")
+PY
+    done ;;
 bench)
     {
         $PY benchmarks/bench_startup.py --ranks 1 --repeats 3 --backend nccl

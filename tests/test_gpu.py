@@ -89,16 +89,57 @@ def test_ranks_sharing_a_gpu_send_and_receive_cuda_tensors(lab_factory):
     assert got[0]["reduce_scatter_all_gather"] == got[1]["reduce_scatter_all_gather"] == [3.0, 6.0]
 
 
+# What crashed both ranks before the lab staged torch's functional all-gathers (rank/staging.py): a
+# DTensor's Shard(0) -> Replicate, full_tensor(), and FSDP2's state dict gathered whole.
+SHARED_DTENSOR = """
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+mesh = init_device_mesh("cuda", (2,))
+whole = torch.arange(48.0, device=device).reshape(8, 6)
+rows = distribute_tensor(whole, mesh, [Shard(0)])
+got = {"replicate": torch.equal(rows.redistribute(mesh, [Replicate()]).to_local(), whole),
+       "full": torch.equal(distribute_tensor(whole, mesh, [Shard(1)]).full_tensor(), whole)}
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
+for layer in (model[0], model[2], model):
+    fully_shard(layer)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    opt.zero_grad()
+    model(torch.randn(8, 16, device=device, generator=torch.Generator(device).manual_seed(rank))).sum().backward()
+    opt.step()
+state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+got["state"] = {k: (str(v.device), v.sum().item()) for k, v in state.items()}
+got
+"""
+
+
+def test_ranks_sharing_a_gpu_gather_dtensors_whole(lab_factory):
+    lab = lab_factory(ranks=2)
+    got = lab.run(SHARED_DTENSOR, stream=False)
+    assert got[0]["replicate"] and got[0]["full"] and got[1]["replicate"] and got[1]["full"]
+    assert got[0]["state"] == got[1]["state"] and {d for d, _ in got[0]["state"].values()} == {"cuda:0"}
+
+
 def test_gloo_runs_every_operation_on_cuda_tensors_or_the_probe_names_it():
     # Each collective and point-to-point operation, raw torch, in fresh processes: what gloo itself
     # can do with CUDA tensors here (a failure names the operation; distlab stages sends and receives).
-    probe = subprocess.run([sys.executable, "scripts/gpu-gloo-probe.py"], capture_output=True, text=True,
-                           timeout=240, cwd=Path(__file__).parent.parent)
+    probe = subprocess.run(
+        [sys.executable, "scripts/gpu-gloo-probe.py"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).parent.parent,
+    )
     lines = dict(line.split(": ", 1) for line in probe.stdout.splitlines()[1:] if ": " in line)
     # Known, torch 2.11 on an H200: sends and receives fail ("writev ... Bad address"; distlab stages
     # them), the list all_to_all is refused ("Backend gloo does not support alltoall"; the
     # all_to_all_single that DTensor uses works), and a DTensor's Shard(0) -> Replicate kills both
-    # processes (SIGSEGV), though dist.all_gather_into_tensor on the same tensors works.
+    # processes (SIGSEGV), though dist.all_gather_into_tensor on the same tensors works (torch's
+    # functional all-gather goes to gloo's coalesced one, which reads device pointers as host memory;
+    # a lab stages it: the next test).
     known = {"send_recv", "isend_irecv_batch", "all_to_all", "dtensor_shard0_to_replicate"}
     failed = {op.strip() for op, result in lines.items() if result != "ok"}
     assert len(lines) == 17 and failed <= known, probe.stdout + probe.stderr

@@ -68,3 +68,38 @@ def test_host_tensors_on_gloo_are_sent_as_they_are(lab):
     )
     assert got[0][0] is False and got[1][0] is False
     assert "Staged" not in got[0][1] and "Staged" not in got[1][1]
+
+
+# torch's functional all-gathers (DTensor's Shard -> Replicate, full_tensor) through host copies: on a
+# GPU the kernel stands in for CUDA tensors (tests/test_gpu.py); here it is put in front of the CPU
+# kernels of a lab of its own, and must give what torch's own gave in the same cell, and be the one run.
+FUNCTIONAL = """
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from distlab.rank import staging
+
+mesh = init_device_mesh("cpu", (2,))
+whole = torch.arange(48.0).reshape(8, 6) * (1 + rank) / (1 + rank)   # the same on both ranks
+
+
+def moves():
+    rows, columns = distribute_tensor(whole, mesh, [Shard(0)]), distribute_tensor(whole, mesh, [Shard(1)])
+    return [rows.redistribute(mesh, [Replicate()]).to_local(), rows.full_tensor(), columns.full_tensor(),
+            distribute_tensor(whole[:, :5], mesh, [Shard(0)]).full_tensor()]
+
+
+theirs = moves()
+runs = []
+staging.stage_functional_all_gathers("CPU")
+staged_out = staging._all_gather_out
+staging._all_gather_out = lambda *a, **k: runs.append(1) or staged_out(*a, **k)
+ours = moves()
+staging._all_gather_out = staged_out
+(len(runs), all(torch.equal(a, b) for a, b in zip(ours, theirs)), all(torch.equal(t, whole) for t in ours[:3]))
+"""
+
+
+def test_functional_all_gathers_run_through_host_copies_and_give_torchs_result(lab_factory):
+    lab = lab_factory(ranks=2)
+    got = lab.run(FUNCTIONAL, stream=False)
+    assert got[0] == got[1] == (4, True, True)

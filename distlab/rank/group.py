@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..wire import GroupSpec, RankJoined
-from . import flight, heal, namespace, progress, torchcompat, torchrun
+from . import flight, heal, namespace, progress, staging, torchcompat, torchrun
 from .identity import interface_of
 from .release import shutdown_peer_connections
 
@@ -120,6 +120,8 @@ def init_rank(spec: GroupSpec) -> RankJoined:
 def _prepare(spec: GroupSpec) -> torch.device:
     """What a rank is given before any group: its device, threads, torchrun's variables, the lab's lighthouse."""
     device = _bind_device(spec.backend, spec.local_rank, spec.device)
+    if device.type == "cuda" and spec.backend == "gloo":
+        staging.stage_functional_all_gathers()  # DTensor's all-gathers of CUDA tensors: rank/staging.py
     if device.type == "cpu":
         # N ranks sharing a host's cores each default to all of them and thrash; split them
         # (torchrun does the same by setting OMP_NUM_THREADS=1).

@@ -12,19 +12,30 @@ a pipeline's first send). Every send and receive passes through the process grou
   as NCCL's receive is only guaranteed complete after ``wait()``.
 
     work = staged(original_method, group, "recv", [cuda_tensor], peer, tag)
+
+gloo's all-gather has the same gap on one path: ``dist.all_gather_into_tensor`` takes CUDA tensors,
+but torch's functional all-gather (``_c10d_functional.all_gather_into_tensor``, what DTensor's
+``Shard -> Replicate``, ``full_tensor()`` and a compiled FSDP2 model call) goes to gloo's coalesced
+all-gather, which reads the device pointers as host memory: both ranks die with SIGSEGV (torch 2.11
+on an H200, measured; ``scripts/gpu-gloo-probe.py`` shows it without distlab). In a lab whose ranks
+share a GPU over gloo, ``stage_functional_all_gathers`` puts a kernel of its own in front of those ops
+for CUDA tensors: the all-gather through ``dist.all_gather_into_tensor`` on host copies, done when it
+returns (``wait_tensor`` then finds no work and returns at once, as for a collective already waited on).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
-__all__ = ["StagedReceive", "needs_staging", "staged"]
+__all__ = ["StagedReceive", "needs_staging", "stage_functional_all_gathers", "staged"]
 
 
 def needs_staging(group: Any, tensors: Sequence[torch.Tensor]) -> bool:
@@ -88,3 +99,46 @@ class StagedReceive(StagedSend):
     def _source_rank(self) -> int:
         """The sender of a receive from any source (``dist.recv(src=None)`` reads it after ``wait``)."""
         return int(self._work._source_rank())
+
+
+#: The torch.library registrations (kept: a Library's kernels go when it is collected), by dispatch key.
+_functional_kernels: dict[str, Any] = {}
+#: torch's own, untyped: the kernel registry, and the group a functional collective's name stands for.
+_Library: Any = torch.library.Library
+_resolve_process_group: Any = c10d._resolve_process_group  # type: ignore[attr-defined]
+
+
+def stage_functional_all_gathers(dispatch_key: str = "CUDA") -> None:
+    """Run torch's functional all-gathers of ``dispatch_key`` tensors through host copies (module doc).
+    Once per process and key. Only for a lab whose groups are gloo: the kernel it replaces is gone for
+    the process, and a group of another backend gets the same staged all-gather (correct, not overlapped)."""
+    if dispatch_key in _functional_kernels:
+        return
+    library = _Library("_c10d_functional", "IMPL")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+        warnings.simplefilter("ignore")
+        library.impl("all_gather_into_tensor", _all_gather, dispatch_key)
+        library.impl("all_gather_into_tensor_out", _all_gather_out, dispatch_key)
+        library.impl("all_gather_into_tensor_coalesced", _all_gather_coalesced, dispatch_key)
+    _functional_kernels[dispatch_key] = library
+
+
+def _group(group_name: Any) -> Any:
+    # torch 2.11 passes the group's registered name; 2.13's schema takes the group itself as well.
+    return group_name if isinstance(group_name, dist.ProcessGroup) else _resolve_process_group(group_name)
+
+
+def _all_gather(tensor: torch.Tensor, group_size: int, group_name: Any) -> torch.Tensor:
+    out = torch.empty((tensor.shape[0] * group_size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    return _all_gather_out(tensor, group_size, group_name, out=out)
+
+
+def _all_gather_out(tensor: torch.Tensor, group_size: int, group_name: Any, *, out: torch.Tensor) -> torch.Tensor:
+    gathered = torch.empty(out.shape, dtype=out.dtype, device="cpu")
+    dist.all_gather_single(gathered, tensor.detach().to("cpu").contiguous(), group=_group(group_name))
+    out.copy_(gathered)
+    return out
+
+
+def _all_gather_coalesced(tensors: list[torch.Tensor], group_size: int, group_name: Any) -> list[torch.Tensor]:
+    return [_all_gather(t, group_size, group_name) for t in tensors]

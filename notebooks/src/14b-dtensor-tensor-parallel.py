@@ -80,7 +80,8 @@ print("full_tensor() of both partials is the column sums of the whole tensor:", 
 # %%
 # %%ddp
 COLLECTIVE = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-              "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
+              "all_reduce": "all_reduce", "all_to_all_single": "all_to_all",
+              "shard_dim_alltoall": "all_to_all"}  # DTensor's own all-to-all op, on CUDA
 
 
 def collectives(comm):
@@ -100,15 +101,25 @@ try:
 except RuntimeError as e:
     refused = str(e)
 
-# %% tags=["nbval-check-output"]
+# %%
 moves = lab.pull("moves", 0)[0]
-fraction = {op: theory.collective_bytes(op, 1.0, 2).sent_bytes for op in ("all_gather", "all_reduce", "reduce_scatter")}
+fraction = {op: theory.collective_bytes(op, 1.0, 2).sent_bytes
+            for op in ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")}
 print(f"{'redistribute':>28} {'collectives issued':>22} {'local shape after':>18} "
       f"{'each rank sends (S: the tensor)':>32}")
 for move, (issued, shape) in moves.items():
     cost = " + ".join(f"{fraction[op]:g} S" for op in issued) or "nothing"
     print(f"{move:>28} {issued or 'none'!s:>22} {shape!s:>18} {cost:>32}")
 print("\nReplicate -> Partial:", lab.pull("refused", 0)[0])
+
+# %% tags=["nbval-check-output"]
+on_gpu = lab.status()[0].device.startswith("cuda")
+print("Shard -> Replicate an all-gather, Partial -> Replicate an all-reduce, Partial -> Shard a reduce-scatter, "
+      "Replicate -> Shard nothing:",
+      [moves[m][0] for m in ("Shard(0) -> Replicate", "Partial -> Replicate", "Partial -> Shard(0)", "Replicate -> Shard(0)")]
+      == [{"all_gather": 1}, {"all_reduce": 1}, {"reduce_scatter": 1}, {}])
+print("Shard(0) -> Shard(1): an all-to-all on GPUs, an all-gather on CPUs:",
+      moves["Shard(0) -> Shard(1)"][0] == ({"all_to_all": 1} if on_gpu else {"all_gather": 1}))
 
 # %% [markdown]
 # Each change of layout is one collective, and the names are notebook 14's:
@@ -260,7 +271,9 @@ def one_step(kind):
     reference_loss.backward()
     pairs = [(full(p.grad), q.grad) for p, q in zip(model.parameters(), reference.parameters())]
     with CommDebugMode() as update:
-        torch.optim.SGD(model.parameters(), lr=0.1).step()
+        # foreach=False: on CUDA, SGD's default multi-tensor update refuses a list that mixes DTensor
+        # parameters with plain ones (those the plan leaves whole), measured on an H200.
+        torch.optim.SGD(model.parameters(), lr=0.1, foreach=False).step()
     return {"forward": collectives(forward), "backward": collectives(backward), "update": collectives(update),
             "loss difference": abs(loss.item() - reference_loss.item()),
             "largest gradient difference": max((g - h).abs().max().item() for g, h in pairs),
@@ -307,7 +320,7 @@ for kind, s in steps.items():
 def watched_step(kind):
     """One SGD step of the split model, watched: {collective: (how many, bytes)}."""
     model, _ = split_and_reference(kind)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)   # as in one_step
     watch = distlab.watch(model, stats_every=0, checksum_every=0)
     _, loss = model(idx, targets)
     loss.backward()

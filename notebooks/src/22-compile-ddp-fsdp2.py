@@ -145,6 +145,10 @@ for kind in KINDS:
     buckets = ", ".join(f"{b:.3g}" for b in r["buckets (MB)"])
     print(f"{kind:>24} {r['graphs']:>6} {buckets:>34} {r['launch spread (ms)']:>10.0f} ms {r['last launch (ms)']:>8.0f} ms "
           f"{r['step (ms)']:>4.0f} ms {r['exposed all-reduce (ms)']:>5.0f} ms")
+on_gpu = lab.status()[0].device.startswith("cuda")
+if on_gpu:
+    print("on a GPU this backward is queued in a millisecond or two: the launches have nothing to spread over, "
+          "so the spread is not checked below")
 
 # %% [markdown]
 # How to read it (medians of steps 3 to 6; the times are measured, so they move from run to run):
@@ -157,7 +161,9 @@ for kind in KINDS:
 #   (torch 2.13; put the layers in a class of your own, as most models are).
 # - **launch spread**: from the first bucket's launch to the last. Eager DDP and the graphs cut at
 #   the buckets launch theirs across backward. One graph launches them all together, when its
-#   whole backward has run.
+#   whole backward has run. That is on CPU ranks: on a GPU the host queues this small backward's
+#   kernels in a millisecond or two, and every run's launches fall inside that (two ranks sharing an
+#   H200: 1-2 ms of spread in all four runs).
 # - **buckets**: eager DDP rebuilds its buckets after the first step, in the order the gradients
 #   arrived: four of two layers. Compiled, the gradients arrive graph by graph, in another order,
 #   which leaves a bias or two in a last bucket of a few kilobytes.
@@ -176,9 +182,10 @@ print("optimize_ddp off: one graph; the nn.Sequential: none at all:",
 print("every compiled run trains to eager DDP's weights (within 1e-5):",
       all(max((a - b).abs().max().item() for a, b in zip(r["weights"], eager_w)) < 1e-5 for r in ddp_runs.values()))
 # Tens of milliseconds of backward between bucket launches against launches a few ms apart: a factor
-# of 4 leaves room for a loaded machine's bursts.
-print("one graph launches its buckets together; cut at the buckets, they spread over backward (4x more):",
-      cut["launch spread (ms)"] > 4 * one["launch spread (ms)"])
+# of 4 leaves room for a loaded machine's bursts. On a GPU the host queues the whole backward in a
+# millisecond or two (an H200: 1-2 ms of spread in all four runs), so this holds for CPU ranks only.
+print("one graph launches its buckets together; cut at the buckets, they spread over backward (4x more), on CPU ranks:",
+      on_gpu or cut["launch spread (ms)"] > 4 * one["launch spread (ms)"])
 
 # %% [markdown]
 # The bucket cap sets the cut. With `bucket_cap_mb=100`, the whole model but the first bucket fits
