@@ -62,6 +62,27 @@ def test_tensor_parallel_time_is_exposed_and_fsdp_hides_behind_compute_but_for_o
     assert pred.memory_per_gpu_bytes == 9e9
 
 
+def test_a_machine_that_overlaps_nothing_exposes_every_collective_and_per_op_links_are_used():
+    # A calibrated lab's hardware (scale.calibrate): its cores run both compute and collectives, its
+    # reduce-scatter has a bandwidth of its own, and its efficiency is its own.
+    from dataclasses import replace
+
+    gather = _c("all_gather", "dp_shard", 2, 8 * 2**20, calls=10)
+    scatter = _c("reduce_scatter", "dp_shard", 2, 16 * 2**20, calls=5, phase="backward")
+    report = NS(plan=_plan(tp=1, gpus=2), micro_batches=2, tokens_per_step=2 * 8192,
+                kinds=[_kind(0.1, [gather, scatter], ranks=2)])
+    lab = replace(H100, gpus_per_node=2, overlap=0.0, efficiency=0.5,
+                  node_link_by_op={"reduce_scatter": (1e9, 1e-4)})
+    pred = predict.predict_report(report, lab, "ib-400g")
+    assert pred.efficiency == 0.5  # the hardware's own, not the published fit
+    gathers = 10 * collective_time_s("all_gather", 16 * 2**20, 2, H100.node_link_bytes_per_s, H100.node_link_latency_s)
+    scatters = 5 * collective_time_s("reduce_scatter", 16 * 2**20, 2, 1e9, 1e-4)
+    assert pred.breakdown["exposed dp_shard"] == pytest.approx(2 * (gathers + scatters), rel=1e-9)
+    # Overlapping fully, the same collectives hide behind the 0.1 s of compute but for one call.
+    full = predict.predict_report(report, replace(lab, overlap=1.0), "ib-400g")
+    assert full.breakdown["exposed dp_shard"] == pytest.approx(2 * (gathers + scatters) / 15, rel=1e-9)
+
+
 def test_a_pipeline_pays_its_bubble():
     plan = _plan(gpus=32, pp=4, tp=8, dp="fsdp")
     kinds = [_kind(0.1, ranks=8), _kind(0.12, ranks=8), _kind(0.1, ranks=16)]

@@ -162,6 +162,16 @@ def test_fit_recovers_latency_and_bandwidth_from_exact_timings():
     assert fit.allreduce_time_s(400e6, 4) == pytest.approx(24.030e-3)
 
 
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast"])
+def test_fit_of_another_collective_uses_its_own_steps_and_bytes(op):
+    timings = [(s, theory.collective_time_s(op, s, 4, 3e9, 2e-5)) for s in (1e6, 8e6, 64e6)]
+    fit = theory.fit_latency_bandwidth(timings, workers=4, op=op)
+    assert fit.latency_s == pytest.approx(2e-5, rel=1e-6)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(3e9, rel=1e-9)
+    # read as all-reduces, the same times give another link: the op matters
+    assert theory.fit_latency_bandwidth(timings, workers=4).bandwidth_bytes_per_s != pytest.approx(3e9, rel=0.01)
+
+
 def test_fit_accepts_measurements_at_several_world_sizes():
     triples = [(n, s, theory.ring_allreduce_time_s(s, n, 1e9, 2e-4)) for n in (2, 4, 8) for s in (1e6, 32e6)]
     fit = theory.fit_latency_bandwidth(triples)

@@ -28,6 +28,7 @@ read: the local parameter shards, gradients and the optimizer's states. What is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import sys
@@ -51,7 +52,10 @@ from ..theory import in_flight_micro_batches
 from . import torchcompat
 from .torchcompat_dispatch import DispatchMode, collective_group, op_name
 
-__all__ = ["dry_run", "main"]
+__all__ = [
+    "FLOPS", "MESH", "LocalFlops", "backward", "dry_run", "main", "mesh_dims", "micro_batch", "micro_batches",
+    "parallelize", "tracked_step",
+]
 
 MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 _OPS = {  # the dispatcher's collective ops -> the names a report uses
@@ -117,7 +121,7 @@ def _kinds(plan: dict[str, Any]) -> list[tuple[str, int, int, int | None]]:
     return kinds
 
 
-def _parallelize(plan: dict[str, Any], cfg: Any, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
+def parallelize(plan: dict[str, Any], cfg: Any, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
     with torch.device("meta"):  # no memory: the weights are made (as fake tensors) under FakeTensorMode
         modules = stage_modules(cfg, plan["pp"], plan["chunks"], stage)
     dp_mesh = mesh["dp_shard"] if plan["dp"] == "fsdp" else mesh["dp_replicate", "dp_shard"]
@@ -150,7 +154,7 @@ def _local_bytes(tensors: Any) -> int:
     return total
 
 
-def _micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage], tp: bool) -> list[Any]:
+def micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage], tp: bool) -> list[Any]:
     """One micro-batch's forward through this rank's stage modules: what each backward starts from
     (the loss, or the stage's output and the gradient that would come back for it)."""
     batch, seq = plan["micro_batch_size"], plan["seq_len"]
@@ -172,7 +176,7 @@ def _micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage]
     return losses
 
 
-def _backward(losses: list[Any], tp: bool) -> None:
+def backward(losses: list[Any], tp: bool) -> None:
     for out, grad in reversed(losses):
         with loss_parallel() if tp and isinstance(out, DTensor) else nullcontext():
             out.backward(grad)
@@ -181,7 +185,7 @@ def _backward(losses: list[Any], tp: bool) -> None:
 _ATEN = torch.ops.aten
 # CPU's fused attention has torch's formulas for the GPU kernels (same arguments first): the dry run
 # runs CPU kernels, the step it stands for runs flash attention.
-_FLOPS = {
+FLOPS = {
     **flop_registry,
     _ATEN._scaled_dot_product_flash_attention_for_cpu: flop_registry[_ATEN._scaled_dot_product_flash_attention],
     _ATEN._scaled_dot_product_flash_attention_for_cpu_backward:
@@ -205,7 +209,7 @@ class LocalFlops(DispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
-        formula = _FLOPS.get(func.overloadpacket)
+        formula = FLOPS.get(func.overloadpacket)
         # Not an op another fake mode runs. DTensor's propagation under this step's own mode looks like
         # compute here: _run_kind fills its cache before the measured micro-batch.
         if formula is not None and torchcompat.active_fake_mode() is self.fake_mode:
@@ -214,12 +218,12 @@ class LocalFlops(DispatchMode):
 
 
 def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, stage: int | None) -> dict[str, Any]:
-    dims = {"pp": plan["pp"], **_dims(plan)}
+    dims = {"pp": plan["pp"], **mesh_dims(plan)}
     dist.init_process_group("fake", store=torchcompat.fake_store(), rank=rank, world_size=plan["gpus"])
     try:
         mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
         dims_of = {str(mesh.get_group(d).group_name): d for d in MESH}
-        modules = _parallelize(plan, cfg, mesh, stage or 0)
+        modules = parallelize(plan, cfg, mesh, stage or 0)
         params = [p for m in modules for p in m.parameters()]
         tp = plan["tp"] > 1
         with torchcompat.fake_tensor_mode():
@@ -236,19 +240,10 @@ def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, 
                 # per signature, which the measured step would count as compute (a fixed 136 MFLOPs
                 # for the 128-wide GPT at tp 2, whatever its depth; the memory read the same with and
                 # without this, for Llama 8B at tp 8). One micro-batch before fills that cache.
-                _backward(_micro_batch(plan, cfg, modules, tp), tp)
+                backward(micro_batch(plan, cfg, modules, tp), tp)
                 optimizer.zero_grad(set_to_none=True)
-            counter, tracker = Collectives(dims_of), torchcompat.memory_tracker(*modules, optimizer)
-            flops = LocalFlops()
-            with tracker, flops, counter:
-                losses = _micro_batch(plan, cfg, modules, tp)
-                counter.phase = "backward"
-                _backward(losses, tp)
-                forward_backward_peak = torchcompat.tracked_peak_bytes(tracker)
-                gradients = _local_bytes(p.grad for p in params)
-                counter.phase = "optimizer"
-                optimizer.step()
-            peak = torchcompat.tracked_peak_bytes(tracker)
+            counter, flops = Collectives(dims_of), LocalFlops()
+            memory = tracked_step(plan, cfg, modules, optimizer, counter, flops)
             total_flops = flops.flops
             recompute = 0
             if plan["checkpointing"] != "none":
@@ -257,31 +252,59 @@ def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, 
                 optimizer.zero_grad(set_to_none=True)
                 plain = LocalFlops()
                 with plain:
-                    again = _micro_batch(plan, cfg, modules, tp)
-                    _backward(again, tp)
+                    again = micro_batch(plan, cfg, modules, tp)
+                    backward(again, tp)
                 recompute = total_flops - plain.flops
-        parameters = _local_bytes(params)
-        states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-        opt_bytes = _local_bytes(states)
-        resident = parameters + opt_bytes
-        activations = forward_backward_peak - resident
+        activations, peak = memory["activations"], memory["peak"]
         collectives = counter.report()
         if plan["pp"] > 1 and stage is not None:
-            count = _micro_batches(plan)
+            count = micro_batches(plan)
             in_flight = in_flight_micro_batches(stage, plan["pp"], count, plan["schedule"], plan["chunks"])
             peak += round((in_flight - 1) * activations)
             activations = round(in_flight * activations)
             collectives += _point_to_point(plan, cfg, modules)
         return {
             "name": name, "ranks": ranks, "rank": rank, "stage": stage,
-            "memory": {"parameters": parameters, "gradients": gradients, "optimizer": opt_bytes,
-                       "activations": int(activations), "peak": int(peak)},
+            "memory": {**memory, "activations": int(activations), "peak": int(peak)},
             "collectives": collectives,
             "flops_per_micro_batch": float(total_flops - recompute),
             "recompute_flops_per_micro_batch": float(recompute),
         }
     finally:
         dist.destroy_process_group()
+
+
+def tracked_step(
+    plan: dict[str, Any], cfg: Any, modules: list[TransformerStage], optimizer: Any,
+    counter: Collectives | None = None, *modes: Any,
+) -> dict[str, int]:
+    """One micro-batch's forward and backward, then the optimizer's step, under torch's MemTracker (and
+    ``counter`` and ``modes``, dispatch modes around the same step): what this rank holds, in bytes, by
+    category. Activations are the peak up to the end of backward less the parameters and the optimizer's
+    states, which live through the step; the peak is the whole step's, the optimizer's included. The
+    dry run runs it under FakeTensor, ``scale.measure`` on a lab's real tensors (``rank.planrun``)."""
+    params = [p for m in modules for p in m.parameters()]
+    tp = plan["tp"] > 1
+    tracker = torchcompat.memory_tracker(*modules, optimizer)
+    with tracker, contextlib.ExitStack() as stack:
+        for mode in (counter, *modes):
+            if mode is not None:
+                stack.enter_context(mode)
+        losses = micro_batch(plan, cfg, modules, tp)
+        if counter is not None:
+            counter.phase = "backward"
+        backward(losses, tp)
+        forward_backward_peak = torchcompat.tracked_peak_bytes(tracker)
+        gradients = _local_bytes(p.grad for p in params)
+        if counter is not None:
+            counter.phase = "optimizer"
+        optimizer.step()
+    peak = torchcompat.tracked_peak_bytes(tracker)
+    parameters = _local_bytes(params)
+    states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    optimizer_bytes = _local_bytes(states)
+    return {"parameters": parameters, "gradients": gradients, "optimizer": optimizer_bytes,
+            "activations": forward_backward_peak - parameters - optimizer_bytes, "peak": peak}
 
 
 def _point_to_point(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage]) -> list[dict[str, Any]]:
@@ -305,14 +328,14 @@ def _sequence_split(plan: dict[str, Any]) -> int:
     return int(plan["tp"]) if plan["sequence_parallel"] else 1
 
 
-def _dims(plan: dict[str, Any]) -> dict[str, int]:
+def mesh_dims(plan: dict[str, Any]) -> dict[str, int]:
     dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
     shard = {"ddp": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
     replicate = dp // shard
     return {"dp_replicate": replicate, "dp_shard": shard, "cp": plan["cp"], "tp": plan["tp"]}
 
 
-def _micro_batches(plan: dict[str, Any]) -> int:
+def micro_batches(plan: dict[str, Any]) -> int:
     dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
     return int(plan["global_batch_tokens"] // (plan["seq_len"] * plan["micro_batch_size"] * dp))
 
@@ -326,7 +349,7 @@ def dry_run(plan: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     cfg = SimpleNamespace(**plan["model"])
     kinds = [_forked(plan, cfg, kind) for kind in _kinds(plan)]
-    m = _micro_batches(plan)
+    m = micro_batches(plan)
     return {"plan": plan, "parameters": _count(cfg), "kinds": kinds, "seconds": time.perf_counter() - start,
             "micro_batches": m, "tokens_per_step": m * plan["micro_batch_size"] * plan["seq_len"]
             * plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])}

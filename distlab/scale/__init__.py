@@ -10,6 +10,7 @@ machine whose figures are cited (``hardware.py``). Imports no torch: the dry run
 from __future__ import annotations
 
 from . import hardware
+from .calibration import CALIBRATION_MODEL, Calibration, Measurement, calibrate, measure
 from .dryrun import dry_run
 from .hardware import HARDWARE, NETWORKS, Hardware, Network
 from .models import MODELS, ModelConfig, parameters
@@ -18,20 +19,25 @@ from .prediction import EFFICIENCY, Prediction, predict, predict_report
 from .report import CollectiveCount, DryRunReport, RankKind
 
 __all__ = [
+    "CALIBRATION_MODEL",
     "EFFICIENCY",
     "HARDWARE",
     "MODELS",
     "NETWORKS",
+    "Calibration",
     "CollectiveCount",
     "DryRunReport",
     "Hardware",
+    "Measurement",
     "ModelConfig",
     "Network",
     "Plan",
     "Prediction",
     "RankKind",
+    "calibrate",
     "dry_run",
     "hardware",
+    "measure",
     "parameters",
     "predict",
     "predict_report",

@@ -15,7 +15,7 @@ large model's step it adds under 1% at these values.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["HARDWARE", "NETWORKS", "Hardware", "Network", "hardware_named", "network_named"]
 
@@ -37,6 +37,16 @@ class Hardware:
     node_link_bytes_per_s: float
     node_link_latency_s: float
     source: str
+    #: The fraction of the peak a training step's compute reaches on this machine, where it was measured
+    #: (``scale.calibrate``); None: the predictor's ``EFFICIENCY``, fitted on a published run.
+    efficiency: float | None = None
+    #: The share of a collective's time that compute running beside it hides: 1 where communication has
+    #: engines of its own (a GPU's copy engines and NCCL's kernels beside the matmuls); a CPU lab's cores
+    #: do both, which ``scale.calibrate`` measures.
+    overlap: float = 1.0
+    #: (bandwidth, latency) of the node's link per collective where they were fitted apart (``scale.calibrate``:
+    #: gloo's reduce-scatter moves an all-reduce's bytes); otherwise every op uses the two above.
+    node_link_by_op: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class Network:
     bytes_per_s: float
     latency_s: float
     source: str
+    #: (bandwidth, latency) per collective where they were fitted apart, as ``Hardware.node_link_by_op``.
+    by_op: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 HARDWARE: dict[str, Hardware] = {

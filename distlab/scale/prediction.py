@@ -9,9 +9,10 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
 (``hardware.py``) and a stated model of time:
 
 - **Compute**: FLOPs / (peak x ``efficiency``). ``efficiency`` is the one number not counted: the
-  fraction of the peak that a step's matmuls and the kernels between them reach. Its default,
-  ``EFFICIENCY``, was fitted on one published run (torchtitan's Llama 3.1 8B, FSDP on 128 H100s,
-  ``benchmarks/bench_published_runs.py --fit``) and is tested on the others.
+  fraction of the peak that a step's matmuls and the kernels between them reach. Its default is the
+  hardware's own where it was measured (``scale.calibrate``), else ``EFFICIENCY``, fitted on one
+  published run (torchtitan's Llama 3.1 8B, FSDP on 128 H100s, ``benchmarks/bench_published_runs.py
+  --fit``) and tested on the others.
 - **Where a collective runs**: the mesh is laid out as torchtitan lays it, ``(pp, dp_replicate,
   dp_shard, cp, tp)`` with tp innermost, consecutive ranks on a node. A dimension's group whose
   ranks all sit in one node uses the node's link (NVLink), else the network (each GPU's NIC, the
@@ -19,7 +20,9 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
 - **Overlap**: tensor-parallel collectives sit in the forward and backward's critical path: exposed
   in full. FSDP's all-gathers and reduce-scatters (and HSDP's or DDP's all-reduces) run beside
   compute (FSDP2 prefetches the next unit): exposed is what exceeds the compute they hide behind,
-  plus one call (the first all-gather and the last reduction wait for nothing). Context-parallel
+  plus one call (the first all-gather and the last reduction wait for nothing). Where the hardware
+  overlaps only partly (``Hardware.overlap`` below 1: a CPU lab, whose cores run both), compute
+  hides that share of its own time. Context-parallel
   exchanges overlap attention (torch's ring attention) the same way. A pipeline's sends and receives
   are exposed, once per micro-batch per stage boundary.
 - **Pipeline**: ``theory.pipeline_step_time_s`` of the slowest stage's micro-batch time: the bubble
@@ -109,9 +112,9 @@ def _collective_s(c: Any, link: str, hardware: Hardware, network: Network) -> fl
     if c.op not in _COLLECTIVE_OPS or c.group_size < 2:
         return 0.0
     bandwidth, latency = (
-        (hardware.node_link_bytes_per_s, hardware.node_link_latency_s)
+        hardware.node_link_by_op.get(c.op, (hardware.node_link_bytes_per_s, hardware.node_link_latency_s))
         if link == "node"
-        else (network.bytes_per_s, network.latency_s)
+        else network.by_op.get(c.op, (network.bytes_per_s, network.latency_s))
     )
     # The dry run counts what each rank puts in: an all-gather's shard, a reduce-scatter's whole
     # input; theory's sizes are the whole tensor the collective makes or reduces.
@@ -151,8 +154,10 @@ def _kind_time(
     exposed_mb = {}
     for dim, seconds in per_mb.items():
         if dim in _OVERLAPPED:
+            # Hidden: what the compute beside it covers (all of it, up to the compute, where the
+            # hardware overlaps fully), less the first call, which waits for nothing to start.
             calls = sum(c.calls_per_micro_batch for c in kind.collectives if c.dim == dim) or 1
-            exposed_mb[dim] = max(0.0, seconds - compute_mb) + seconds / calls
+            exposed_mb[dim] = max(0.0, seconds - hw.overlap * compute_mb) + hw.overlap * seconds / calls
         else:
             exposed_mb[dim] = seconds
     micro_batch_s = compute_mb + sum(exposed_mb.values())
@@ -176,7 +181,7 @@ def predict_report(
 ) -> Prediction:
     """The prediction for a dry run's report (``scale.dry_run(plan)``) on ``hardware`` and ``network``."""
     hw, net = hardware_named(hardware), network_named(network)
-    eff = EFFICIENCY if efficiency is None else float(efficiency)
+    eff = float(efficiency) if efficiency is not None else hw.efficiency if hw.efficiency is not None else EFFICIENCY
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1], the fraction of peak FLOPs reached; got {efficiency!r}")
     plan = report.plan

@@ -221,14 +221,18 @@ class LatencyBandwidthFit:
         return ring_allreduce_time_s(size_bytes, workers, self.bandwidth_bytes_per_s, self.latency_s)
 
 
-def fit_latency_bandwidth(measurements: Iterable[Sequence[float]], workers: int | None = None) -> LatencyBandwidthFit:
-    """Fit latency ``a`` and bandwidth ``B`` of the ring model to measured all-reduce times.
+def fit_latency_bandwidth(
+    measurements: Iterable[Sequence[float]], workers: int | None = None, op: str = "all_reduce"
+) -> LatencyBandwidthFit:
+    """Fit latency ``a`` and bandwidth ``B`` of the ring model to measured all-reduce times (or another
+    ``op``'s: its steps and bus factor as :func:`collective_time_s` has them, S the whole tensor).
 
     ``measurements`` holds ``(workers, size_bytes, time_s)`` triples, or ``(size_bytes, time_s)`` pairs
     when ``workers`` is given. The model ``T = 2(N-1)/N * S * (1/B) + 2(N-1) * a`` is linear in 1/B and a,
     so this is least squares on two unknowns; a fitted negative latency (noise on a fast link) is
     clamped to 0 and the bandwidth refitted alone.
     """
+    checks.choice("op", op, COLLECTIVES)
     rows: list[tuple[float, float, float]] = []  # (x_bandwidth, x_latency, time)
     for index, item in enumerate(measurements):
         values = list(_sequence(f"measurements[{index}]", item))
@@ -240,7 +244,7 @@ def fit_latency_bandwidth(measurements: Iterable[Sequence[float]], workers: int 
         n = _count(f"workers of measurements[{index}]", values[0], minimum=2)
         size = _non_negative(f"size_bytes of measurements[{index}]", values[1])
         time = _positive(f"time_s of measurements[{index}]", values[2])
-        rows.append((_ring_factor(n) * size, float(_ring_steps(n)), time))
+        rows.append((_bus_factor(op, n) * size, float(_steps(op, n)), time))
     if len({(x, y) for x, y, _ in rows}) < 2:
         raise ValueError("need measurements at two or more different sizes to separate latency from bandwidth")
 

@@ -1,0 +1,191 @@
+"""A ``scale.Plan`` run for real on a lab's ranks, and what ``scale.calibrate`` measures of the lab.
+
+The dry run (``rank/dryrun.py``) runs a plan's code at its full world size under a fake process group
+and FakeTensor. Here the same code (``parallelize``, ``micro_batch``, ``backward``, ``tracked_step``)
+runs on the lab's own process group, with real weights on each rank, at the lab's world size: what
+``scale.measure`` times and weighs, against what ``scale.predict`` said of the same plan.
+
+Called by the notebook through ``lab.run`` with a plan's JSON (``Plan.to_json()``); every rank of the
+lab runs the same call, as every rank of a job would.
+
+- ``run_plan``: warm-up steps, then timed steps (each between two barriers: the step of the slowest
+  rank, as a job's step is), then one step under torch's MemTracker, exactly as the dry run tracks its
+  step.
+- ``compute_rate``: this rank's matmul rate (the lab's peak), and the FLOP rate it reaches on the
+  plan's model, whole and alone on each rank (no collective), all ranks at once, since they share the
+  machine's cores as they will in the plan: the fraction of the peak reached is the lab's efficiency.
+- ``collective_times``: all-reduces, all-gathers and reduce-scatters of several sizes on the lab's
+  group, timed, for the fit of the link (latency and bandwidth in the ring model, op by op).
+- ``overlap``: an all-reduce alone, matmuls alone, and the two at once: how much compute hides.
+- ``copy_rate``: the bytes per second a rank copies, all ranks at once: the optimizer step's memory
+  bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..nn.llama import stage_modules
+from .dryrun import MESH, LocalFlops, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
+
+__all__ = ["collective_times", "compute_rate", "copy_rate", "overlap", "run_plan"]
+
+
+def _initialised(modules: list[Any]) -> None:
+    """Real weights for modules built on the meta device: small normal values, norms at one. (Memory
+    left as it came could hold NaNs and denormals, which slow a CPU's matmuls by orders of magnitude.)"""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for module in modules:
+            module.to_empty(device="cpu")
+            for name, p in module.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02)
+
+
+def _step(plan: dict[str, Any], cfg: Any, modules: list[Any], optimizer: Any, count: int) -> None:
+    tp = plan["tp"] > 1
+    for _ in range(count):
+        backward(micro_batch(plan, cfg, modules, tp), tp)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def run_plan(plan: dict[str, Any], steps: int = 5, warmup: int = 2) -> dict[str, Any]:
+    """``plan`` trained for ``warmup + steps`` steps on this lab: each timed step's seconds (the
+    slowest rank's), and the memory of one more step, tracked as the dry run tracks it."""
+    if plan["gpus"] != dist.get_world_size():
+        raise ValueError(f"the plan is for {plan['gpus']} GPUs and this lab has {dist.get_world_size()} ranks: "
+                         f"make the plan with gpus={dist.get_world_size()}")
+    cfg = SimpleNamespace(**plan["model"])
+    dims = {"pp": plan["pp"], **mesh_dims(plan)}
+    mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
+    modules = parallelize(plan, cfg, mesh, 0)
+    _initialised(modules)
+    params = [p for m in modules for p in m.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    count = micro_batches(plan)
+    torch.manual_seed(1)  # the same tokens on every rank: tensor-parallel ranks must share their input
+    seconds = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        _step(plan, cfg, modules, optimizer, count)
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank's does
+        if i >= warmup:
+            seconds.append(float(took.item()))
+    memory = tracked_step(plan, cfg, modules, optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    return {"step_s": seconds, "memory": memory, "micro_batches": count}
+
+
+def _timed(work: Any, repeats: int, group: Any = None) -> float:
+    """The median seconds of ``work()`` over ``repeats`` runs, every rank (of ``group``) running at once."""
+    work()  # warm: first-call allocations, thread pools
+    times = []
+    for _ in range(repeats):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def compute_rate(plan: dict[str, Any], size: int = 1024, repeats: int = 5) -> dict[str, float]:
+    """This rank's fp32 matmul rate (``size`` x ``size`` matrices) and the rate it reaches on one
+    micro-batch's forward and backward of ``plan``'s whole model (no parallelism, no collective),
+    every rank at once; FLOPs by torch's formulas, as the dry run counts them."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    matmul_s = _timed(lambda: torch.mm(a, b), repeats * 4)
+    cfg = SimpleNamespace(**plan["model"])
+    with torch.device("meta"):
+        modules = stage_modules(cfg, 1, 1, 0)
+    for module in modules:
+        module.checkpointing = plan["checkpointing"]
+    _initialised(modules)
+    alone = {**plan, "tp": 1, "sequence_parallel": False}
+    torch.manual_seed(1)
+
+    def step() -> None:
+        backward(micro_batch(alone, cfg, modules, False), False)
+        for module in modules:
+            module.zero_grad(set_to_none=True)
+
+    model_s = _timed(step, repeats)
+    counter = LocalFlops()  # the dry run's own count (outside FakeTensor: every op here is this rank's)
+    with counter:
+        step()
+    # The machine's memory, shared by the ranks on it (torchrun's LOCAL_WORLD_SIZE, which the lab sets).
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return {"matmul_flops_per_s": 2 * size**3 / matmul_s, "model_flops": float(counter.flops),
+            "model_s": model_s, "memory_bytes": float(memory)}
+
+
+def collective_times(
+    sizes: list[int], ranks: list[int] | None = None, ops: tuple[str, ...] = ("all_reduce",), repeats: int = 5
+) -> dict[str, dict[int, float]]:
+    """Median seconds of each collective in ``ops`` ("all_reduce", "all_gather", "reduce_scatter") at each
+    size in bytes (the whole tensor: what an all-gather makes, what a reduce-scatter reduces; fp32) among
+    ``ranks`` (all by default). Every rank calls it (a new group is made by all); the others return nothing."""
+    group = None if ranks is None or len(ranks) == dist.get_world_size() else dist.new_group(ranks)
+    if ranks is not None and dist.get_rank() not in ranks:
+        return {}
+    n = dist.get_world_size(group)
+    times: dict[str, dict[int, float]] = {}
+    for op in ops:
+        times[op] = {}
+        for size in sizes:
+            whole = torch.ones(max(n, size // 4 // n * n))
+            part = torch.ones(whole.numel() // n)
+            times[op][size] = _timed(_collective(op, whole, part, group), repeats, group)
+    return times
+
+
+def _collective(op: str, whole: torch.Tensor, part: torch.Tensor, group: Any) -> Any:
+    if op == "all_gather":
+        return partial(dist.all_gather_single, whole, part, group=group)
+    if op == "reduce_scatter":
+        return partial(dist.reduce_scatter_single, part, whole, group=group)
+    return partial(dist.all_reduce, whole, group=group)
+
+
+def overlap(size: int = 2**23, repeats: int = 5) -> dict[str, float]:
+    """How much of an all-reduce of ``size`` bytes compute hides when the two run at once (FSDP's way:
+    the collective launched, matmuls run, then it is waited on), against each alone, every rank at once."""
+    tensor = torch.ones(size // 4)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    communicate = _timed(lambda: dist.all_reduce(tensor), repeats)
+    one = _timed(lambda: torch.mm(a, b), repeats)
+    count = max(1, round(communicate / one))  # matmuls that take about as long as the collective
+
+    def compute() -> None:
+        for _ in range(count):
+            torch.mm(a, b)
+
+    alone = _timed(compute, repeats)
+
+    def both() -> None:
+        work = dist.all_reduce(tensor, async_op=True)
+        compute()
+        work.wait()
+
+    together = _timed(both, repeats)
+    return {"communicate_s": communicate, "compute_s": alone, "together_s": together}
+
+
+def copy_rate(size: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second one rank moves copying ``size`` bytes (read and written), every rank at once."""
+    src, dst = torch.ones(size // 4), torch.empty(size // 4)
+    return 2 * size / _timed(lambda: dst.copy_(src), repeats)

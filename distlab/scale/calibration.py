@@ -1,0 +1,217 @@
+"""The predictor's machine, measured on a lab, and a plan run for real on that lab: the check of the model.
+
+    cal = scale.calibrate(lab)                        # the lab as scale.Hardware and scale.Network
+    plan = scale.Plan(model=cal.plan.config, gpus=lab.world_size, tp=2, seq_len=256, global_batch_tokens=2048,
+                      precision="fp32")
+    pred = scale.predict(plan, hardware=cal.hardware, network=cal.network)
+    run = scale.measure(lab, plan)                    # the same code, on the lab's ranks, timed and weighed
+    run.step_time_s, run.memory["peak"]               # against pred.step_time_s, pred.memory_per_gpu_bytes
+
+What ``calibrate`` measures, every rank at once (they share the machine as a plan's ranks do), and
+what it makes of it:
+
+- **compute**: the peak is a rank's fp32 matmul rate (1024 x 1024); the efficiency is the fraction of
+  it the calibration plan's model reaches, whole and alone on every rank (one micro-batch's forward
+  and backward, no collective; FLOPs by torch's formulas, as the dry run counts them). Nothing in it
+  is taken from the plans it is then used to predict.
+- **links**: all-reduces, all-gathers and reduce-scatters from 64 KiB to 16 MiB on the lab's group,
+  each op fitted to the ring model (``theory.collective_time_s``; for the all-reduce ``2(N-1) a +
+  2(N-1)/N S / B``) by least squares, giving its latency ``a`` and bandwidth ``B``. Op by op, because
+  gloo's reduce-scatter reduces the whole tensor (notebook 14 counts its bytes): twice the ring's time.
+  On a lab with emulated nodes the network is fitted on one rank per
+  node and the node's own link on the ranks of the first node; a lab on one machine has only the
+  node's link (loopback), and its network is the same fit.
+- **memory bandwidth**: a rank's copy rate, read and written, for the optimizer's step.
+- **overlap**: an 8 MiB all-reduce alone, as many matmuls alone, and the two at once (launched, then
+  waited on, as FSDP does): the share of the shorter one hidden. A GPU's collectives have engines of
+  their own; a CPU lab's cores run both the matmuls and gloo's copies.
+
+``measure`` runs the plan's code (``rank.planrun``: the dry run's ``parallelize``, ``micro_batch``,
+``backward`` and ``tracked_step``) on the lab's process group with real weights, at the lab's world
+size: warm-up steps, then timed steps, each the slowest rank's, and one step's memory tracked as the
+dry run tracks it. Pipeline parallelism is not run (its schedules are not the dry run's code).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import checks
+from ..errors import LabUsageError
+from ..theory import fit_latency_bandwidth
+from .hardware import Hardware, Network
+from .models import ModelConfig
+from .plan import Plan
+
+__all__ = ["CALIBRATION_MODEL", "Calibration", "Measurement", "calibrate", "measure"]
+
+#: The calibration plan's model: small enough for a 2-core lab to run in seconds, large enough that
+#: its matmuls, not Python, take the time (a Llama block: 256 wide, 8 heads, SwiGLU of 704).
+CALIBRATION_MODEL = ModelConfig("lab-llama", "llama", 256, 4, 8, 8, 704, 2048, 1024)
+
+_SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]  # all-reduce sizes for the link's fit, bytes
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A lab's machine for ``scale.predict`` (``hardware=``, ``network=``), and how it was measured."""
+
+    hardware: Hardware
+    network: Network
+    plan: Plan  # the calibration plan (its model, sequence and micro-batch)
+    #: What was measured: matmul rate, the model's rate, copy rate, and each link's timed sizes.
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def efficiency(self) -> float:
+        return float(self.hardware.efficiency or 0.0)
+
+    def __str__(self) -> str:
+        h, n = self.hardware, self.network
+        return (
+            f"{h.name}: peak {h.peak_flops['fp32'] / 1e9:.1f} GFLOP/s per rank (fp32 matmul), efficiency "
+            f"{100 * self.efficiency:.0f}% on {self.plan.config.name}; node link "
+            f"{h.node_link_bytes_per_s / 1e9:.2f} GB/s "
+            f"+ {1e6 * h.node_link_latency_s:.0f} us a step; network {n.bytes_per_s / 1e9:.2f} GB/s + "
+            f"{1e6 * n.latency_s:.0f} us (all-reduce; "
+            + ", ".join(f"{op} {bw / 1e9:.2f} GB/s" for op, (bw, _) in h.node_link_by_op.items() if op != "all_reduce")
+            + f"); compute hides {100 * h.overlap:.0f}% of a collective beside it; memory "
+            f"{h.memory_bytes_per_s / 1e9:.1f} GB/s"
+        )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A plan run on a lab: each timed step's seconds (the slowest rank's) and one step's memory on the
+    hungriest rank, by category (``DryRunReport``'s)."""
+
+    plan: Plan
+    step_times_s: list[float]
+    memory: dict[str, int]
+    micro_batches: int
+
+    @property
+    def step_time_s(self) -> float:
+        """The median step."""
+        return statistics.median(self.step_times_s)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The fastest and the slowest step."""
+        return min(self.step_times_s), max(self.step_times_s)
+
+
+def _lab(lab: Any, what: str) -> Any:
+    if not all(hasattr(lab, name) for name in ("run", "status", "world_size")):
+        raise TypeError(f"{what} takes a running lab, like scale.{what}(distlab.current_lab()); got {lab!r}")
+    return lab
+
+
+def _on_ranks(lab: Any, call: str, timeout: float) -> dict[int, Any]:
+    """``distlab.rank.planrun.<call>`` on every rank: {rank: what it returned}."""
+    code = f"from distlab.rank import planrun as _planrun\n_planrun.{call}"
+    return dict(lab.run(code, stream=False, record=False, timeout=timeout))
+
+
+_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def _fits(times: dict[str, dict[int, float]], ranks: int) -> dict[str, tuple[float, float]]:
+    """{op: (bandwidth bytes/s, latency s)} of the ring model fitted to each op's ``times`` {bytes: seconds}."""
+    found = {}
+    for op, by_size in times.items():
+        fit = fit_latency_bandwidth(list(by_size.items()), workers=ranks, op=op)
+        found[op] = (fit.bandwidth_bytes_per_s, fit.latency_s)
+    return found
+
+
+def _overlap(measured: dict[int, dict[str, float]]) -> float:
+    """The share of the shorter of communication and compute hidden when they run at once (the median
+    over the ranks), between 0 (they take turns) and 1 (the longer one is all the time taken)."""
+    shares = []
+    for m in measured.values():
+        hidden = m["communicate_s"] + m["compute_s"] - m["together_s"]
+        shares.append(min(1.0, max(0.0, hidden / min(m["communicate_s"], m["compute_s"]))))
+    return statistics.median(shares)
+
+
+def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calibration:
+    """The lab as a machine the predictor knows (module doc): ``hardware=`` and ``network=`` for
+    ``scale.predict``. ``plan``: whose model (with its sequence length and micro-batch) the efficiency
+    is measured on; by default ``CALIBRATION_MODEL`` at 256 tokens, 4 sequences per micro-batch, fp32."""
+    lab = _lab(lab, "calibrate")
+    ranks = int(lab.world_size)
+    if ranks < 2:
+        raise LabUsageError("calibrate needs at least 2 ranks to time the links: start the lab with -n 2 or more")
+    if plan is None:
+        plan = Plan(model=CALIBRATION_MODEL, gpus=ranks, seq_len=256, micro_batch_size=4,
+                    global_batch_tokens=256 * 4 * ranks, precision="fp32")
+    checks.instance("plan", plan, Plan, what="a scale.Plan", error=TypeError)
+    if plan.precision != "fp32":
+        raise LabUsageError(f"precision={plan.precision!r}: a lab's CPU ranks are calibrated in fp32; make the plan "
+                            "with precision='fp32'")
+    as_json = json.dumps(plan.to_json())
+    compute = _on_ranks(lab, f"compute_rate(__import__('json').loads({as_json!r}))", timeout)
+    copy = _on_ranks(lab, "copy_rate()", timeout)
+    hosts: dict[str, list[int]] = {}
+    for row in lab.status():
+        hosts.setdefault(row.host, []).append(row.rank)
+    first = next(iter(hosts.values()))
+    heads = [members[0] for members in hosts.values()]
+    links: dict[str, dict[str, tuple[float, float]]] = {}
+    timed: dict[str, Any] = {}
+    for name, members in (("node", first), ("network", heads)):
+        if len(members) >= 2:
+            got = _on_ranks(lab, f"collective_times({_SIZES!r}, ranks={members!r}, ops={_OPS!r})", timeout)
+            slowest = {op: {size: max(got[r][op][size] for r in members) for size in _SIZES} for op in _OPS}
+            timed[name] = slowest
+            links[name] = _fits(slowest, len(members))
+    node = links.get("node") or links["network"]
+    network = links.get("network") or node
+    overlap = _overlap(_on_ranks(lab, "overlap()", timeout))
+    peak = statistics.median(c["matmul_flops_per_s"] for c in compute.values())
+    reached = statistics.median(c["model_flops"] / c["model_s"] for c in compute.values())
+    hardware = Hardware(
+        name="this lab",
+        peak_flops={"fp32": peak},
+        memory_bytes=min(c["memory_bytes"] for c in compute.values()),
+        memory_bytes_per_s=statistics.median(copy.values()),
+        gpus_per_node=max(len(m) for m in hosts.values()),
+        node_link_bytes_per_s=node["all_reduce"][0],
+        node_link_latency_s=node["all_reduce"][1],
+        source=f"scale.calibrate on {ranks} ranks: fp32 matmul rate, {plan.config.name}'s forward and backward, "
+        "copy rate, collectives fitted to the ring model, overlap of an all-reduce with matmuls",
+        efficiency=min(1.0, reached / peak),
+        overlap=overlap,
+        node_link_by_op=node,
+    )
+    net = Network(name="this lab's network" if "network" in links else "this lab (one machine: no network)",
+                  bytes_per_s=network["all_reduce"][0], latency_s=network["all_reduce"][1], source=hardware.source,
+                  by_op=network)
+    measured = {"compute": compute, "copy_bytes_per_s": copy, "collective_s": timed}
+    return Calibration(hardware=hardware, network=net, plan=plan, measured=measured)
+
+
+def measure(lab: Any, plan: Plan, steps: int = 5, warmup: int = 2, timeout: float = 600) -> Measurement:
+    """``plan`` run on ``lab`` (module doc): ``steps`` timed steps after ``warmup``, and one step's memory."""
+    lab = _lab(lab, "measure")
+    checks.instance("plan", plan, Plan, what="a scale.Plan", error=TypeError)
+    checks.whole("steps", steps, minimum=1, example="scale.measure(lab, plan, steps=5)")
+    checks.whole("warmup", warmup, minimum=0, example="scale.measure(lab, plan, warmup=2)")
+    if plan.gpus != lab.world_size:
+        raise LabUsageError(f"the plan is for gpus={plan.gpus} and the lab has {lab.world_size} ranks: make the plan "
+                            f"with gpus={lab.world_size}")
+    if plan.pp > 1 or plan.cp > 1:
+        raise LabUsageError("scale.measure runs plans with pp=1 and cp=1: a pipeline's schedule is not the dry run's "
+                            "code (its stages are dry-run alone); measure the plan without pp")
+    if plan.precision != "fp32":
+        raise LabUsageError(f"precision={plan.precision!r}: a lab's CPU ranks run fp32; make the plan with "
+                            "precision='fp32'")
+    as_json = json.dumps(plan.to_json())
+    got = _on_ranks(lab, f"run_plan(__import__('json').loads({as_json!r}), {steps}, {warmup})", timeout)
+    hungriest = max(got.values(), key=lambda r: r["memory"]["peak"])
+    return Measurement(plan=plan, step_times_s=list(got[0]["step_s"]), memory=dict(hungriest["memory"]),
+                       micro_batches=int(got[0]["micro_batches"]))
