@@ -40,7 +40,8 @@ def lab2():
 def test_calibrate_measures_compute_links_and_overlap_and_predict_uses_them(lab2):
     cal = scale.calibrate(lab2, plan=_plan())
     hw, net = cal.hardware, cal.network
-    assert hw.peak_flops["fp32"] > 1e8 and 0 < cal.efficiency <= 1 and 0 <= hw.overlap <= 1
+    assert hw.peak_flops["fp32"] > 1e8 and 0 < cal.efficiency <= 1
+    assert hw.overlap == 0  # CPU ranks: FSDP2's collectives are waited for where they are issued
     assert hw.memory_bytes_per_s > 1e8 and hw.memory_bytes > 2**28 and hw.gpus_per_node == 2
     # each op fitted apart on the node's link (one machine: the network is the same fit)
     assert set(hw.node_link_by_op) == {"all_reduce", "all_gather", "reduce_scatter"}

@@ -16,7 +16,6 @@ lab runs the same call, as every rank of a job would.
   machine's cores as they will in the plan: the fraction of the peak reached is the lab's efficiency.
 - ``collective_times``: all-reduces, all-gathers and reduce-scatters of several sizes on the lab's
   group, timed, for the fit of the link (latency and bandwidth in the ring model, op by op).
-- ``overlap``: an all-reduce alone, matmuls alone, and the two at once: how much compute hides.
 - ``copy_rate``: the bytes per second a rank copies, all ranks at once: the optimizer step's memory
   bandwidth.
 """
@@ -37,7 +36,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..nn.llama import stage_modules
 from .dryrun import MESH, LocalFlops, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
 
-__all__ = ["collective_times", "compute_rate", "copy_rate", "overlap", "run_plan"]
+__all__ = ["collective_times", "compute_rate", "copy_rate", "run_plan"]
 
 
 def _initialised(modules: list[Any]) -> None:
@@ -159,30 +158,6 @@ def _collective(op: str, whole: torch.Tensor, part: torch.Tensor, group: Any) ->
     if op == "reduce_scatter":
         return partial(dist.reduce_scatter_single, part, whole, group=group)
     return partial(dist.all_reduce, whole, group=group)
-
-
-def overlap(size: int = 2**23, repeats: int = 5) -> dict[str, float]:
-    """How much of an all-reduce of ``size`` bytes compute hides when the two run at once (FSDP's way:
-    the collective launched, matmuls run, then it is waited on), against each alone, every rank at once."""
-    tensor = torch.ones(size // 4)
-    a, b = torch.randn(512, 512), torch.randn(512, 512)
-    communicate = _timed(lambda: dist.all_reduce(tensor), repeats)
-    one = _timed(lambda: torch.mm(a, b), repeats)
-    count = max(1, round(communicate / one))  # matmuls that take about as long as the collective
-
-    def compute() -> None:
-        for _ in range(count):
-            torch.mm(a, b)
-
-    alone = _timed(compute, repeats)
-
-    def both() -> None:
-        work = dist.all_reduce(tensor, async_op=True)
-        compute()
-        work.wait()
-
-    together = _timed(both, repeats)
-    return {"communicate_s": communicate, "compute_s": alone, "together_s": together}
 
 
 def copy_rate(size: int = 64 * 2**20, repeats: int = 5) -> float:

@@ -22,9 +22,11 @@ what it makes of it:
   node and the node's own link on the ranks of the first node; a lab on one machine has only the
   node's link (loopback), and its network is the same fit.
 - **memory bandwidth**: a rank's copy rate, read and written, for the optimizer's step.
-- **overlap**: an 8 MiB all-reduce alone, as many matmuls alone, and the two at once (launched, then
-  waited on, as FSDP does): the share of the shorter one hidden. A GPU's collectives have engines of
-  their own; a CPU lab's cores run both the matmuls and gloo's copies.
+- **overlap**: none on CPU ranks. FSDP2 (and the replicate mode the dry run's DDP is) calls each
+  collective synchronously and gets its overlap from CUDA streams, which a CPU device does not have:
+  every all-gather and reduce-scatter is waited for where it is issued. (Measured here beside it: an
+  8 MiB all-reduce launched asynchronously with as many matmuls beside it took 26 ms, against 7 ms and
+  6-9 ms for the two alone, so running them at once would cost, not save.) A GPU lab overlaps.
 
 ``measure`` runs the plan's code (``rank.planrun``: the dry run's ``parallelize``, ``micro_batch``,
 ``backward`` and ``tracked_step``) on the lab's process group with real weights, at the lab's world
@@ -128,16 +130,6 @@ def _fits(times: dict[str, dict[int, float]], ranks: int) -> dict[str, tuple[flo
     return found
 
 
-def _overlap(measured: dict[int, dict[str, float]]) -> float:
-    """The share of the shorter of communication and compute hidden when they run at once (the median
-    over the ranks), between 0 (they take turns) and 1 (the longer one is all the time taken)."""
-    shares = []
-    for m in measured.values():
-        hidden = m["communicate_s"] + m["compute_s"] - m["together_s"]
-        shares.append(min(1.0, max(0.0, hidden / min(m["communicate_s"], m["compute_s"]))))
-    return statistics.median(shares)
-
-
 def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calibration:
     """The lab as a machine the predictor knows (module doc): ``hardware=`` and ``network=`` for
     ``scale.predict``. ``plan``: whose model (with its sequence length and micro-batch) the efficiency
@@ -171,7 +163,11 @@ def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calib
             links[name] = _fits(slowest, len(members))
     node = links.get("node") or links["network"]
     network = links.get("network") or node
-    overlap = _overlap(_on_ranks(lab, "overlap()", timeout))
+    # FSDP2 calls its collectives synchronously and overlaps them with compute through CUDA streams
+    # (torch's _fsdp_collectives.foreach_reduce: the reduce-scatter inside device_handle.stream(...),
+    # async_op=False; all-gathers likewise unless prefetched): on CPU ranks, which have no streams,
+    # each one is waited for where it is issued. A GPU lab's collectives run beside its compute.
+    overlap = 0.0 if all(row.device.startswith("cpu") for row in lab.status()) else 1.0
     peak = statistics.median(c["matmul_flops_per_s"] for c in compute.values())
     reached = statistics.median(c["model_flops"] / c["model_s"] for c in compute.values())
     hardware = Hardware(
@@ -183,7 +179,7 @@ def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calib
         node_link_bytes_per_s=node["all_reduce"][0],
         node_link_latency_s=node["all_reduce"][1],
         source=f"scale.calibrate on {ranks} ranks: fp32 matmul rate, {plan.config.name}'s forward and backward, "
-        "copy rate, collectives fitted to the ring model, overlap of an all-reduce with matmuls",
+        "copy rate, collectives fitted to the ring model",
         efficiency=min(1.0, reached / peak),
         overlap=overlap,
         node_link_by_op=node,
