@@ -287,7 +287,9 @@ def tracked_step(
     tp = plan["tp"] > 1
     tracker = torchcompat.memory_tracker(*modules, optimizer)
     with tracker, contextlib.ExitStack() as stack:
-        for mode in (counter, *modes):
+        # The counter entered last, innermost: it sees each op first, as it did before this was shared
+        # (under the FLOP mode first, DTensor's loss_parallel reductions would be counted too).
+        for mode in (*modes, counter):
             if mode is not None:
                 stack.enter_context(mode)
         losses = micro_batch(plan, cfg, modules, tp)

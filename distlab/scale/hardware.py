@@ -6,8 +6,10 @@ Peak FLOPs are dense (NVIDIA's datasheets print the sparse figure, twice these, 
 Link bandwidths are per GPU and per direction: NVLink's "900 GB/s" is both directions of 18 links,
 450 GB/s each way; a 400 Gb/s NIC moves 50 GB/s each way. ``latency_s`` is each step of a ring's
 cost in the latency-bandwidth model (``theory.collective_time_s``); it is an assumption (no datasheet
-prints it), stated here so that its effect can be seen: for the megabyte-sized collectives of a
-large model's step it adds under 1% at these values.
+prints it), stated here so that its effect can be seen. On a node's 8 GPUs it adds little to a large
+model's megabyte-sized collectives; a ring over 1,024 GPUs pays 1,023 of them per phase (5 ms per
+collective at 5 us), which the predictor charges in full, though NCCL picks other algorithms (trees)
+for large groups: at that scale the ring's latency term is an upper bound.
 
 ``scale.calibrate(lab)`` makes the same two objects from a lab's own measurements, for the lab.
 """
