@@ -49,8 +49,10 @@ def test_a_rank_that_starts_its_backward_late_is_the_straggler_marked_on_the_tim
     # The lag is the wait rank 1 caused, not a duration of something else: each long step's lag
     # exceeds the short step's before it by most of the 0.2 s between them. Neighbouring steps
     # compared, so load on the machine that stretches both does not change the difference.
+    # Step 0 is left out: DDP's first iteration does more (its buckets are rebuilt after it), and
+    # under load its lag was seen at 0.21 s instead of 0.1, a gap of 0.09 to step 1's.
     lag = {s.step: s.lag_s for s in late}  # one bucket a step: the model is a few hundred floats
-    gaps = [lag[step] - lag[step - 1] for step in range(1, 8, 2)]
+    gaps = [lag[step] - lag[step - 1] for step in range(3, 8, 2)]
     assert all(gap > (long - short) / 2 for gap in gaps), lag
 
     # The summary says of how many all-reduces: every one here.

@@ -117,7 +117,9 @@ def test_llama3_70b_on_1024_gpus_tp8_pp4_fsdp32():
     for kind in report.kinds:
         first, last = kind.stage == 0, kind.stage == 3
         expected = _fsdp_bytes(_local_shapes(cfg, 8, per_stage, first, last), 32)
-        assert kind.memory["parameters"] == expected == kind.memory["gradients"], kind.name
+        assert kind.memory["parameters"] == expected, kind.name
+        # torch's schedules keep the gradients unsharded (fp32) until the stage's last micro-batch
+        assert kind.memory["gradients"] == 32 * expected, kind.name
         # under pp, parameters stay gathered from forward to backward (torchtitan): no backward all-gather
         units = per_stage + (first or last)  # a middle stage's root holds no parameter of its own: no unit
         assert _ops(kind, "all_gather", "forward", "dp_shard") == units

@@ -97,6 +97,24 @@ def test_a_pipeline_pays_its_bubble():
     assert inter.breakdown["bubble"] == pytest.approx(1.5 * 0.12)  # (p-1)/v
 
 
+def test_under_a_pipeline_fsdp_gathers_and_reduces_once_a_step_not_per_micro_batch():
+    # torch's schedules keep FSDP's parameters gathered and reduce the gradients after a stage's last
+    # micro-batch: 8 micro-batches pay the dp_shard collectives once.
+    gather = _c("all_gather", "dp_shard", 4, 8 * 2**20, calls=3)
+    scatter = _c("reduce_scatter", "dp_shard", 4, 32 * 2**20, calls=3, phase="backward")
+    plan = _plan(gpus=32, pp=2, tp=4, dp="fsdp")
+    kinds = [_kind(0.1, [gather, scatter], ranks=16), _kind(0.1, [gather, scatter], ranks=16)]
+    pred = predict.predict_report(NS(plan=plan, micro_batches=8, tokens_per_step=8 * 8192, kinds=kinds),
+                                  efficiency=0.5)
+    one_gather = collective_time_s("all_gather", 32 * 2**20, 4, IB.bytes_per_s, IB.latency_s)
+    scatters = 3 * collective_time_s("reduce_scatter", 32 * 2**20, 4, IB.bytes_per_s, IB.latency_s)
+    assert "exposed dp_shard" not in pred.breakdown  # nothing per micro-batch
+    assert pred.breakdown["exposed dp_shard (once a step)"] == pytest.approx(one_gather + scatters, rel=1e-9)
+    busy = pred.step_time_s - pred.breakdown["optimizer step"] - pred.breakdown["exposed dp_shard (once a step)"]
+    assert busy == pytest.approx(9 * 0.1)  # (m + p - 1) micro-batch times of compute alone
+    assert sum(pred.breakdown.values()) == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
 @pytest.mark.parametrize(
     "call, says",
     [

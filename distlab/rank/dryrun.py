@@ -20,6 +20,9 @@ read: the local parameter shards, gradients and the optimizer's states. What is 
   its module's forward and backward for one micro-batch. Its activations are then held for the
   micro-batches in flight (``theory.in_flight_micro_batches`` of the schedule) and its send/recv per
   micro-batch are the stage boundary's activation (the shape of its output, its gradient backward).
+  FSDP's gradients are held unsharded in fp32 across the micro-batches, as torch's schedules keep
+  them (reduced once, after the stage's last backward); its all-gathers and reduce-scatters, counted
+  on the one micro-batch run, are then once a step's (``scale.predict`` charges them so).
 - Recomputation's FLOPs: the step is counted again with checkpointing off (shapes only, no memory):
   the difference is what checkpointing recomputes.
 - The optimizer's states are created by one step before the measured one, as in every step but the
@@ -263,6 +266,16 @@ def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, 
             peak += round((in_flight - 1) * activations)
             activations = round(in_flight * activations)
             collectives += _point_to_point(plan, cfg, modules)
+            shard = dims["dp_shard"]
+            if shard > 1:
+                # torch's schedules turn FSDP's gradient reduction off until a stage's last micro-batch
+                # (pipelining/stage.py: set_requires_gradient_sync(False), then perform_reduce_grad):
+                # the stage keeps its gradients unsharded, in fp32 (FSDP2 accumulates in the reduce
+                # dtype), from its first backward to the step's end, where the step measured here
+                # held them sharded.
+                accumulated = memory["parameters"] * shard
+                peak += accumulated - memory["gradients"]
+                memory["gradients"] = accumulated
         return {
             "name": name, "ranks": ranks, "rank": rank, "stage": stage,
             "memory": {**memory, "activations": int(activations), "peak": int(peak)},

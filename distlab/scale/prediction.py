@@ -27,6 +27,10 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
   are exposed, once per micro-batch per stage boundary.
 - **Pipeline**: ``theory.pipeline_step_time_s`` of the slowest stage's micro-batch time: the bubble
   of the plan's schedule, ``(p-1)/(m+p-1)`` (1F1B, GPipe) or ``(p-1)/(v m+p-1)`` (interleaved).
+  FSDP's collectives under a pipeline run once a step, not per micro-batch (torch's schedules keep
+  the parameters gathered and reduce the gradients after the last micro-batch): its all-gathers hide
+  behind the first micro-batch as above, its gradients' reduction is exposed after the last
+  ("exposed dp_shard (once a step)"), with the collectives of the optimizer's phase.
 - **Optimizer step**: AdamW reads and writes each local parameter, gradient and both moments once:
   bytes / the memory's bandwidth.
 
@@ -54,6 +58,7 @@ EFFICIENCY = 0.342
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 _OVERLAPPED = {"dp_shard", "dp_replicate", "cp"}
+_ONCE_UNDER_PIPELINE = {"dp_shard", "dp_replicate"}
 _COLLECTIVE_OPS = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"}
 
 
@@ -139,6 +144,11 @@ def _kind_time(
     compute_mb = (kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch) / (peak * efficiency)
     per_mb: dict[str, float] = {}
     per_step: dict[str, float] = {}
+    # Under a pipeline, FSDP's collectives run once a step (torch's schedules keep the parameters
+    # gathered and reduce the gradients after a stage's last micro-batch): the all-gathers hide behind
+    # the first micro-batch as FSDP's always do, the gradients' reduction waits for nothing after it.
+    once: dict[str, dict[str, float]] = {}
+    calls_once: dict[str, int] = {}
     for c in kind.collectives:
         link = dims.get(c.dim, "network")
         if c.op in ("send", "recv"):
@@ -149,8 +159,17 @@ def _kind_time(
         seconds = _collective_s(c, link, hw, net)
         if c.phase == "optimizer":
             per_step[c.dim] = per_step.get(c.dim, 0.0) + c.calls_per_micro_batch * seconds
+        elif plan.pp > 1 and c.dim in _ONCE_UNDER_PIPELINE:
+            phases = once.setdefault(c.dim, {})
+            phases[c.phase] = phases.get(c.phase, 0.0) + c.calls_per_micro_batch * seconds
+            if c.phase == "forward":
+                calls_once[c.dim] = calls_once.get(c.dim, 0) + c.calls_per_micro_batch
         else:
             per_mb[c.dim] = per_mb.get(c.dim, 0.0) + c.calls_per_micro_batch * seconds
+    for dim, phases in once.items():
+        gathers = phases.get("forward", 0.0)
+        hidden = max(0.0, gathers - hw.overlap * compute_mb) + hw.overlap * gathers / (calls_once.get(dim) or 1)
+        per_step[dim] = per_step.get(dim, 0.0) + hidden + phases.get("backward", 0.0)
     exposed_mb = {}
     for dim, seconds in per_mb.items():
         if dim in _OVERLAPPED:
@@ -163,7 +182,7 @@ def _kind_time(
     micro_batch_s = compute_mb + sum(exposed_mb.values())
     extras = {"compute": compute_mb * micro_batches}
     extras.update({f"exposed {dim}": s * micro_batches for dim, s in exposed_mb.items()})
-    extras.update({f"exposed {dim} (optimizer)": s for dim, s in per_step.items()})
+    extras.update({f"exposed {dim} (once a step)": s for dim, s in per_step.items()})
     return micro_batch_s, extras
 
 
@@ -196,7 +215,7 @@ def predict_report(
     else:
         busy = slowest_mb * m
     optimizer = max(_optimizer_s(k, hw) for k in report.kinds)
-    after = sum(v for key, v in extras.items() if key.endswith("(optimizer)"))
+    after = sum(v for key, v in extras.items() if key.endswith("(once a step)"))
     step = busy + optimizer + after
     breakdown = dict(extras)
     breakdown["bubble"] = busy - slowest_mb * m

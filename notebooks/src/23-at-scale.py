@@ -126,7 +126,10 @@ for name, report in reports.items():
 #
 # - **The model states are the small part.** 8 billion parameters at 16 bytes are 128 GB, and over
 #   1,024 GPUs that is 125 MB each, in every plan: each splits the model 1,024 ways, whether by FSDP
-#   alone or by tp x pp x FSDP.
+#   alone or by tp x pp x FSDP. But for C's gradients: under a pipeline, torch's schedules keep FSDP's
+#   gradients unsharded (fp32) until a stage's last micro-batch and reduce them once a step
+#   (`torch/distributed/pipelining/stage.py`), so each stage holds its 32 FSDP shards' worth, 32 times
+#   A's.
 # - **The activations decide.** In A one GPU runs a whole sequence of 8,192 tokens through all 32
 #   layers, and keeps what backward needs: 70 GiB. Tensor parallelism with sequence parallelism (B)
 #   splits the layers' inputs and outputs 8 ways, but not all of what they keep: the all-gathered
@@ -134,7 +137,7 @@ for name, report in reports.items():
 # - **A pipeline's stages differ.** Under 1F1B the first stage runs 4 forwards before its first
 #   backward and holds 4 micro-batches' activations, the last stage one
 #   (`theory.in_flight_micro_batches`). A micro-batch's worth is 8 layers split 8 ways: C's first
-#   stage holds 14 GiB.
+#   stage holds 15 GiB, 1 of it the unsharded gradients.
 #
 # The dry run computes on CPU kernels. Against torchtitan's two published 8B runs its peak came out 4%
 # and 12% above the measured totals, which also hold the CUDA context and NCCL's buffers; against
@@ -170,14 +173,17 @@ print("A and B: every rank's parameters are theory.sharded_memory's within 0.2% 
 mean_c = sum(k.memory["parameters"] * k.ranks for k in C.kinds) / C.plan.gpus
 print("C: the stages differ, but their mean over the 1,024 ranks is theory's within 0.2% above:",
       0 <= mean_c / theory_states(C.plan).parameters_bytes - 1 < 2e-3)
-print("every rank kind: gradients as many bytes as the parameters (fp32, FSDP2's reduce_dtype):",
-      all(k.memory["gradients"] == k.memory["parameters"] for r in reports.values() for k in r.kinds))
+print("every rank kind: gradients as many bytes as the parameters (fp32, FSDP2's reduce_dtype); under C's "
+      "pipeline 32 times as many, unsharded over the 32 FSDP ranks:",
+      all(k.memory["gradients"] == k.memory["parameters"] * (r.plan.dims["dp_shard"] if r.plan.pp > 1 else 1)
+          for r in reports.values() for k in r.kinds))
 print("every rank kind: AdamW's states are twice the parameters, plus a 4-byte step count per tensor:",
       all(k.memory["optimizer"] == 2 * k.memory["parameters"] + 4 * local_tensors(r.plan, k)
           for r in reports.values() for k in r.kinds))
-print("every rank kind: the model states are under 2% of the peak, the activations the rest:",
-      all(sum(k.memory[s] for s in ("parameters", "gradients", "optimizer")) < 0.02 * k.memory["peak"]
-          for r in reports.values() for k in r.kinds))
+print("A and B: the model states are under 2% of the peak, the activations the rest; C's, gradients and all, "
+      "under 10%:",
+      all(sum(k.memory[s] for s in ("parameters", "gradients", "optimizer")) < (0.1 if r.plan.pp > 1 else 0.02)
+          * k.memory["peak"] for r in reports.values() for k in r.kinds))
 print("A's peak is the highest, C's first stage the hungriest of C:",
       max(reports, key=lambda n: max(k.memory["peak"] for k in reports[n].kinds)) == "A: FSDP 1024"
       and max(C.kinds, key=lambda k: k.memory["peak"]).stage == 0)
@@ -306,12 +312,10 @@ show(preds)
 #   `(p-1)/(m+p-1)` = 3/35 of the pipeline's time. And a pipeline runs at the pace of its slowest stage: the
 #   last, which also computes the output head (128,256 x 4,096 per token), does 22% more than the
 #   first, and every stage waits for it: C computes 32 of the last stage's micro-batches a step.
-# - **What the model leaves out**, for C: torch's pipeline schedules keep FSDP's parameters
-#   gathered and its gradient reduction off until a stage's last micro-batch
-#   (`torch/distributed/pipelining/stage.py`), so its all-gathers and reduce-scatters run once a
-#   step, where the predictor counts them in every micro-batch: C's 64 ms of exposed FSDP time is an
-#   upper bound. In exchange each stage keeps its unsharded fp32 gradients between micro-batches
-#   (about 1 GB here), which the dry run does not hold.
+# - **C's FSDP runs once a step**: torch's pipeline schedules keep FSDP's parameters gathered and
+#   its gradient reduction off until a stage's last micro-batch, so its all-gathers hide behind the
+#   first micro-batch and its reduce-scatters wait for nothing after the last ("exposed dp_shard
+#   (once a step)"). The price is memory: the unsharded gradients above.
 #
 # The checks tie the prediction to theory: the parts add up to the step; C's bubble is
 # `theory.bubble_fraction`; the FLOPs the dry run counted are the transformer's by PaLM's formula
@@ -323,7 +327,14 @@ show(preds)
 print("every plan's breakdown adds up to its step:",
       all(abs(sum(p.breakdown.values()) / p.step_time_s - 1) < 1e-9 for p in preds.values()))
 pc = preds["C: FSDP 32 x TP 8 x PP 4"]
-pipeline_s = pc.step_time_s - pc.breakdown["optimizer step"]
+
+
+def pipeline_time(p):
+    """The step less what is paid once a step (the optimizer, FSDP's collectives under a pipeline)."""
+    return p.step_time_s - sum(v for k, v in p.breakdown.items() if k == "optimizer step" or k.endswith("once a step)"))
+
+
+pipeline_s = pipeline_time(pc)
 print("C's bubble is theory.bubble_fraction(4 stages, 32 micro-batches, 1F1B) of its pipeline time:",
       abs(pc.breakdown["bubble"] / pipeline_s - theory.bubble_fraction(4, 32, "1f1b")) < 1e-9)
 shape = theory.TransformerShape(layers=LLAMA_8B.layers, hidden=LLAMA_8B.dim, heads=LLAMA_8B.heads, seq_len=8192,
@@ -425,10 +436,11 @@ for kind in report_70b.kinds:
 print(pred_70b)
 
 # %% [markdown]
-# The states are about 1 GiB a GPU, 9 times 8B's; the activations of one micro-batch are 5 times C's
-# (20 layers a stage instead of 8, twice as wide). The first stage, which holds 4 micro-batches, peaks
-# at 79 of the H100's 80 GB by the dry run's count, with nothing left for the CUDA context and NCCL:
-# this plan does not fit. What to try next: activation checkpointing (`checkpointing="full"`: each
+# The parameters and AdamW's states are under 1 GiB a GPU, 9 times 8B's, and the gradients the
+# pipeline keeps unsharded over the 32 FSDP ranks 8 GiB more; the activations of one micro-batch are 5
+# times C's (20 layers a stage instead of 8, twice as wide). The first stage, which holds 4
+# micro-batches, peaks at 88 GB by the dry run's count, over the H100's 80 before the CUDA context
+# and NCCL take theirs: this plan does not fit. What to try next: activation checkpointing (`checkpointing="full"`: each
 # block keeps its input only and recomputes its forward in backward, up to a third more compute), or
 # more stages. The bubble is the same share as C's: the same 4 stages and 32 micro-batches.
 
@@ -436,10 +448,10 @@ print(pred_70b)
 first_70b = max(report_70b.kinds, key=lambda k: k.memory["peak"])
 print("70B: the first stage is the hungriest; 1F1B keeps 4 micro-batches in flight there, 1 on the last stage:",
       first_70b.stage == 0 and [theory.in_flight_micro_batches(s, 4, 32) for s in (0, 3)] == [4, 1])
-print("70B: the first stage's peak leaves under 1 GB of the H100's 80 (by the dry run's count):",
-      H100.memory_bytes - 1e9 < first_70b.memory["peak"])
+print("70B: the first stage's peak is over the H100's 80 GB (by the dry run's count):",
+      first_70b.memory["peak"] > H100.memory_bytes)
 print("70B: the bubble is the same 3/35 of the pipeline as C's:",
-      abs(pred_70b.breakdown["bubble"] / (pred_70b.step_time_s - pred_70b.breakdown["optimizer step"])
+      abs(pred_70b.breakdown["bubble"] / pipeline_time(pred_70b)
           - theory.bubble_fraction(4, 32, "1f1b")) < 1e-9)
 
 # %% [markdown]
@@ -540,7 +552,7 @@ print("A at 1,600 Gbit/s: FSDP hides behind the compute but for one call's share
       a_fast.breakdown["exposed dp_shard"] < 0.01 * a_fast.step_time_s)
 c_128 = what_if("C: FSDP 32 x TP 8 x PP 4", micro_batches=128)
 print("C with 128 micro-batches: the bubble shrinks to theory.bubble_fraction(4, 128):",
-      abs(c_128.breakdown["bubble"] / (c_128.step_time_s - c_128.breakdown["optimizer step"])
+      abs(c_128.breakdown["bubble"] / pipeline_time(c_128)
           - theory.bubble_fraction(4, 128, "1f1b")) < 1e-9)
 print("an efficiency of 0.5 shortens the compute by 0.342/0.5 exactly:",
       abs(what_if("A: FSDP 1024", efficiency=0.5).breakdown["compute"] / preds["A: FSDP 1024"].breakdown["compute"]
