@@ -54,7 +54,7 @@ __all__ = ["CALIBRATION_MODEL", "Calibration", "Measurement", "calibrate", "meas
 #: its matmuls, not Python, take the time (a Llama block: 256 wide, 8 heads, SwiGLU of 704).
 CALIBRATION_MODEL = ModelConfig("lab-llama", "llama", 256, 4, 8, 8, 704, 2048, 1024)
 
-_SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]  # all-reduce sizes for the link's fit, bytes
+_SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]  # each collective's sizes for the link's fit, bytes
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,9 @@ def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calib
     as_json = json.dumps(plan.to_json())
     compute = _on_ranks(lab, f"compute_rate(__import__('json').loads({as_json!r}))", timeout)
     copy = _on_ranks(lab, "copy_rate()", timeout)
+    rows = lab.status()
     hosts: dict[str, list[int]] = {}
-    for row in lab.status():
+    for row in rows:
         hosts.setdefault(row.host, []).append(row.rank)
     first = next(iter(hosts.values()))
     heads = [members[0] for members in hosts.values()]
@@ -167,7 +168,7 @@ def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calib
     # (torch's _fsdp_collectives.foreach_reduce: the reduce-scatter inside device_handle.stream(...),
     # async_op=False; all-gathers likewise unless prefetched): on CPU ranks, which have no streams,
     # each one is waited for where it is issued. A GPU lab's collectives run beside its compute.
-    overlap = 0.0 if all(row.device.startswith("cpu") for row in lab.status()) else 1.0
+    overlap = 0.0 if all(row.device.startswith("cpu") for row in rows) else 1.0
     peak = statistics.median(c["matmul_flops_per_s"] for c in compute.values())
     reached = statistics.median(c["model_flops"] / c["model_s"] for c in compute.values())
     hardware = Hardware(

@@ -43,8 +43,8 @@ class Hardware:
     #: (``scale.calibrate``); None: the predictor's ``EFFICIENCY``, fitted on a published run.
     efficiency: float | None = None
     #: The share of a collective's time that compute running beside it hides: 1 where communication has
-    #: engines of its own (a GPU's copy engines and NCCL's kernels beside the matmuls); a CPU lab's cores
-    #: do both, which ``scale.calibrate`` measures.
+    #: engines of its own (a GPU's copy engines and NCCL's kernels beside the matmuls); 0 for a CPU lab
+    #: (``scale.calibrate``), where FSDP2, which overlaps through CUDA streams, waits for each collective.
     overlap: float = 1.0
     #: (bandwidth, latency) of the node's link per collective where they were fitted apart (``scale.calibrate``:
     #: gloo's reduce-scatter moves an all-reduce's bytes); otherwise every op uses the two above.

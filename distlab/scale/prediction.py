@@ -167,16 +167,13 @@ def _kind_time(
         else:
             per_mb[c.dim] = per_mb.get(c.dim, 0.0) + c.calls_per_micro_batch * seconds
     for dim, phases in once.items():
-        gathers = phases.get("forward", 0.0)
-        hidden = max(0.0, gathers - hw.overlap * compute_mb) + hw.overlap * gathers / (calls_once.get(dim) or 1)
-        per_step[dim] = per_step.get(dim, 0.0) + hidden + phases.get("backward", 0.0)
+        gathers = _exposed_beside(phases.get("forward", 0.0), calls_once.get(dim, 0), compute_mb, hw.overlap)
+        per_step[dim] = per_step.get(dim, 0.0) + gathers + phases.get("backward", 0.0)
     exposed_mb = {}
     for dim, seconds in per_mb.items():
         if dim in _OVERLAPPED:
-            # Hidden: what the compute beside it covers (all of it, up to the compute, where the
-            # hardware overlaps fully), less the first call, which waits for nothing to start.
-            calls = sum(c.calls_per_micro_batch for c in kind.collectives if c.dim == dim) or 1
-            exposed_mb[dim] = max(0.0, seconds - hw.overlap * compute_mb) + hw.overlap * seconds / calls
+            calls = sum(c.calls_per_micro_batch for c in kind.collectives if c.dim == dim)
+            exposed_mb[dim] = _exposed_beside(seconds, calls, compute_mb, hw.overlap)
         else:
             exposed_mb[dim] = seconds
     micro_batch_s = compute_mb + sum(exposed_mb.values())
@@ -186,9 +183,18 @@ def _kind_time(
     return micro_batch_s, extras
 
 
+def _exposed_beside(seconds: float, calls: int, compute_s: float, overlap: float) -> float:
+    """What shows of ``calls`` collectives taking ``seconds`` that run beside ``compute_s`` of compute:
+    what the compute covers is hidden (all of it, up to the compute, where the hardware overlaps fully),
+    but for the first call, which waits for nothing to start."""
+    return max(0.0, seconds - overlap * compute_s) + overlap * seconds / (calls or 1)
+
+
 def _optimizer_s(kind: Any, hw: Hardware) -> float:
     memory = kind.memory
-    touched = memory.get("parameters", 0) + memory.get("gradients", 0) + memory.get("optimizer", 0)
+    # The optimizer reads the gradients sharded, as many bytes as the parameters (fp32 both): under a
+    # pipeline ``memory["gradients"]`` is the unsharded accumulation, reduced before the step.
+    touched = 2 * memory.get("parameters", 0) + memory.get("optimizer", 0)
     return 2 * float(touched) / hw.memory_bytes_per_s  # each read once and written once
 
 

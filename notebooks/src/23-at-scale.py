@@ -652,14 +652,18 @@ for name, (_, predicted, run) in on_lab.items():
 
 # %% [markdown]
 # What the runs made while writing this section showed (`benchmarks/bench_lab_prediction.py`, in
-# `benchmarks/RESULTS.md` with 4 ranks and emulated nodes as well): FSDP and DDP were predicted 6% to
-# 11% short of their measured steps, at 2 and 4 ranks and across a 1 Gbit/s link, and tensor
-# parallelism 18% to 40% short (39% for TP x FSDP at 4 ranks). What the model lacks there is time on
-# the host: every DTensor op is sent through DTensor's sharding propagation in Python before its
-# kernel runs (a profile of one TP micro-batch: 131 ms of matmuls, 88 ms waiting in collectives, and
-# about 50 ms in DTensor's own dispatch and redistributions, with their copies). On a GPU the host runs ahead of the
-# kernels and that time hides; on CPU ranks it adds to the step. This is also why torchtitan compiles
-# its TP models.
+# `benchmarks/RESULTS.md` with 4 ranks and emulated nodes as well): in its quiet runs FSDP and DDP
+# were predicted 6% to 10% short of their measured steps, at 2 and 4 ranks and across a 1 Gbit/s
+# link, and tensor parallelism 18% to 39% short (TP x FSDP at 4 ranks the 39%). This notebook's own
+# runs moved further, FSDP and DDP up to 24% short and TP up to 50%, because the calibration moves
+# too: the efficiency it read on this 2-core machine ranged from 61% to 94% between runs, and every
+# predicted compute time moves with it.
+#
+# What the model lacks for tensor parallelism is time on the host: every DTensor op is sent through
+# DTensor's sharding propagation in Python before its kernel runs (a profile of one TP micro-batch:
+# 131 ms of matmuls, 88 ms waiting in collectives, and about 50 ms in DTensor's own dispatch and
+# redistributions, with their copies). On a GPU the host runs ahead of the kernels and that time
+# hides; on CPU ranks it adds to the step. This is also why torchtitan compiles its TP models.
 #
 # The times move with the load on the machine, so they are shown, not checked. The memory is checked:
 # the model's states are the same tensors in the dry run and on the lab, to the byte, and the peak,
