@@ -7,7 +7,8 @@ With CAP_NET_ADMIN and CAP_SYS_ADMIN (root) they are named under /run/netns (:cl
 kernel lets users make one. :func:`namespace_host` picks; both take the same calls.
 
 A lab's namespace is ``distlab-<owner pid>-<sequence>-<role>``: ``sw`` its switch (the spine where
-it has racks), ``r<k>`` a rack's switch, ``n<i>`` a node, ``probe`` a probe made and removed at once.
+it has racks), ``r<k>`` a rack's switch, ``n<i>`` a node, ``probe`` a probe made and removed at once;
+``learner`` a classroom learner's own network, whose owner is the hub (``distlab.classroom.network``).
 ``cluster.nodes`` builds a lab's network out of them.
 """
 
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 NS_PREFIX = "distlab-"
-_NS_PATTERN = re.compile(r"^distlab-(\d+)-(\d+)-(sw|probe|n\d+|r\d+)$")
+_NS_PATTERN = re.compile(r"^distlab-(\d+)-(\d+)-(sw|probe|learner|n\d+|r\d+)$")
 _RUN_NETNS = "/run/netns"
 _CMD_TIMEOUT_S = 10.0
 # Capability bits (linux/capability.h): making namespaces mounts them (SYS_ADMIN); links, addresses

@@ -1,0 +1,101 @@
+"""A learner's own network: a namespace in which their server, kernels and labs live, reachable by the hub alone.
+
+On one machine every user shares loopback, and a lab listens on it: ipyparallel's controller (its
+messages are signed, but it accepts the connection), torch's TCPStore and gloo's pairs (neither
+asks who connects). So a learner's server runs in a network namespace of its own,
+``distlab-<hub pid>-<k>-learner``: its loopback is the learner's alone, and every port a lab opens
+there is out of every other learner's reach, whatever distlab or the learner's code binds to.
+
+The namespace has one link, a veth pair, addressed point to point:
+
+    host (the hub's netns)                         the learner's namespace
+    hub address 198.19.240.1 (on lo)  ----veth---- learner address 198.19.240.(k+1)
+
+The hub listens on the hub address for the servers' API calls, and the proxy reaches each server
+at its learner address. Each namespace has a route to the hub address and to nothing else: no
+default route, so one learner's namespace cannot address another's (nor the machine's network;
+the host does not forward). The addresses are from the top of RFC 2544's benchmarking block, below
+which distlab's own lab subnets are taken from the bottom up (``cluster.nodes.DEFAULT_POOL``).
+
+The namespace goes with the server (``remove``): the kernel removes the veth pair with it. If the
+hub is killed, ``cluster.namespaces.remove_orphans`` finds it by the hub's pid in its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import os
+
+from ..cluster.namespaces import remove_namespaces, run
+
+__all__ = ["CLONE_NEWNET", "LearnerNetwork", "hub_address", "hub_address_add", "hub_address_remove"]
+
+#: The block the hub and its learners are addressed from: the hub the first address, learner k the (k+2)th.
+NETWORK = ipaddress.IPv4Network("198.19.240.0/20")
+CLONE_NEWNET = 0x40000000
+
+
+def hub_address(network: ipaddress.IPv4Network = NETWORK) -> str:
+    return str(network[1])
+
+
+def hub_address_add(network: ipaddress.IPv4Network = NETWORK) -> None:
+    """Give the hub its address (on loopback: every namespace's veth reaches it). Idempotent."""
+    present = run(["ip", "-4", "-o", "addr", "show", "dev", "lo"], "reading loopback's addresses")
+    if f" {hub_address(network)}/32 " not in present:
+        run(["ip", "addr", "add", f"{hub_address(network)}/32", "dev", "lo"], "giving the hub its address")
+
+
+def hub_address_remove(network: ipaddress.IPv4Network = NETWORK) -> None:
+    with contextlib.suppress(Exception):
+        run(["ip", "addr", "del", f"{hub_address(network)}/32", "dev", "lo"], "removing the hub's address")
+
+
+class LearnerNetwork:
+    """Learner ``index``'s namespace of hub ``owner``: made, entered by the server's process, removed."""
+
+    def __init__(self, owner: int, index: int, network: ipaddress.IPv4Network = NETWORK) -> None:
+        if not 0 <= index < network.num_addresses - 3:
+            raise ValueError(f"learner index {index} is outside {network} (at most {network.num_addresses - 3})")
+        self.name = f"distlab-{owner}-{index}-learner"
+        self.address = str(network[index + 2])
+        self.hub = hub_address(network)
+        # Interface names are at most 15 characters.
+        self.host_side = f"dlc{index}-{owner % 100_000}"
+
+    def make(self) -> None:
+        """The namespace, its loopback up, and its one link to the hub."""
+        run(["ip", "netns", "add", self.name], f"making {self.name}")
+        try:
+            ns = ["ip", "-n", self.name]
+            run([*ns, "link", "set", "lo", "up"], "bringing the learner's loopback up")
+            run(["ip", "link", "add", self.host_side, "type", "veth", "peer", "name", "hub0", "netns", self.name],
+                "linking the learner's namespace to the hub")
+            run(["ip", "link", "set", self.host_side, "up"], "bringing the hub's end of the link up")
+            # The hub's replies leave from the hub address, the one route the learner has back.
+            run(["ip", "route", "add", f"{self.address}/32", "dev", self.host_side, "src", self.hub],
+                "routing the hub to the learner")
+            run([*ns, "addr", "add", f"{self.address}/32", "dev", "hub0"], "addressing the learner")
+            run([*ns, "link", "set", "hub0", "up"], "bringing the learner's end of the link up")
+            run([*ns, "route", "add", f"{self.hub}/32", "dev", "hub0", "src", self.address],
+                "routing the learner to the hub")
+        except BaseException:
+            self.remove()
+            raise
+
+    def enter(self) -> None:
+        """Move the calling process into the namespace (run after fork, while it is still root)."""
+        fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"entering {self.name}: {os.strerror(errno)}")
+        finally:
+            os.close(fd)
+
+    def remove(self) -> None:
+        """Kill what still runs in the namespace and remove it (and with it the link)."""
+        remove_namespaces([self.name])

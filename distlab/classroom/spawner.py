@@ -1,0 +1,121 @@
+"""How a learner's server starts: as their own system user, in their own network, inside their limits.
+
+:class:`ClassroomSpawner` is JupyterHub's ``LocalProcessSpawner`` (the server runs as the learner's
+system user, so files, processes and signals are theirs alone: Unix's own isolation) with three
+things more, each made before the server runs and removed after it stops:
+
+- a network namespace of the learner's own (``network``): another learner cannot connect to
+  anything their labs listen on;
+- a control group (``cgroups``): JupyterHub's own ``cpu_limit`` and ``mem_limit``, which the local
+  spawner only passes on as variables, are enforced by the kernel, and every process the learner
+  started is ended with the server, whatever escaped its session;
+- ``DISTLAB_LIMITS`` in the server's environment, which distlab reads in the learner's kernels
+  (``limits``: ranks and labs at once, the idle end; cores as the group enforces them).
+
+The hub must run as root (as for any ``LocalProcessSpawner`` serving other users).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, ClassVar
+
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Bool, Unicode, default
+
+from .cgroups import LearnerGroup, cgroup_missing
+from .network import LearnerNetwork
+
+__all__ = ["ClassroomSpawner"]
+
+
+class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub is untyped
+    """A learner's server: their user, their network namespace, their control group, their limits."""
+
+    python = Unicode(
+        sys.executable, config=True,
+        help="The Python learners' servers run: with distlab, JupyterLab and torch, readable by every learner.",
+    )
+    limits = Unicode(
+        "", config=True,
+        help='distlab\'s limits in each learner\'s kernels, e.g. "ranks=4,labs=2,idle=30m" (distlab.classroom.limits).',
+    )
+    own_network = Bool(True, config=True, help="Run each learner's server in a network namespace of their own.")
+
+    # Learner indices taken by this hub's running servers: each names a namespace and an address.
+    _taken: ClassVar[set[int]] = set()
+
+    @default("cmd")
+    def _cmd_default(self) -> list[str]:
+        return [self.python, "-m", "jupyterhub.singleuser"]
+
+    def _limits_text(self) -> str:
+        parts = [self.limits] if self.limits else []
+        if self.cpu_limit:
+            parts.append(f"cores={self.cpu_limit:g}")
+        return ",".join(parts)
+
+    def get_env(self) -> dict[str, str]:
+        env: dict[str, str] = super().get_env()
+        text = self._limits_text()
+        if text:
+            env["DISTLAB_LIMITS"] = text
+        return env
+
+    def make_preexec_fn(self, name: str) -> Any:
+        become_learner = super().make_preexec_fn(name)
+        network, group = self._network, self._group
+        assert group is not None  # start() made it
+
+        def preexec() -> None:
+            # Still root here (after fork, before exec): join the group and the namespace, then drop to the learner.
+            group.join()
+            if network is not None:
+                network.enter()
+            become_learner()
+
+        return preexec
+
+    async def start(self) -> Any:
+        memory = int(self.mem_limit) if self.mem_limit else None
+        why = cgroup_missing(self.cpu_limit, memory)
+        if why:
+            raise RuntimeError(why)
+        index = next(i for i in range(len(self._taken) + 1) if i not in self._taken)
+        self._taken.add(index)
+        self._index: int | None = index
+        self._network: LearnerNetwork | None = None
+        group = LearnerGroup(f"distlab-{os.getpid()}-{self.user.name}", self.cpu_limit or None, memory)
+        self._group: LearnerGroup | None = group
+        try:
+            group.make()
+            if self.own_network:
+                self._network = LearnerNetwork(os.getpid(), index)
+                self._network.make()
+                self.ip = self._network.address
+            return await super().start()
+        except BaseException:
+            self._release()
+            raise
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """End what the learner left running and remove their group and namespace."""
+        group = getattr(self, "_group", None)
+        if group is not None:
+            group.end()
+            self._group = None
+        network = getattr(self, "_network", None)
+        if network is not None:
+            network.remove()
+            self._network = None
+        index = getattr(self, "_index", None)
+        if index is not None:
+            self._taken.discard(index)
+            self._index = None

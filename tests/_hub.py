@@ -1,0 +1,199 @@
+"""A real JupyterHub of distlab.classroom for the tests: system users, their own Python, the hub, its API.
+
+The learners are system users made for the test (``useradd``) and removed after it with all they
+left; the hub runs as root, as a class's does. This project's interpreter lives in root's home,
+which other users may not enter, so the learners run the system's Python of the same release in
+a virtual environment that reads this environment's packages (``learner_python``): what
+``distlab.classroom.hub.problems`` tells an instructor to do, with a venv of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _jupyter import free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+USER_PASSWORD = "learners-" + secrets.token_hex(4)
+ADMIN_PASSWORD = "instructors-" + secrets.token_hex(16)
+
+
+def skip_unless_possible() -> str:
+    """The system's python3 of this release (skip, saying why, where a hub of learners cannot run)."""
+    if os.geteuid() != 0:
+        pytest.skip("a classroom hub runs as root (it starts each learner's server as that learner)")
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("needs the system's python3 for the learners (this interpreter is in root's home)")
+    release = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    if release != str(tuple(sys.version_info[:2])):
+        pytest.skip(f"the system's python3 is {release}, this environment's {sys.version_info[:2]}: "
+                    "its compiled packages would not load")
+    return python
+
+
+def learner_python(folder: Path, system_python: str) -> str:
+    """A virtual environment of the system's Python in ``folder`` that reads this environment's packages."""
+    venv = folder / "learners-venv"
+    subprocess.run([system_python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", where],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    ours = sysconfig.get_path("purelib")
+    # addsitedir reads the folder's .pth files too: the editable install of distlab among them.
+    Path(site, "distlab-environment.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return str(venv / "bin" / "python")
+
+
+def make_user(name: str) -> pwd.struct_passwd:
+    remove_user(name)  # a run killed before it cleaned up
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, timeout=30)
+    return pwd.getpwnam(name)
+
+
+def remove_user(name: str) -> None:
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return
+    subprocess.run(["pkill", "-KILL", "-u", str(uid)], check=False, timeout=30)
+    wait_for(lambda: subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, check=False).returncode != 0,
+             30, f"the processes of {name} to end")
+    subprocess.run(["userdel", "--remove", name], capture_output=True, check=False, timeout=30)
+
+
+class Hub:
+    """A running classroom hub: ``learners`` and ``instructors`` are system users made for it."""
+
+    def __init__(self, folder: Path, learners: list[str], instructors: list[str], limits: str = "",
+                 cores: float | None = None, notebooks: Path | None = None) -> None:
+        system_python = skip_unless_possible()
+        self.folder = folder
+        folder.chmod(0o755)  # the learners' Python is in it
+        self.learners, self.instructors = learners, instructors
+        self.python = learner_python(folder, system_python)
+        self.port = free_port()
+        self.token = secrets.token_hex(24)
+        state = folder / "hub"
+        klass = {"learners": learners, "instructors": instructors, "limits": limits, "cores": cores,
+                 "port": self.port, "hub_port": free_port(), "state_dir": str(state), "python": self.python,
+                 "notebooks": str(notebooks) if notebooks else None, "authenticator": "shared-password"}
+        self.config = folder / "jupyterhub_config.py"
+        self.config.write_text(
+            "from distlab.classroom.hub import Class, configure\n"
+            f"configure(c, Class(**{{**{klass!r}, 'learners': tuple({learners!r}), "
+            f"'instructors': tuple({instructors!r})}}))\n"
+            f"c.SharedPasswordAuthenticator.user_password = {USER_PASSWORD!r}\n"
+            f"c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}\n"
+            # The test's own hand on the hub: start servers and make users' tokens.
+            f"c.JupyterHub.services.append({{'name': 'distlab-test', 'api_token': {self.token!r}}})\n"
+            "c.JupyterHub.load_roles.append({'name': 'distlab-test', 'services': ['distlab-test'], "
+            "'scopes': ['admin:users', 'admin:servers', 'access:servers', 'tokens', 'read:users']})\n"
+            "c.JupyterHub.log_level = 'DEBUG'\n"
+        )
+        self.users = {name: make_user(name) for name in learners + instructors}
+        self.log_path = folder / "hub.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)], cwd=folder,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(self._healthy, 120, "the hub to answer")
+
+    def _healthy(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"the hub exited ({self.process.returncode}):\n{self.log()[-4000:]}")
+        with contextlib.suppress(OSError):
+            return self.request("GET", "/hub/api/")[0] == 200
+        return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Authorization": f"token {token or self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                text = resp.read().decode()
+                return resp.status, json.loads(text) if text.strip() else None
+        except urllib.error.HTTPError as err:
+            text = err.read().decode(errors="replace")
+            try:
+                return err.code, json.loads(text)
+            except ValueError:
+                return err.code, text
+
+    def start_server(self, name: str) -> None:
+        status, said = self.request("POST", f"/hub/api/users/{name}/server")
+        assert status in (201, 202), (status, said)
+        def ready() -> bool:
+            servers = (self.request("GET", f"/hub/api/users/{name}")[1] or {}).get("servers", {})
+            return bool(servers.get("", {}).get("ready"))
+
+        wait_for(ready, 180, f"{name}'s server to be ready")
+
+    def user_token(self, name: str) -> str:
+        status, said = self.request("POST", f"/hub/api/users/{name}/tokens",
+                                    {"note": "distlab test", "expires_in": 3600})
+        assert status == 201, (status, said)
+        return str(said["token"])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # the hub stops every learner's server first
+            try:
+                self.process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        self._log.close()
+        for name in self.users:
+            remove_user(name)
+
+    def __enter__(self) -> Hub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def as_learner(
+    user: pwd.struct_passwd, netns: str | None, argv: list[str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as the learner would in a terminal of their server: their user, in their network."""
+    enter = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
+    become = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": user.pw_dir, "USER": user.pw_name}
+    return subprocess.run([*enter, *become, *argv], capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env, cwd=tempfile.gettempdir())
+
+
+def namespaces_of(owner: int) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir("/run/netns") if n.startswith(f"distlab-{owner}-"))
+    except OSError:
+        return []
+
+
+def deadline(seconds: float) -> float:
+    return time.monotonic() + seconds
