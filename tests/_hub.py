@@ -197,3 +197,61 @@ def namespaces_of(owner: int) -> list[str]:
 
 def deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+class LearnerKernel:
+    """A kernel of a learner's server, opened as their notebook ``path`` (a session: the panel names it),
+    driven over the server's websocket as JupyterLab drives it, with the learner's token."""
+
+    def __init__(self, hub: Hub, name: str, token: str, path: str = "class.ipynb") -> None:
+        self.hub, self.name, self.token = hub, name, token
+        status, said = hub.request("POST", f"/user/{name}/api/sessions",
+                                   {"path": path, "type": "notebook", "kernel": {"name": "python3"}}, token=token)
+        assert status == 201, (status, said)
+        self.kernel_id = said["kernel"]["id"]
+        self.session = secrets.token_hex(8)
+
+    def run(self, code: str, timeout: float = 300) -> str:
+        """Run ``code``; its printed output, or AssertionError with the error and what it printed."""
+        import asyncio
+
+        return asyncio.run(self._run(code, timeout))
+
+    async def _run(self, code: str, timeout: float) -> str:
+        import asyncio
+
+        from tornado.httpclient import HTTPRequest
+        from tornado.websocket import websocket_connect
+
+        url = (f"ws://127.0.0.1:{self.hub.port}/user/{self.name}/api/kernels/{self.kernel_id}/channels"
+               f"?session_id={self.session}")
+        ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.token}"}))
+        msg_id = secrets.token_hex(8)
+        header = {"msg_id": msg_id, "username": self.name, "session": self.session, "msg_type": "execute_request",
+                  "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        ws.write_message(json.dumps({
+            "header": header, "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))
+        out: list[str] = []
+        end = time.monotonic() + timeout
+        try:
+            while True:
+                raw = await asyncio.wait_for(ws.read_message(), max(end - time.monotonic(), 0.1))
+                if raw is None:
+                    raise AssertionError(f"{self.name}'s kernel closed its channels:\n" + "".join(out))
+                msg = json.loads(raw)
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    out.append(content["text"])
+                elif kind == "error":
+                    out.append(f"{content['ename']}: {content['evalue']}\n")
+                elif kind == "execute_reply":
+                    if content["status"] != "ok":
+                        raise AssertionError("".join(out))
+                    return "".join(out)
+        finally:
+            ws.close()
