@@ -86,9 +86,11 @@ class Hub:
                  cores: float | None = None, notebooks: Path | None = None) -> None:
         system_python = skip_unless_possible()
         self.folder = folder
-        folder.chmod(0o755)  # the learners' Python is in it
         self.learners, self.instructors = learners, instructors
-        self.python = learner_python(folder, system_python)
+        # The learners' Python, where they may read it: not in the suite's folder (root's alone).
+        self.shared = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
+        self.shared.chmod(0o755)
+        self.python = learner_python(self.shared, system_python)
         self.port = free_port()
         self.token = secrets.token_hex(24)
         state = folder / "hub"
@@ -145,7 +147,7 @@ class Hub:
 
     def start_server(self, name: str) -> None:
         status, said = self.request("POST", f"/hub/api/users/{name}/server")
-        assert status in (201, 202), (status, said)
+        assert status in (201, 202), (status, said, self.log()[-6000:])
         def ready() -> bool:
             servers = (self.request("GET", f"/hub/api/users/{name}")[1] or {}).get("servers", {})
             return bool(servers.get("", {}).get("ready"))
@@ -169,6 +171,7 @@ class Hub:
         self._log.close()
         for name in self.users:
             remove_user(name)
+        shutil.rmtree(self.shared, ignore_errors=True)
 
     def __enter__(self) -> Hub:
         return self
@@ -178,14 +181,14 @@ class Hub:
 
 
 def as_learner(
-    user: pwd.struct_passwd, netns: str | None, argv: list[str], timeout: float = 120
+    user: pwd.struct_passwd, netns: str | None, argv: list[str], timeout: float = 120, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as the learner would in a terminal of their server: their user, in their network."""
     enter = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
     become = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
     env = {"PATH": "/usr/bin:/bin", "HOME": user.pw_dir, "USER": user.pw_name}
     return subprocess.run([*enter, *become, *argv], capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env, cwd=tempfile.gettempdir())
+                          check=False, env=env, cwd="/", input=stdin)
 
 
 def namespaces_of(owner: int) -> list[str]:

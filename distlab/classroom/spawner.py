@@ -1,8 +1,9 @@
 """How a learner's server starts: as their own system user, in their own network, inside their limits.
 
 :class:`ClassroomSpawner` is JupyterHub's ``LocalProcessSpawner`` (the server runs as the learner's
-system user, so files, processes and signals are theirs alone: Unix's own isolation) with three
-things more, each made before the server runs and removed after it stops:
+system user, so files, processes and signals are theirs alone: Unix's own isolation, with their
+home made 0700 where it was open to others) with three things more, each made before the server
+runs and removed after it stops:
 
 - a network namespace of the learner's own (``network``): another learner cannot connect to
   anything their labs listen on;
@@ -18,7 +19,10 @@ The hub must run as root (as for any ``LocalProcessSpawner`` serving other users
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner
@@ -42,6 +46,10 @@ class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub
         help='distlab\'s limits in each learner\'s kernels, e.g. "ranks=4,labs=2,idle=30m" (distlab.classroom.limits).',
     )
     own_network = Bool(True, config=True, help="Run each learner's server in a network namespace of their own.")
+    notebooks = Unicode(
+        "", config=True,
+        help="A folder of notebooks copied into each learner's home (~/<its name>) when their server first starts.",
+    )
 
     # Learner indices taken by this hub's running servers: each names a namespace and an address.
     _taken: ClassVar[set[int]] = set()
@@ -86,6 +94,12 @@ class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub
         self._taken.add(index)
         self._index: int | None = index
         self._network: LearnerNetwork | None = None
+        # Debian's useradd makes homes 0755: every learner could read every other's notebooks.
+        home = pwd.getpwnam(self.user.name).pw_dir
+        if os.path.isdir(home) and os.stat(home).st_mode & 0o077:
+            os.chmod(home, 0o700)
+        if self.notebooks:
+            self._give_notebooks()
         group = LearnerGroup(f"distlab-{os.getpid()}-{self.user.name}", self.cpu_limit or None, memory)
         self._group: LearnerGroup | None = group
         try:
@@ -98,6 +112,18 @@ class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub
         except BaseException:
             self._release()
             raise
+
+    def _give_notebooks(self) -> None:
+        """Copy the class's notebooks into the learner's home, theirs to change; never over their copy."""
+        learner = pwd.getpwnam(self.user.name)
+        source = Path(self.notebooks)
+        target = Path(learner.pw_dir) / source.name
+        if target.exists():
+            return
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+        for folder, dirs, files in os.walk(target):
+            for name in [".", *dirs, *files]:
+                os.chown(os.path.join(folder, name), learner.pw_uid, learner.pw_gid)
 
     async def stop(self, now: bool = False) -> None:
         try:
