@@ -1,0 +1,217 @@
+"""An nbgrader assignment of distlab's exercise and quiz, run through nbgrader's own commands, end to end.
+
+The instructor writes the source notebook (``distlab.classroom.assignment``), generates and releases it;
+two learners, each in a home of their own, fetch it, fill it in and submit; the instructor collects,
+autogrades (each learner's notebook runs in a fresh kernel, whose lab grades on live ranks), makes
+and releases the feedback, which each learner fetches. One learner submits the reference, the other
+an average that only sums, and a wrong number.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from conftest import ours
+
+from distlab.classroom.assignment import main_assignment, write_assignment
+from distlab.quiz import bank
+
+COURSE_ID = "dist101"
+NAME = "ps1"
+EXERCISE = "average-gradients"
+QUESTIONS = ("batch-and-lr/global-batch", "torch-distributed-api/live-broadcast")
+# The mistake the exercise's task warns of: the ranks' gradients summed, never divided.
+SUMS_ONLY = """%%ddp
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+"""
+
+
+def _config(folder: Path, exchange: Path, learner: str | None = None) -> None:
+    # On a hub each learner is a user of their own, whose name nbgrader reads from the system; here
+    # all are this test's user, so a learner's id is said.
+    who = f"c.CourseDirectory.student_id = {learner!r}\n" if learner else ""
+    (folder / "nbgrader_config.py").write_text(
+        "c = get_config()\n" + who +
+        f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
+        f"c.Exchange.root = {str(exchange)!r}\n"
+        "c.Exchange.path_includes_course = True\n"
+        # A learner's notebook starts a lab, then the grader's labs (2 and 3 ranks) at its first check:
+        # nbgrader's 30 s per cell is too short on a busy 2-core machine.
+        "c.ExecutePreprocessor.timeout = 600\n"
+    )
+
+
+def _nbgrader(cwd: Path, home: Path, *args: str) -> str:
+    # nbgrader runs `alembic` by name for its gradebook: the environment's bin folder comes first, as in
+    # an activated one.
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "HOME": str(home), "PATH": path}
+    run = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=1200, check=False,
+    )
+    assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout}\n{run.stderr}"
+    return run.stdout + run.stderr
+
+
+def _solutions(notebook: Path) -> dict[str, str]:
+    """The source's solution cells without nbgrader's markers: what a learner who knows it types."""
+    nb = nbformat.read(notebook, as_version=4)
+    return {
+        cell.metadata.nbgrader["grade_id"]: "\n".join(
+            line for line in cell.source.splitlines() if "BEGIN SOLUTION" not in line and "END SOLUTION" not in line
+        )
+        for cell in nb.cells
+        if cell.metadata.get("nbgrader", {}).get("solution")
+    }
+
+
+def _fill(notebook: Path, answers: dict[str, str]) -> None:
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    nbformat.write(nb, notebook)
+
+
+def _spawned(before: set[int]) -> list[str]:
+    return [
+        " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["pid", "cmdline"])
+        if p.pid not in before and ours(p)
+        and any(k in " ".join(p.info["cmdline"] or []) for k in ("ipyparallel", "distlab", "ipykernel"))
+    ]
+
+
+@pytest.mark.e2e
+def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_feedback_fetched(tmp_path):
+    before = {p.pid for p in psutil.process_iter()}
+    course, exchange = tmp_path / "course", tmp_path / "exchange"
+    course.mkdir()
+    exchange.mkdir()
+    _config(course, exchange)
+    instructor = tmp_path / "instructor-home"
+    instructor.mkdir()
+
+    source = write_assignment(course, NAME, [EXERCISE], list(QUESTIONS))
+    assert source == course / "source" / NAME / f"{NAME}.ipynb"
+    reference = _solutions(source)
+    for step in ("generate_assignment", "release_assignment"):
+        _nbgrader(course, instructor, step, NAME)
+
+    learners = {"ada": reference, "bob": {
+        "average-gradients-code": SUMS_ONLY,
+        "q1-answer": "answer_1 = 3",
+        "q2-answer": "answer_2 = -1.0",
+    }}
+    homes = {}
+    for learner, answers in learners.items():
+        home = homes[learner] = tmp_path / learner
+        home.mkdir()
+        _config(home, exchange, learner)
+        _nbgrader(home, home, "fetch_assignment", NAME)
+        fetched = home / COURSE_ID / NAME / f"{NAME}.ipynb"
+        released = {c.metadata.nbgrader["grade_id"]: c.source for c in nbformat.read(fetched, as_version=4).cells}
+        # What the learner got: the %%ddp cell is nbgrader's stub, and the reference is nowhere in it.
+        assert released["average-gradients-code"] == "%%ddp\n# YOUR CODE HERE\nraise NotImplementedError()"
+        assert released["q1-answer"] == "# YOUR CODE HERE\nraise NotImplementedError()"
+        written = [text for key, text in released.items() if not key.endswith(("-task", "-prompt", "-intro"))]
+        assert not any("all_reduce" in text or "SOLUTION" in text for text in written)
+        _fill(fetched, answers)
+        _nbgrader(home, home, "submit", NAME)
+
+    for step in ("collect", "autograde", "generate_feedback", "release_feedback"):
+        _nbgrader(course, instructor, step, NAME)
+
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        def score(cell: str, learner: str) -> float:
+            return float(gradebook.find_grade(cell, NAME, NAME, learner).score)
+
+        assert [score(c, "ada") for c in ("average-gradients-test", "q1-test", "q2-test")] == [5, 1, 1]
+        assert [score(c, "bob") for c in ("average-gradients-test", "q1-test", "q2-test")] == [0, 0, 0]
+
+    feedback = {}
+    for learner, home in homes.items():
+        _nbgrader(home, home, "fetch_feedback", NAME)
+        pages = list((home / COURSE_ID / NAME / "feedback").glob(f"*/{NAME}.html"))
+        assert len(pages) == 1, pages
+        feedback[learner] = _text(pages[0].read_text())
+    # Each learner reads what the grader measured on the ranks: the cases passed, or how the gradient was off.
+    assert "average-gradients: passed: all 8 cases passed, in worlds of 2 and 3 ranks" in feedback["ada"]
+    assert "Score: 5.0 / 5.0" in feedback["ada"] and "Right: rank 1 holds 5." in feedback["ada"]
+    assert "`0.weight`'s gradient is 2 times DDP's, the sum over the ranks, not the mean" in feedback["bob"]
+    assert "is 3 times DDP's" in feedback["bob"]  # the 3-rank world's cases ran too
+    assert "Score: 0.0 / 5.0" in feedback["bob"] and "Not quite. Too low." in feedback["bob"]
+
+    # Every kernel ended with its autograde, and its labs with it: by the kernel's exit, or, where
+    # nbclient killed a kernel still stopping them, by distlab's reaper (hence a wait).
+    deadline = time.monotonic() + 120
+    while _spawned(before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _spawned(before)
+
+
+def _text(page: str) -> str:
+    """The words of an HTML page, as a learner reads them."""
+    page = re.sub(r"<(style|script)\b.*?</\1>", "", page, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_the_instructors_command_writes_the_notebook_or_says_in_one_line_what_is_wrong(tmp_path, capsys):
+    args = ["--course", str(tmp_path), "--name", NAME, "--exercise", EXERCISE]
+    assert main_assignment([*args, "--question", "batch-and-lr/global-batch"]) == 0
+    notebook = nbformat.read(tmp_path / "source" / NAME / f"{NAME}.ipynb", as_version=4)
+    nbformat.validate(notebook)
+    graded = {c.metadata.nbgrader["grade_id"]: c.metadata.nbgrader.get("points") for c in notebook.cells
+              if c.metadata.nbgrader["grade"]}
+    assert graded == {"average-gradients-test": 5, "q1-test": 1}
+    assert main_assignment(args) == 2  # written already: an instructor's edits are kept
+    assert main_assignment([*args, "--force"]) == 0
+    capsys.readouterr()
+
+    for bad, says in (
+        (["--course", str(tmp_path), "--name", "x", "--exercise", "ring"], "the exercises are: average-gradients,"),
+        (["--course", str(tmp_path), "--name", "x", "--question", "batch-and-lr/global"],
+         "did you mean 'batch-and-lr/global-batch'"),
+        (["--course", str(tmp_path / "nowhere"), "--name", "x", "--exercise", EXERCISE], "no course directory"),
+        (["--course", str(tmp_path), "--name", "p s", "--exercise", EXERCISE], "not a folder name"),
+        (["--course", str(tmp_path), "--name", "x"], "the assignment is empty"),
+    ):
+        assert main_assignment(bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+
+
+def test_the_listing_names_what_an_assignment_can_hold(capsys):
+    assert main_assignment(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "  average-gradients" in out and "  batch-and-lr/global-batch  [numeric]" in out
+
+
+def test_each_kind_of_question_is_graded_by_its_test_cell_the_reference_passing_and_a_wrong_answer_not(tmp_path):
+    kinds = ("why-distribute/clearest-case", "why-distribute/good-reasons", "batch-and-lr/global-batch")
+    ordering = next(q.id for q in bank() if q.kind == "ordering")
+    source = write_assignment(tmp_path, NAME, questions=[*kinds, ordering])
+    cells = {c.metadata.nbgrader["grade_id"]: c.source for c in nbformat.read(source, as_version=4).cells}
+    reference = _solutions(source)
+    for number in range(1, 5):
+        namespace: dict[str, object] = {}
+        exec(reference[f"q{number}-answer"], namespace)  # noqa: S102 - the notebook's own cells, as a kernel runs them
+        exec(cells[f"q{number}-test"], namespace)  # noqa: S102
+        namespace[f"answer_{number}"] = ["no-such-option"] if number != 3 else -1
+        with pytest.raises(AssertionError, match=r"Not quite|Pick|Give all"):
+            exec(cells[f"q{number}-test"], namespace)  # noqa: S102
