@@ -56,6 +56,12 @@ for pid in targets["pids"]:
         if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:
             raise PermissionError(ctypes.get_errno(), "setns refused")
     attempt(f"enter {pid}", enter)
+    def enter_user(p=pid):
+        import ctypes
+        fd = os.open(f"/proc/{p}/ns/user", os.O_RDONLY)
+        if ctypes.CDLL(None, use_errno=True).setns(fd, 0x10000000) != 0:
+            raise PermissionError(ctypes.get_errno(), "setns refused")
+    attempt(f"enter user {pid}", enter_user)
 for folder in targets["cgroups"]:
     attempt("leave " + folder, lambda f=folder: open(f + "/cgroup.procs", "w").write(str(os.getpid())))
 secrets = targets["secrets"]
@@ -95,10 +101,20 @@ def labs(hub: Hub) -> dict[str, Any]:
         kernel.run("%load_ext distlab\n%dist start -n 2")
         status, panel = hub.request("GET", f"/user/{name}/distlab/labs", token=token)
         assert status == 200 and len(panel["labs"]) == 1, panel
+        nodes = None
+        if name == "dl-bob":
+            # A network lab too, made by a learner who is not root (nodes in user namespaces of
+            # his own, inside his network): its links are his alone.
+            nodes = LearnerKernel(hub, name, token, "nodes.ipynb")
+            said = nodes.run("%load_ext distlab\n%dist start -n 2 --nodes 2 --link 100mbit")
+            assert "on 2 nodes (link 100mbit)" in said, said
+            assert nodes.run("%%ddp\nimport socket\nprint(socket.gethostname())").count("node") == 2
         home = hub.users[name].pw_dir
         runtime = f"{home}/.local/share/jupyter/runtime"
         found[name] = {
             "token": token, "kernel": kernel, "lab": panel["labs"][0],
+            "nodes_lab": next((lab for lab in hub.request("GET", f"/user/{name}/distlab/labs", token=token)[1]["labs"]
+                               if lab["id"] != panel["labs"][0]["id"]), None) if nodes else None,
             "netns": _netns_of(hub, hub.request("GET", f"/hub/api/users/{name}")[1]["servers"][""]["state"]["pid"]),
             "files": sorted(glob.glob(f"{runtime}/kernel-*.json") + glob.glob(f"{runtime}/distlab/lab-*.json")
                             + glob.glob(f"{home}/.ipython/**/security/*.json", recursive=True)),
@@ -138,7 +154,7 @@ def _targets(hub: Hub, owner: dict[str, Any]) -> dict[str, Any]:
         # From another namespace, loopback's ports are tried at 127.0.0.1 and the others at the owner's address.
         "ports": [[host if host != "127.0.0.1" else "127.0.0.1", port] for host, port in ports]
         + [[address, port] for host, port in ports if host == "127.0.0.1"],
-        "pids": [row["pid"] for row in owner["lab"]["ranks"]],
+        "pids": [row["pid"] for lab in (owner["lab"], owner["nodes_lab"]) if lab for row in lab["ranks"]],
         "cgroups": ["/sys/fs/cgroup/cpu"] if v1 else ["/sys/fs/cgroup"],
         "secrets": keys,
     }
@@ -155,7 +171,7 @@ def test_a_learner_cannot_reach_another_learners_labs(hub: Hub, labs: dict[str, 
     ann, bob = labs["dl-ann"], labs["dl-bob"]
     targets = _targets(hub, bob)
     # A kernel's 5 ports, a controller's dozen, each engine's, torch's store: far more than 10.
-    assert len(targets["files"]) >= 3 and len(targets["ports"]) >= 20 and len(targets["pids"]) == 2
+    assert len(targets["files"]) >= 3 and len(targets["ports"]) >= 20 and len(targets["pids"]) == 4
     assert len(targets["secrets"]) >= 2  # the kernel's key and the controller's
     own_ports = [[h, p] for h, p in targets["ports"] if h == "127.0.0.1" or h == _address_of(bob["netns"])]
     mine = _probe(hub, "dl-bob", bob["netns"], {**targets, "ports": own_ports[: len(own_ports) // 2 + 1],
@@ -185,6 +201,8 @@ def test_a_learner_cannot_reach_another_learners_labs(hub: Hub, labs: dict[str, 
         assert theirs[f"signal {pid}"].startswith("PermissionError"), theirs[f"signal {pid}"]
         assert theirs[f"environ {pid}"].startswith("PermissionError"), theirs[f"environ {pid}"]
         assert theirs[f"enter {pid}"].startswith("PermissionError"), theirs[f"enter {pid}"]
+        # Nor the user namespace that holds bob's nodes and links (where he is root, and tc obeys him).
+        assert theirs[f"enter user {pid}"].startswith("PermissionError"), theirs[f"enter user {pid}"]
     # Leaving her control group for the machine's root group (and its cores): refused.
     for folder in targets["cgroups"]:
         assert theirs[f"leave {folder}"].startswith("PermissionError"), theirs[f"leave {folder}"]
