@@ -163,6 +163,9 @@ def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_fe
     while _spawned(before) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _spawned(before)
+    # The notebook's last cell stopped the labs before nbclient ended its kernel: no lab's state file
+    # stayed behind for the instructor's panel to find.
+    assert not list(instructor.rglob("lab-*.json"))
 
 
 def _text(page: str) -> str:

@@ -90,6 +90,7 @@ def write_assignment(
         cells += _exercise_cells(number, exercise, exercise_points)
     for number, question in enumerate(picked, 1):
         cells += _question_cells(number, question, name, ranks, question_points)
+    cells.append(_stop_cell())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_notebook(cells), indent=1) + "\n", encoding="utf-8")
     return path
@@ -181,6 +182,14 @@ def _intro(name: str, ranks: int, exercises: list[Any], questions: list[Any]) ->
 
 def _lab_cell(ranks: int) -> dict[str, Any]:
     return _cell("code", f"%load_ext distlab\n%dist start -n {ranks}", "distlab-lab")
+
+
+def _stop_cell() -> dict[str, Any]:
+    # Stopped here, the lab and the grader's labs end inside the notebook's run: at autograde nbclient
+    # gives a kernel 5 s to exit before it kills it, which may be too few to stop them all (distlab's
+    # reaper would end them, but the lab's state file would stay behind).
+    text = "# Ends your lab and the grader's ranks: run it when you are done.\n%dist stop"
+    return _cell("code", text, "distlab-stop")
 
 
 def _exercise_cells(number: int, exercise: Any, points: int) -> list[dict[str, Any]]:
