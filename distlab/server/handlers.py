@@ -3,14 +3,16 @@
     GET  /distlab/labs                  -> {"labs": [...]}
     POST /distlab/labs/<lab id>/<action> -> {"id", "action", "kernel_id", "message"}   (stop, restart)
     GET  /distlab/labs/<lab id>/stacks   -> {"id", "text", "seconds", "missing"}   (live stacks)
+    GET  /distlab/progress               -> the learner's quiz and exercise progress (``learner_progress``)
 
 Each lab writes its own state file (``distlab.server.registry``); the server reads them, keeps
 those whose kernel belongs to this server, and names the kernel's notebook from the session
 manager. An action runs ``registry.act`` in the lab's kernel, so it reaches a lab however it was
 started (``%dist start`` or ``distlab.start()``). The stacks are read here, in the server, from
 outside the ranks' processes (``cluster.stacks``): the lab's kernel is busy with the cell that
-hangs, when they are wanted most. The handlers are thin: the work is in ``labs_in_server``,
-``act_on_lab`` and ``stacks_of_lab``, plain async functions.
+hangs, when they are wanted most. The progress is the quiz's own file (``quiz.progress``), read
+for a class's instructor (``classroom.instructor``). The handlers are thin: the work is in
+``labs_in_server``, ``act_on_lab``, ``stacks_of_lab`` and ``learner_progress``, plain functions.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import tornado.web
@@ -37,7 +40,10 @@ def _authorized(action: str) -> Callable[[_Method], _Method]:
     decorator: Callable[[_Method], _Method] = authorized(action=action)
     return decorator
 
-__all__ = ["ACTION_TIMEOUT_S", "LabActionError", "act_on_lab", "labs_in_server", "setup_handlers", "stacks_of_lab"]
+__all__ = [
+    "ACTION_TIMEOUT_S", "LabActionError", "act_on_lab", "labs_in_server", "learner_progress", "setup_handlers",
+    "stacks_of_lab",
+]
 
 #: How long an action may take, from the request to the kernel's answer. An action waits behind a
 #: cell running in that kernel, as a typed ``%dist stop`` would; and a restart starts new engines.
@@ -168,6 +174,46 @@ def kept_waiting() -> list[dict[str, Any]]:
     return waiting
 
 
+def learner_progress(path: Path | None = None) -> dict[str, Any]:
+    """The quiz and exercise progress kept in ``path`` (default: this user's, ``quiz.progress``):
+    questions answered and right (their last answer), by topic of the bank; every exercise checked,
+    with its last result; each count and ``last_seen`` (Unix time, None before any)."""
+    from ..exercises.catalog import EXERCISES
+    from ..quiz.loader import bank
+    from ..quiz.progress import Progress
+
+    progress = Progress(path)
+    summary = progress.summary(bank(), [(e.name, e.title) for e in EXERCISES.values()])
+    records, checked = progress.records, progress.exercises
+    # Exercises checked that the catalog no longer names still count: they are the learner's work.
+    titles = {row.name: row.title for row in summary.exercises}
+    exercises = [
+        {"name": name, "title": titles.get(name, name), "checks": entry.checks, "passed": entry.passed,
+         "last_passed": entry.last_passed, "last_seen": entry.last_seen}
+        for name, entry in checked.items()
+    ]
+    exercises.sort(key=lambda row: list(titles).index(row["name"]) if row["name"] in titles else len(titles))
+    seen = [entry.last_seen for entry in records.values()] + [entry.last_seen for entry in checked.values()]
+    return {
+        "path": str(progress.path),
+        "questions": {
+            "answered": len(records), "right": sum(entry.last_right for entry in records.values()),
+            "attempts": sum(entry.attempts for entry in records.values()),
+            "in_bank": sum(row.questions for row in summary.topics),
+        },
+        "topics": [
+            {"topic": row.topic, "title": row.title, "questions": row.questions, "answered": row.answered,
+             "right": row.mastered}
+            for row in summary.topics if row.answered
+        ],
+        "exercises": exercises,
+        "exercises_passed": sum(row["passed"] for row in exercises),
+        "exercises_attempted": len(exercises),
+        "exercises_total": len(EXERCISES),
+        "last_seen": max(seen) if seen else None,
+    }
+
+
 class LabsHandler(APIHandler):
     """``GET /distlab/labs`` -> ``{"labs": [...], "kept": [...]}`` (``kept_waiting``); for logged-in
     users allowed to see kernels."""
@@ -219,9 +265,29 @@ class LabStacksHandler(APIHandler):
         self.finish(json.dumps(done))
 
 
+class ProgressHandler(APIHandler):
+    """``GET /distlab/progress`` -> ``learner_progress()``; for logged-in users allowed to see kernels
+    (as the labs are)."""
+
+    auth_resource = "kernels"
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        import asyncio
+
+        # The first read loads and checks the question bank (a second or two): off the server's loop.
+        progress = await asyncio.get_running_loop().run_in_executor(None, learner_progress)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(progress))
+
+
 def setup_handlers(web_app: Any) -> None:
+    progress = url_path_join(web_app.settings["base_url"], "distlab", "progress")
     labs = url_path_join(web_app.settings["base_url"], "distlab", "labs")
     stacks = url_path_join(labs, "([^/]+)", "stacks")
     # Any id and action reach the handler, so a wrong one gets act_on_lab's line, not a bare 404.
     action = url_path_join(labs, "([^/]+)", "([^/]+)")
-    web_app.add_handlers(".*$", [(labs, LabsHandler), (stacks, LabStacksHandler), (action, LabActionHandler)])
+    web_app.add_handlers(".*$", [
+        (progress, ProgressHandler), (labs, LabsHandler), (stacks, LabStacksHandler), (action, LabActionHandler),
+    ])
