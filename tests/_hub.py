@@ -127,6 +127,14 @@ class Hub:
             return self.request("GET", "/hub/api/")[0] == 200
         return False
 
+    def hub_address(self) -> str:
+        """The address the hub listens on for its learners' servers (in the /24 it claimed)."""
+        import re
+
+        found = re.search(r"Hub API listening on http://([\d.]+):", self.log())
+        assert found, "the hub has not said where its API listens"
+        return found.group(1)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 

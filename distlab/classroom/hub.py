@@ -4,8 +4,8 @@
 ``c``); ``python -m distlab.classroom hub ...`` writes that file and starts the hub with it.
 
 The hub listens for browsers on 127.0.0.1 (put a TLS proxy in front of it to open it to a class's
-network) and, for its learners' servers, on the hub address of their namespaces
-(``network.hub_address``). It runs as root: it starts each learner's server as that learner.
+network) and, for its learners' servers, on the hub address of the /24 it claims for their
+namespaces (``network.claim_network``). It runs as root: it starts each learner's server as that learner.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .network import hub_address, hub_address_add, hub_address_remove
+from .network import claim_network, hub_address, release_network
 
 __all__ = ["Class", "configure", "problems", "proxy_command"]
 
@@ -103,12 +103,12 @@ def configure(c: Any, klass: Class) -> None:
     # What a hub killed before it could clean up left behind, then the address its learners reach it at.
     namespaces.remove_orphans()
     cgroups.remove_orphans(alive=os.getpid())
-    hub_address_add()
-    atexit.register(hub_address_remove)
+    network = claim_network()
+    atexit.register(release_network, network)
 
     c.JupyterHub.ip = "127.0.0.1"
     c.JupyterHub.port = klass.port
-    c.JupyterHub.hub_bind_url = f"http://{hub_address()}:{klass.hub_port}"
+    c.JupyterHub.hub_bind_url = f"http://{hub_address(network)}:{klass.hub_port}"
     c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
@@ -124,6 +124,7 @@ def configure(c: Any, klass: Class) -> None:
 
     c.JupyterHub.spawner_class = "distlab.classroom.spawner.ClassroomSpawner"
     c.ClassroomSpawner.python = klass.python
+    c.ClassroomSpawner.network = str(network)
     c.ClassroomSpawner.limits = klass.limits
     if klass.cores:
         c.Spawner.cpu_limit = klass.cores

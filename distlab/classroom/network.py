@@ -9,13 +9,14 @@ there is out of every other learner's reach, whatever distlab or the learner's c
 The namespace has one link, a veth pair, addressed point to point:
 
     host (the hub's netns)                         the learner's namespace
-    hub address 198.19.240.1 (on lo)  ----veth---- learner address 198.19.240.(k+1)
+    hub address 198.19.24x.1 (on lo)  ----veth---- learner address 198.19.24x.(k+2)
 
 The hub listens on the hub address for the servers' API calls, and the proxy reaches each server
 at its learner address. Each namespace has a route to the hub address and to nothing else: no
 default route, so one learner's namespace cannot address another's (nor the machine's network;
-the host does not forward). The addresses are from the top of RFC 2544's benchmarking block, below
-which distlab's own lab subnets are taken from the bottom up (``cluster.nodes.DEFAULT_POOL``).
+the host does not forward). Each hub claims a /24 of its own (``claim_network``: the first whose hub
+address is not on loopback yet) from the top of RFC 2544's benchmarking block, below which distlab's
+own lab subnets are taken from the bottom up (``cluster.nodes.DEFAULT_POOL``).
 
 The namespace goes with the server (``remove``): the kernel removes the veth pair with it. If the
 hub is killed, ``cluster.namespaces.remove_orphans`` finds it by the hub's pid in its name.
@@ -29,34 +30,42 @@ import ipaddress
 import os
 
 from ..cluster.namespaces import remove_namespaces, run
+from ..errors import DistlabError
 
-__all__ = ["CLONE_NEWNET", "LearnerNetwork", "hub_address", "hub_address_add", "hub_address_remove"]
+__all__ = ["BLOCK", "CLONE_NEWNET", "LearnerNetwork", "claim_network", "hub_address", "release_network"]
 
-#: The block the hub and its learners are addressed from: the hub the first address, learner k the (k+2)th.
-NETWORK = ipaddress.IPv4Network("198.19.240.0/20")
+#: Where hubs' networks come from: a /24 each, its first address the hub's, learner k the (k+2)th.
+BLOCK = ipaddress.IPv4Network("198.19.240.0/20")
 CLONE_NEWNET = 0x40000000
 
 
-def hub_address(network: ipaddress.IPv4Network = NETWORK) -> str:
+def hub_address(network: ipaddress.IPv4Network) -> str:
     return str(network[1])
 
 
-def hub_address_add(network: ipaddress.IPv4Network = NETWORK) -> None:
-    """Give the hub its address (on loopback: every namespace's veth reaches it). Idempotent."""
-    present = run(["ip", "-4", "-o", "addr", "show", "dev", "lo"], "reading loopback's addresses")
-    if f" {hub_address(network)}/32 " not in present:
-        run(["ip", "addr", "add", f"{hub_address(network)}/32", "dev", "lo"], "giving the hub its address")
+def claim_network() -> ipaddress.IPv4Network:
+    """A /24 of ``BLOCK`` no other hub of this machine holds, its hub address put on loopback (where
+    every learner's link reaches it). Adding the address is the claim: the kernel refuses a second."""
+    for network in BLOCK.subnets(new_prefix=24):
+        try:
+            run(["ip", "addr", "add", f"{hub_address(network)}/32", "dev", "lo"], "giving the hub its address")
+        except DistlabError as exc:
+            if "File exists" in str(exc):
+                continue  # another hub's
+            raise
+        return network
+    raise DistlabError(f"every /24 of {BLOCK} is held by a hub of this machine: stop one")
 
 
-def hub_address_remove(network: ipaddress.IPv4Network = NETWORK) -> None:
-    with contextlib.suppress(Exception):
+def release_network(network: ipaddress.IPv4Network) -> None:
+    with contextlib.suppress(DistlabError):
         run(["ip", "addr", "del", f"{hub_address(network)}/32", "dev", "lo"], "removing the hub's address")
 
 
 class LearnerNetwork:
     """Learner ``index``'s namespace of hub ``owner``: made, entered by the server's process, removed."""
 
-    def __init__(self, owner: int, index: int, network: ipaddress.IPv4Network = NETWORK) -> None:
+    def __init__(self, owner: int, index: int, network: ipaddress.IPv4Network) -> None:
         if not 0 <= index < network.num_addresses - 3:
             raise ValueError(f"learner index {index} is outside {network} (at most {network.num_addresses - 3})")
         self.name = f"distlab-{owner}-{index}-learner"

@@ -18,6 +18,7 @@ The hub must run as root (as for any ``LocalProcessSpawner`` serving other users
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pwd
 import shutil
@@ -46,6 +47,7 @@ class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub
         help='distlab\'s limits in each learner\'s kernels, e.g. "ranks=4,labs=2,idle=30m" (distlab.classroom.limits).',
     )
     own_network = Bool(True, config=True, help="Run each learner's server in a network namespace of their own.")
+    network = Unicode("", config=True, help="The hub's /24 its learners are addressed from (hub.configure claims it).")
     notebooks = Unicode(
         "", config=True,
         help="A folder of notebooks copied into each learner's home (~/<its name>) when their server first starts.",
@@ -105,7 +107,9 @@ class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub
         try:
             group.make()
             if self.own_network:
-                self._network = LearnerNetwork(os.getpid(), index)
+                if not self.network:
+                    raise RuntimeError("ClassroomSpawner.network is unset: use distlab.classroom.hub.configure")
+                self._network = LearnerNetwork(os.getpid(), index, ipaddress.IPv4Network(self.network))
                 self._network.make()
                 self.ip = self._network.address
             return await super().start()
