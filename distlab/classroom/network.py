@@ -50,7 +50,7 @@ def claim_network() -> ipaddress.IPv4Network:
         try:
             run(["ip", "addr", "add", f"{hub_address(network)}/32", "dev", "lo"], "giving the hub its address")
         except DistlabError as exc:
-            if "File exists" in str(exc):
+            if "File exists" in str(exc) or "already assigned" in str(exc):
                 continue  # another hub's
             raise
         return network
