@@ -2,8 +2,8 @@
 two learners with a lab each and one instructor. The instructor reads every learner's server, labs,
 ranks and progress as JSON and stops one learner's lab, leaving the other's running; a learner is
 refused the view and the stop; a learner's server that does not answer is shown as such; in
-Chromium, the instructor logs in at the hub, sees the class and stops a lab with its button, and a
-POST on the login cookie without the page's xsrf token is refused.
+Chromium, the instructor logs in at the hub, sees the class and stops a lab with its button (a learner
+logged in at the hub is refused the page), and a POST on the login cookie without the page's xsrf token is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 from _browser import chromium_or_skip, launch_options
-from _hub import ADMIN_PASSWORD, REPO, Hub, LearnerKernel
+from _hub import ADMIN_PASSWORD, REPO, USER_PASSWORD, Hub, LearnerKernel
 from _jupyter import wait_for
 
 from distlab.classroom.roster import READ_TIMEOUT_S
@@ -95,6 +95,14 @@ def _server_process(learner: str) -> psutil.Process:
     return server
 
 
+def _log_in(page: Any, hub: Hub, name: str, password: str) -> None:
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", password)
+    page.click("#login_submit")
+    page.wait_for_url(lambda url: "/hub/login" not in url, timeout=DEADLINE_S * 1000)
+
+
 def _one_line(body: Any) -> str:
     assert isinstance(body, dict) and body.get("message"), body
     assert "\n" not in body["message"], body
@@ -110,7 +118,11 @@ def test_the_instructor_sees_every_learner_with_their_labs_ranks_and_progress(kl
         row = state[name]
         assert row["server"] == "running" and row["error"] is None, row
         (lab,) = row["labs"]
-        assert [lab["id"]] == [panel["id"] for panel in klass.panel(name)]  # what the learner's panel lists
+        (panel,) = klass.panel(name)
+        assert lab["id"] == panel["id"]  # what the learner's panel lists
+        # Started and idle, from the lab's state file where it says (newer labs), else unknown.
+        assert (lab["started"], lab["last_cell"]) == (panel.get("started"), panel.get("last_cell")), lab
+        assert (lab["idle_s"] is None) == (panel.get("started") is None and panel.get("last_cell") is None), lab
         assert lab["notebook"] == f"{name}.ipynb" and lab["world_size"] == ranks, lab
         assert [r["rank"] for r in lab["ranks"]] == list(range(ranks)), lab
         assert all(r["health"] == "ok" and _alive(r["pid"]) for r in lab["ranks"]), lab
@@ -183,12 +195,16 @@ def test_in_a_browser_the_instructor_sees_the_class_and_stops_a_lab_with_its_but
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(**launch_options())
         try:
+            # A learner logged in at the hub is refused the page (the hub's OAuth step refuses it).
+            learner = browser.new_page()
+            _log_in(learner, klass.hub, BO, USER_PASSWORD)
+            refused = learner.goto(f"{klass.hub.url}{VIEW}/")
+            assert refused is not None and refused.status == 403, refused and (refused.status, refused.url)
+            assert bo_lab["id"] not in learner.content()
+            learner.close()
+
             page = browser.new_page(viewport={"width": 1400, "height": 700})
-            page.goto(f"{klass.hub.url}/hub/login")
-            page.fill("input[name=username]", TUTOR)
-            page.fill("input[name=password]", ADMIN_PASSWORD)
-            page.click("#login_submit")
-            page.wait_for_url(lambda url: "/hub/login" not in url, timeout=DEADLINE_S * 1000)
+            _log_in(page, klass.hub, TUTOR, ADMIN_PASSWORD)
 
             page.goto(f"{klass.hub.url}{VIEW}/")  # through the hub's OAuth, with no confirmation page
             ada = page.locator(f'tbody[data-learner="{ADA}"] tr[data-lab="{ada_lab["id"]}"]')
