@@ -67,6 +67,9 @@ class Learner:
     def start(self, i: int) -> None:
         """Select code cell ``i`` and press Shift+Enter; return once it is queued or running."""
         prompt = self.cell(i).locator(".jp-InputArea .jp-InputPrompt").first
+        dialog = self.page.locator(".jp-Dialog")
+        if dialog.count():  # JupyterLab asks something of the learner: say what, rather than click through it
+            raise AssertionError(f"{self.name}'s page shows a dialog at cell {i}: {dialog.first.inner_text()!r}")
         for _ in range(3):  # a key press can land before the notebook is listening: press again
             prompt.click()
             self.page.keyboard.press("Shift+Enter")
