@@ -153,14 +153,17 @@ async def _learner(user: dict[str, Any], ends: Endpoints, now: float) -> dict[st
         _call(f"{base}/distlab/labs", ends.token), _call(f"{base}/distlab/progress", ends.token)
     )
     errors = []
-    if labs.code == 200:
-        row["labs"] = [_lab_view(lab, now) for lab in json.loads(labs.body)["labs"]]
-    else:
-        errors.append(_why(labs, who))
-    if progress.code == 200:
-        row["progress"] = json.loads(progress.body)
-    elif not errors or progress.code:  # a server that did not answer is said once
-        errors.append(_why(progress, who) + " (progress)")
+    try:
+        if labs.code == 200:
+            row["labs"] = [_lab_view(lab, now) for lab in json.loads(labs.body)["labs"]]
+        else:
+            errors.append(_why(labs, who))
+        if progress.code == 200:
+            row["progress"] = json.loads(progress.body)
+        elif not errors or progress.code:  # a server that did not answer is said once
+            errors.append(_why(progress, who) + " (progress)")
+    except (ValueError, KeyError, TypeError) as error:  # not distlab's endpoints answering: the others still show
+        errors.append(f"{who} answered what distlab's panel endpoints do not ({type(error).__name__}: {error})")
     row["error"] = "; ".join(errors) or None
     return row
 
