@@ -64,7 +64,7 @@ def proxy_command() -> list[str]:
 
 def _unreadable(path: str) -> str | None:
     """The first folder on ``path`` that other users may not enter, or None."""
-    current = Path(path).absolute()
+    current = Path(os.path.realpath(path))  # a venv's python links to its base interpreter
     for folder in [*reversed(current.parents), current.parent]:
         if not folder.stat().st_mode & 0o001:
             return str(folder)
@@ -84,9 +84,9 @@ def problems(klass: Class) -> list[str]:
     closed = _unreadable(klass.python)
     if closed:
         found.append(
-            f"learners cannot run {klass.python}: {closed} is closed to other users; install distlab where "
-            "they can read it (python3 -m venv /opt/distlab && /opt/distlab/bin/pip install distlab[classroom]) "
-            "and pass --python /opt/distlab/bin/python"
+            f"learners cannot run {klass.python}: {closed} is closed to other users; install distlab with a "
+            "Python they can read (/usr/bin/python3 -m venv /opt/distlab && /opt/distlab/bin/pip install "
+            "'distlab[classroom]') and pass --python /opt/distlab/bin/python"
         )
     if not klass.learners:
         found.append("a class needs learners: --learners alice,bob,carol")

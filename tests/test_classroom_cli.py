@@ -1,0 +1,92 @@
+"""``python -m distlab.classroom hub``: refusals in one line that change nothing, and a class started and stopped."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from distlab.classroom.__main__ import main, memory_bytes
+
+
+def test_memory_sizes_read_as_jupyterhub_reads_them() -> None:
+    assert memory_bytes("4G") == 4 * 2**30
+    assert memory_bytes("512M") == 512 * 2**20
+    assert memory_bytes("1.5g") == int(1.5 * 2**30)
+    assert memory_bytes("1000") == 1000
+    for bad in ("4Q", "", "-1G", "G"):
+        with pytest.raises(ValueError, match="--memory"):
+            memory_bytes(bad)
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--ranks", "0"], "limit ranks='0' must be a whole number >= 1"),
+    (["--idle", "soon"], "idle"),
+    (["--memory", "lots"], "--memory 'lots' is not a size"),
+    (["--learners", "dl-no-such-learner"], "dl-no-such-learner is not a user of this machine: sudo useradd -m"),
+    (["--notebooks", "/no/such/folder"], "--notebooks /no/such/folder: no such folder"),
+])
+def test_a_class_that_cannot_start_is_refused_in_one_line_and_nothing_is_written(
+    argv: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "class"
+    args = ["hub", "--learners", "root", "--dir", str(state), *argv]
+    if argv[0] == "--learners":
+        args = ["hub", "--dir", str(state), *argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+    assert all(line.startswith("error: ") for line in err.splitlines())
+    assert not state.exists()
+
+
+@pytest.mark.e2e
+def test_the_hub_command_runs_a_class_until_interrupted_and_leaves_nothing(tmp_path: Path) -> None:
+    from _hub import learner_python, make_user, remove_user, skip_unless_possible
+    from _jupyter import free_port, wait_for
+
+    system_python = skip_unless_possible()
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
+    shared.chmod(0o755)
+    learner = "dl-cli"
+    port = free_port()
+    try:
+        python = learner_python(shared, system_python)
+        make_user(learner)
+        hub = subprocess.Popen(
+            [sys.executable, "-m", "distlab.classroom", "hub", "--learners", learner, "--ranks", "2", "--idle", "20m",
+             "--cores", "1", "--port", str(port), "--dir", str(tmp_path / "class"), "--python", python,
+             "--authenticator", "dummy"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+
+        def answers() -> bool:
+            assert hub.poll() is None, hub.stdout.read() if hub.stdout else ""
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/hub/api/", timeout=5) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+
+        wait_for(answers, 120, "the class's hub to answer")
+        config = (tmp_path / "class" / "jupyterhub_config.py").read_text()
+        assert "'limits': 'ranks=2,idle=20m'" in config and "'cores': 1.0" in config, config
+        lo = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True)
+        claimed = [line.split()[3] for line in lo.stdout.splitlines() if " 198.19.24" in line]
+        assert claimed
+        hub.send_signal(signal.SIGINT)
+        assert hub.wait(timeout=60) == 0
+        out = hub.stdout.read() if hub.stdout else ""
+        assert "1 learners, 0 instructors; limits ranks=2,idle=20m, cores 1.0" in out, out
+        lo = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True)
+        assert not set(claimed) & {line.split()[3] for line in lo.stdout.splitlines()}
+    finally:
+        remove_user(learner)
+        shutil.rmtree(shared, ignore_errors=True)
