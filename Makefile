@@ -31,6 +31,8 @@ $(STAMP): pyproject.toml Makefile extension/package.json $(wildcard extension/sr
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip check
+	# JupyterHub's proxy, for a class's hub (distlab.classroom), beside the environment that runs it.
+	npm install --prefix $(VENV) --no-save --no-audit --no-fund --loglevel=error configurable-http-proxy@4
 	touch $(STAMP)
 
 # Open MPI's mpiexec, for the MPI launcher test; iproute2 (ip, tc) for labs on emulated nodes and
