@@ -189,14 +189,16 @@ class Hub:
 
 
 def as_learner(
-    user: pwd.struct_passwd, netns: str | None, argv: list[str], timeout: float = 120, stdin: str | None = None
+    user: pwd.struct_passwd, netns: str | None, argv: list[str], timeout: float = 120, stdin: str | None = None,
+    cwd: str = "/", path: str = "/usr/bin:/bin",
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` as the learner would in a terminal of their server: their user, in their network."""
+    """Run ``argv`` as the learner would in a terminal of their server: their user, in their network,
+    in folder ``cwd`` (their home, say), with ``path`` as PATH (a venv's bin first, as activated)."""
     enter = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
     become = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
-    env = {"PATH": "/usr/bin:/bin", "HOME": user.pw_dir, "USER": user.pw_name}
+    env = {"PATH": path, "HOME": user.pw_dir, "USER": user.pw_name}
     return subprocess.run([*enter, *become, *argv], capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env, cwd="/", input=stdin)
+                          check=False, env=env, cwd=cwd, input=stdin)
 
 
 def namespaces_of(owner: int) -> list[str]:
