@@ -57,9 +57,15 @@ def test_the_hub_command_runs_a_class_until_interrupted_and_leaves_nothing(tmp_p
     shared.chmod(0o755)
     learner = "dl-cli"
     port = free_port()
+
+    def hub_addresses() -> set[str]:  # other hubs (other test files) may hold theirs meanwhile
+        lo = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True)
+        return {line.split()[3] for line in lo.stdout.splitlines() if " 198.19.24" in line}
+
     try:
         python = learner_python(shared, system_python)
         make_user(learner)
+        before = hub_addresses()
         hub = subprocess.Popen(
             [sys.executable, "-m", "distlab.classroom", "hub", "--learners", learner, "--ranks", "2", "--idle", "20m",
              "--cores", "1", "--port", str(port), "--dir", str(tmp_path / "class"), "--python", python,
@@ -78,15 +84,13 @@ def test_the_hub_command_runs_a_class_until_interrupted_and_leaves_nothing(tmp_p
         wait_for(answers, 120, "the class's hub to answer")
         config = (tmp_path / "class" / "jupyterhub_config.py").read_text()
         assert "'limits': 'ranks=2,idle=20m'" in config and "'cores': 1.0" in config, config
-        lo = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True)
-        claimed = [line.split()[3] for line in lo.stdout.splitlines() if " 198.19.24" in line]
-        assert claimed
+        claimed = hub_addresses() - before
+        assert len(claimed) == 1, claimed
         hub.send_signal(signal.SIGINT)
         assert hub.wait(timeout=60) == 0
         out = hub.stdout.read() if hub.stdout else ""
         assert "1 learners, 0 instructors; limits ranks=2,idle=20m, cores 1.0" in out, out
-        lo = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True)
-        assert not set(claimed) & {line.split()[3] for line in lo.stdout.splitlines()}
+        assert not claimed & hub_addresses()
     finally:
         remove_user(learner)
         shutil.rmtree(shared, ignore_errors=True)

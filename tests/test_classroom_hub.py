@@ -247,8 +247,8 @@ def test_the_hub_enforces_the_cores_and_ends_every_process_of_a_stopped_learner(
     stray = ann["kernel"].run(
         "import subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
-        "print(p.pid)")
-    pid = int(stray.strip())
+        "print('stray', p.pid)")
+    pid = int(next(line for line in stray.splitlines() if line.startswith("stray ")).split()[1])
     status, _ = hub.request("DELETE", "/hub/api/users/dl-ann/server")
     assert status in (202, 204)
     wait_for(lambda: not _alive(pid) and not any(_alive(r["pid"]) for r in ann["lab"]["ranks"]), 60,
