@@ -8,10 +8,13 @@ a cell goes through: send (``cell.CellRun``), wait and stream, then carry out re
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..cluster.processes import pid_alive
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure, parse_ranks
@@ -29,7 +32,21 @@ from .world import RankInfo, RankTable, World
 if TYPE_CHECKING:
     from .core import LabCore
 
-__all__ = ["RunsCells"]
+__all__ = ["RunsCells", "exclusive"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def exclusive(method: F) -> F:
+    """The lab's method, run holding the lab's lock (``LabCore._lock``): what another thread must not
+    stop half way (``LabCore.stop_unless_busy``), and what must not start on a lab it is stopping."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast("F", locked)
 
 
 class RunsCells:
@@ -48,6 +65,8 @@ class RunsCells:
     _pushed: dict[str, Any]
     _engines: dict[int, rpc.Engine]
     _cell_source: str
+    _lock: threading.RLock
+    last_cell_at: float | None
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -69,9 +88,26 @@ class RunsCells:
         def _whole_again(self, outcome: Any) -> None: ...
         def _stacks_of_stopped(self, ranks: list[int]) -> str: ...
         def _top_up_spares(self) -> None: ...
+        @property
+        def running(self) -> bool: ...
+        def stop(self) -> None: ...
+
+    def stop_unless_busy(self, still: Callable[[], bool]) -> bool:
+        """From another thread: stop the lab unless it is starting, stopping or running a cell (its
+        companions too), and only if ``still()`` holds once that is known; whether it stopped."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.running or not still():
+                return False
+            self.stop()
+            return True
+        finally:
+            self._lock.release()
 
     # ------------------------------------------------------------------------ cells
 
+    @exclusive
     def call(
         self, send: Send, ranks: str | int | Iterable[int] | None = None, timeout: float | None = None
     ) -> RunResult:
@@ -81,6 +117,7 @@ class RunsCells:
         self._require_running()
         return self._run_on(self.ranks(ranks), timeout, False, send)
 
+    @exclusive
     def push(self, ranks: str | int | Iterable[int] | None = None, **names: Any) -> None:
         """Copy names into the namespace of the given ranks (all by default)."""
         self._require_running()
@@ -93,6 +130,7 @@ class RunsCells:
         if self.config.heal and self._subset(selected) is None:
             self._pushed.update(names)  # a replacement rank is given them too (``healing``)
 
+    @exclusive
     def pull(self, name: str, ranks: str | int | Iterable[int] | None = None) -> dict[int, Any]:
         """{rank: value of ``name``} from the given ranks (all by default)."""
         import ipyparallel as ipp
@@ -118,6 +156,7 @@ class RunsCells:
         """What ran, in order: cells that succeeded, pushes, scripts, restarts (``script.Event``)."""
         return tuple(self._history)
 
+    @exclusive
     def run(
         self,
         code: str,
@@ -153,6 +192,7 @@ class RunsCells:
             self._history.append(CellRan(code, self._subset(selected)))
         return result
 
+    @exclusive
     def run_script(
         self, path: str | os.PathLike[str], args: Iterable[str] = (), timeout: float | None = None, stream: bool = True
     ) -> RunResult:
@@ -274,6 +314,7 @@ class RunsCells:
         with contextlib.ExitStack() as views:  # what observers show while a cell runs (progress bars)
             for observer in list(self._observers):
                 views.enter_context(observer.cell(cast("LabCore", self), stream))
+            views.callback(self._cell_ended)  # before the views' exits (last in, first out): they see its end
             outcome = cell.run(timeout, printer)
         if outcome.replaced:
             self._whole_again(outcome)
@@ -288,6 +329,9 @@ class RunsCells:
             raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
         self._last_cell = LastCell.of(selected, outcome, restarted=False)
         return cell.result()
+
+    def _cell_ended(self) -> None:
+        self.last_cell_at = time.time()
 
     def _repair(self, repair: recovery.Repair, outcome: Any) -> None:
         """Carry out recovery's decision; what was done goes into the cell's notes."""

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -40,7 +41,7 @@ from ..cluster.processes import ProcessGuard, machine_id, pid_alive, signal_all,
 from ..errors import LabUsageError, parse_ranks
 from . import kept, labs, rpc
 from .cell import Listener, RunResult
-from .cells import RunsCells
+from .cells import RunsCells, exclusive
 from .config import LabConfig
 from .group import form_group, get
 from .healing import HealsRanks
@@ -112,6 +113,12 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
         self._pushed: dict[str, Any] = {}
         self._spares: dict[int, str] = {}  # pid -> engine set: engines ready to become ranks (``spares``)
         self._retired: set[int] = set()  # engine ids of ranks that are gone
+        # Held while the lab starts, restarts, stops or gives its ranks work (``cells.exclusive``), and by another
+        # thread that stops it (``stop_unless_busy``). Reentrant; a companion shares its lab's.
+        self._lock = threading.RLock()
+        #: When the lab started, and when its last cell (or call on its ranks) ended: seconds since the epoch.
+        self.started_at: float | None = None
+        self.last_cell_at: float | None = None
 
     # The configuration, as attributes (the magics and tests read them).
     timeout = property(lambda self: self.config.timeout)
@@ -125,6 +132,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
     def running(self) -> bool:
         return self._cluster is not None
 
+    @exclusive
     def start(self) -> Any:
         """Start the controller and engines, build the rank table, initialise the process group."""
         if self.running:
@@ -132,6 +140,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
         if self.config.launcher == "local":
             check_gpus(self.world_size, self.config.backend, _local_gpus(self.config.backend))
         t0 = self._phase_start = time.perf_counter()
+        self.started_at, self.last_cell_at = time.time(), None
         labs.add(self)  # stopped at the interpreter's exit, if still running
         self._history, self._pushed = [], {}
         self._spares, self._retired = {}, set()
@@ -210,6 +219,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
         self.timings[name] = now - self._phase_start
         self._phase_start = now
 
+    @exclusive
     def restart(self, ranks: int | None = None) -> Any:
         """A fresh world: new engine processes, ranks numbered the same way.
 
@@ -251,6 +261,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
         self._tell("restarted")
         return self
 
+    @exclusive
     def stop(self) -> None:
         """Stop engines and controller and make sure their processes are gone.
 
@@ -342,6 +353,7 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
     def table(self) -> RankTable:
         return RankTable(self._world.table if self._world is not None else ())
 
+    @exclusive
     def status(self) -> RankTable:
         """The rank table, each rank's health checked now: ok, busy or dead."""
         self._require_running()
@@ -418,8 +430,9 @@ class LabCore(RunsCells, HealsRanks, HasNodes, KeepsSpares, ReadsStacks, kept.Ke
         self._require_running()
         lab = self._companions.get(name)
         if lab is None or not lab.running:
-            lab = LabCore(ranks=ranks, backend=backend, timeout=self.config.timeout).start()
-            self._companions[name] = lab
+            lab = LabCore(ranks=ranks, backend=backend, timeout=self.config.timeout)
+            lab._lock = self._lock
+            self._companions[name] = lab.start()
         elif lab.world_size != ranks or not lab.whole:
             lab.restart(ranks=ranks)
         return lab

@@ -154,6 +154,8 @@ class KeepsItself:
     _world: Any
     _guard: Any
     _releaser: Any
+    started_at: float | None
+    last_cell_at: float | None
 
     if TYPE_CHECKING:  # what LabCore provides
 
@@ -218,6 +220,7 @@ class KeepsItself:
             self._guard.adopt_engine_helpers(self._local_pids())
             # Ours now: the watchdog of the kernel that kept it sees another owner, and goes.
             write(self, started=record.get("started", time.time()))
+            self.started_at, self.last_cell_at = record.get("started") or time.time(), None
         except BaseException:
             self._client, self._cluster, self._world = None, None, None
             labs.remove(self)  # type: ignore[arg-type]

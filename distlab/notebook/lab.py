@@ -6,11 +6,14 @@ own module: the side panel's state file (``server.registry.PanelFile``), the ran
 (``dashboard.healing.HealingViews``, behind ``lab.heals()``), the dashboard's background import at start
 (``dashboard.autoshow.Prewarm``), the telemetry store behind ``lab.telemetry`` and
 ``lab.dashboard()``, and ``lab.profile()`` (``profiling.Profiles``, which wraps the next cell).
+In a class (``DISTLAB_LIMITS`` set), the class's limits (``classroom.limits.ClassLimits``): checked
+before a start or a restart that grows the lab, and its idle end.
 The core knows none of them; this module is where they are put together.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..dashboard.autoshow import Prewarm
@@ -38,6 +41,26 @@ class Lab(Profiles, LabCore):
         self._heal_views = HealingViews()  # a healing cell's quorums and heals: a view in its output
         self.observe(self._heal_views)
         self.observe(Prewarm())  # after the ranks are up: the import would compete with their start
+        self._class_limits: Any = None  # classroom.limits.ClassLimits, in a class
+        # The name is classroom.limits.ENV_VAR's, written here so that a lab outside a class imports nothing of it.
+        if os.environ.get("DISTLAB_LIMITS", "").strip():
+            from ..classroom.limits import ClassLimits
+
+            self._class_limits = ClassLimits.from_env()  # wrong text: one line (LabUsageError), no lab
+            self.observe(self._class_limits)
+
+    def start(self) -> Any:
+        """Start the lab (``LabCore.start``); in a class, refused first if it would break its limits."""
+        if self._class_limits is not None and not self.running:
+            self._class_limits.check_start(self)  # before any process starts
+        return super().start()
+
+    def restart(self, ranks: int | None = None) -> Any:
+        """A fresh world (``LabCore.restart``); in a class, one that grows the lab is refused first if it
+        would break its limits."""
+        if self._class_limits is not None and ranks is not None and self.running:
+            self._class_limits.check_restart(self, ranks)
+        return super().restart(ranks)
 
     def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
         # The telemetry store reads what the ranks published before any listener looks at it, even

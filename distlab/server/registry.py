@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,15 @@ from ..notebook import labs
 from ..notebook.labs import Observer, id_of
 
 __all__ = [
-    "ACTIONS", "BUSY_AFTER_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish", "read_labs",
-    "registry_dir", "track",
+    "ACTIONS", "BUSY_AFTER_S", "LAST_CELL_EVERY_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish",
+    "read_labs", "registry_dir", "track",
 ]
 
 #: While a cell runs, the lab's file is rewritten at most this often.
 WRITE_EVERY_S = 2.0
+#: A cell's end is written into the file (``last_cell``, for the classroom's idle view) at most this
+#: often when nothing else it says changed: a quick cell in a loop pays for one write in this long.
+LAST_CELL_EVERY_S = 10.0
 #: A cell shows its ranks busy once it has run this long: a quicker one (most cells) writes
 #: nothing, where a write (~1-8 ms, ``os.replace`` included) would be a fifth of an empty cell.
 BUSY_AFTER_S = 0.5
@@ -80,6 +84,14 @@ class PanelFile(Observer):
     def stopped(self, lab: Any) -> None:
         forget(lab)
 
+    @contextlib.contextmanager
+    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+        try:
+            yield
+        finally:  # after the lab noted the cell's end (``last_cell``), which the final poll precedes
+            _cell_since.pop(lab, None)
+            publish(lab, busy=set(), ask=False)  # written only if the cell changed what it says
+
 
 def _path(lab: Any) -> Path:
     return registry_dir() / f"{id_of(lab)}.json"
@@ -99,9 +111,7 @@ def track(lab: Any) -> None:
         def on_poll(pending: dict[int, Any], final: bool) -> None:
             now = time.monotonic()
             if final:
-                _cell_since.pop(lab, None)
-                publish(lab, busy=set(), ask=False)  # written only if the cell changed what it says
-                return
+                return  # the file is written once the cell's end is known (``PanelFile.cell``)
             since = _cell_since.setdefault(lab, now)
             if now - since >= BUSY_AFTER_S and now - _last_write.get(lab, (0.0, None))[0] >= WRITE_EVERY_S:
                 publish(lab, busy={rank for rank, ar in pending.items() if not ar.ready()}, ask=False)
@@ -118,7 +128,8 @@ def publish(lab: Any, busy: set[int] | None = None, ask: bool = True) -> None:
     is gone. Cells call this with ``ask=False`` and skip the write when nothing changed, so a
     quick cell pays microseconds for it."""
     try:
-        state = (frozenset(busy or ()), lab.telemetry.version, tuple(r.pid for r in lab.table))
+        state = (frozenset(busy or ()), lab.telemetry.version, tuple(r.pid for r in lab.table),
+                 (lab.last_cell_at or 0.0) // LAST_CELL_EVERY_S)
         if not ask and _last_write.get(lab, (0.0, None))[1] == state:
             return
         _last_write[lab] = (time.monotonic(), state)
@@ -168,6 +179,9 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
         "pid": os.getpid(),
         "connection_file": _connection_file(),
         "updated": time.time(),
+        # Seconds since the epoch (None: no cell yet): the classroom's view shows "started" and "idle".
+        "started": lab.started_at,
+        "last_cell": lab.last_cell_at,
         "world_size": lab.world_size,
         "backend": lab.backend,
         "launcher": lab.launcher,
