@@ -248,6 +248,8 @@ class LearnerKernel:
                         "allow_stdin": False, "stop_on_error": True},
         }))
         out: list[str] = []
+        reply: dict[str, Any] | None = None
+        idle = False
         end = time.monotonic() + timeout
         try:
             while True:
@@ -263,7 +265,13 @@ class LearnerKernel:
                 elif kind == "error":
                     out.append(f"{content['ename']}: {content['evalue']}\n")
                 elif kind == "execute_reply":
-                    if content["status"] != "ok":
+                    reply = content
+                elif kind == "status" and content.get("execution_state") == "idle":
+                    idle = True
+                # The reply (shell) may come before the last output (iopub): done at both the
+                # reply and the kernel's idle for this request.
+                if reply is not None and idle:
+                    if reply["status"] != "ok":
                         raise AssertionError("".join(out))
                     return "".join(out)
         finally:

@@ -231,6 +231,28 @@ def test_a_learner_cannot_see_or_stop_another_learners_labs_through_the_servers(
     assert all(_alive(row["pid"]) for row in bob["lab"]["ranks"])
 
 
+def test_the_instructors_limits_reach_each_learners_kernels_and_refuse_in_one_line(
+    hub: Hub, labs: dict[str, Any]
+) -> None:
+    # The class allows 4 ranks and 2 labs a learner (the spawner's DISTLAB_LIMITS, read by distlab in
+    # every kernel of theirs). Ann runs 2 ranks: 3 more would be 5.
+    ann_more = LearnerKernel(hub, "dl-ann", labs["dl-ann"]["token"], "more.ipynb")
+    with pytest.raises(AssertionError) as refused:
+        ann_more.run("%load_ext distlab\n%dist start -n 3")
+    assert "3 more ranks would make 5 running, over this class's limit of 4 ranks per learner" in str(refused.value)
+    # Bob runs 2 labs (4 ranks): a third lab is refused for the labs, whatever its size.
+    bob_more = LearnerKernel(hub, "dl-bob", labs["dl-bob"]["token"], "more.ipynb")
+    with pytest.raises(AssertionError) as refused:
+        bob_more.run("%load_ext distlab\n%dist start -n 1")
+    assert "this class allows 2 running labs per learner, and 2 are running" in str(refused.value)
+    # Nothing started: each learner's panel lists what it listed before.
+    for name, count in (("dl-ann", 1), ("dl-bob", 2)):
+        status, said = hub.request("GET", f"/user/{name}/distlab/labs", token=labs[name]["token"])
+        assert status == 200 and len(said["labs"]) == count, said
+    # Within the limit, a learner starts a second lab.
+    assert "1 rank ready" in ann_more.run("%dist start -n 1")
+
+
 def test_the_hub_enforces_the_cores_and_ends_every_process_of_a_stopped_learner(
     hub: Hub, labs: dict[str, Any]
 ) -> None:
