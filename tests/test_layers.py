@@ -49,6 +49,7 @@ NOTEBOOK = (
     "distlab.exercises",
     "distlab.cluster",
     "distlab.scale",  # plans, predictions and the dry run's launcher; the dry run itself is its own process
+    "distlab.classroom",  # the hub's process and its service, and the class's limits read in the kernel
 )
 #: The package itself: ``import distlab`` is lazy (PEP 562), and its magics are the notebook's.
 ROOT = "distlab"
