@@ -25,3 +25,18 @@ def chromium_or_skip() -> None:
 
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no chromium at {CHROMIUM}: run `make system-deps` (Debian: apt-get install chromium)")
+
+
+def press_run(page: Any, prompt: Any) -> None:
+    """Click a code cell's prompt and press Shift+Enter until the cell shows it started (``[*]`` or
+    its number): a key press can land before the notebook is listening."""
+    import re
+
+    for _ in range(3):
+        prompt.click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)
+            return
+        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
+            continue

@@ -208,10 +208,6 @@ def namespaces_of(owner: int) -> list[str]:
         return []
 
 
-def deadline(seconds: float) -> float:
-    return time.monotonic() + seconds
-
-
 class LearnerKernel:
     """A kernel of a learner's server, opened as their notebook ``path`` (a session: the panel names it),
     driven over the server's websocket as JupyterLab drives it, with the learner's token."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from _browser import chromium_or_skip, launch_options
+from _browser import chromium_or_skip, launch_options, press_run
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -113,14 +113,7 @@ class Notebook:
         """Select code cell ``i``, press Shift+Enter, wait for its execution number; its output area."""
         cell = self.cell(i)
         prompt = cell.locator(".jp-InputArea .jp-InputPrompt").first
-        for _ in range(3):  # a key press can land before the notebook is listening: press again
-            prompt.click()
-            self.page.keyboard.press("Shift+Enter")
-            try:
-                prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)
-                break
-            except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
-                continue
+        press_run(self.page, prompt)
         self.runs += 1
         prompt.filter(has_text=f"[{self.runs}]").wait_for(timeout=CELL_DEADLINE_MS)
         return cell.locator(".jp-OutputArea")

@@ -17,7 +17,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from _browser import chromium_or_skip, launch_options
+from _browser import chromium_or_skip, launch_options, press_run
 from _jupyter import JupyterLab, wait_for
 from test_browser import _kernel_idle, _write_settings
 
@@ -152,14 +152,7 @@ class Cells:
     def start(self, i: int) -> Any:
         """Select cell ``i`` and press Shift+Enter; its output area, while it runs."""
         prompt = self.cell(i).locator(".jp-InputArea .jp-InputPrompt").first
-        for _ in range(3):  # a key press can land before the notebook is listening: press again
-            prompt.click()
-            self.page.keyboard.press("Shift+Enter")
-            try:
-                prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)
-                break
-            except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
-                continue
+        press_run(self.page, prompt)
         self.runs += 1
         return self.cell(i).locator(".jp-OutputArea")
 

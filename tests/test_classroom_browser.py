@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import chromium_or_skip, launch_options
+from _browser import chromium_or_skip, launch_options, press_run
 from _hub import USER_PASSWORD, Hub
 from _jupyter import wait_for
+from test_browser import _write_settings
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +43,7 @@ def _clean_copy(folder: Path) -> list[str]:
 
 def _settings(home: str, uid: int, gid: int) -> None:
     """Every cell in the DOM (no virtual scrolling), no news pop-ups: the learner's own JupyterLab settings."""
-    root = Path(home, ".jupyter", "lab", "user-settings")
-    for plugin, values in {
-        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        path = root / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
+    _write_settings(Path(home, ".jupyter", "lab", "user-settings"))
     for folder, dirs, files in os.walk(Path(home, ".jupyter")):
         for name in [".", *dirs, *files]:
             os.chown(os.path.join(folder, name), uid, gid)
@@ -70,14 +64,7 @@ class Learner:
         dialog = self.page.locator(".jp-Dialog")
         if dialog.count():  # JupyterLab asks something of the learner: say what, rather than click through it
             raise AssertionError(f"{self.name}'s page shows a dialog at cell {i}: {dialog.first.inner_text()!r}")
-        for _ in range(3):  # a key press can land before the notebook is listening: press again
-            prompt.click()
-            self.page.keyboard.press("Shift+Enter")
-            try:
-                prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)
-                break
-            except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
-                continue
+        press_run(self.page, prompt)
         self.runs += 1
 
     def wait(self, i: int) -> Any:

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import pytest
 from _hub import Hub, as_learner, namespaces_of
 from _jupyter import wait_for
 from conftest import ours
-from test_classroom_nbgrader import SUMS_ONLY, _solutions, _text
+from test_classroom_nbgrader import SUMS_ONLY, _solutions, _text, config_text, nbgrader
 
 from distlab.classroom.assignment import write_assignment
 
@@ -65,27 +64,6 @@ for cell in nb.cells:
         cell.source = task["answers"][grade_id]
 nbformat.write(nb, task["path"])
 """
-
-
-def _config(exchange: Path) -> str:
-    return (
-        "c = get_config()\n"
-        f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
-        f"c.Exchange.root = {str(exchange)!r}\n"
-        "c.Exchange.path_includes_course = True\n"
-        # The submission starts a lab, then the grader's labs at its first check: 30 s a cell is too few.
-        "c.ExecutePreprocessor.timeout = 600\n"
-    )
-
-
-def _instructor(course: Path, home: Path, *args: str) -> str:
-    # The gradebook runs `alembic` by name: the environment's bin first, as in an activated one.
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course,
-                         env={**os.environ, "HOME": str(home), "PATH": path},
-                         capture_output=True, text=True, timeout=1200, check=False)
-    assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout}\n{run.stderr}"
-    return run.stdout + run.stderr
 
 
 def _netns_of(hub: Hub, name: str) -> str:
@@ -126,10 +104,10 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
     course, instructor = tmp_path / "course", tmp_path / "instructor-home"
     course.mkdir()
     instructor.mkdir()
-    (course / "nbgrader_config.py").write_text(_config(exchange))
+    (course / "nbgrader_config.py").write_text(config_text(exchange))
     reference = _solutions(write_assignment(course, NAME, ["average-gradients"], ["batch-and-lr/global-batch"]))
     for step in ("generate_assignment", "release_assignment"):
-        _instructor(course, instructor, step, NAME)
+        nbgrader(course, instructor, step, NAME)
 
     # The learners' venv's bin first, as in a terminal of their server; it holds no `alembic`, and
     # fetch, submit and fetch_feedback never open the gradebook, which is the instructor's alone.
@@ -155,7 +133,7 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
         netns[name] = _netns_of(hub, name)
         user = hub.users[name]
         config = Path(user.pw_dir, "nbgrader_config.py")
-        config.write_text(_config(exchange))
+        config.write_text(config_text(exchange))
         os.chown(config, user.pw_uid, user.pw_gid)
         learner(name, "-m", "nbgrader", "fetch_assignment", NAME)
         fetched = Path(user.pw_dir, COURSE_ID, NAME, f"{NAME}.ipynb")
@@ -189,7 +167,7 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
 
     before = {p.pid for p in psutil.process_iter()}
     for step in ("collect", "autograde", "generate_feedback", "release_feedback"):
-        _instructor(course, instructor, step, NAME)
+        nbgrader(course, instructor, step, NAME)
     assert sorted(p.name for p in (course / "submitted").iterdir()) == LEARNERS
 
     from nbgrader.api import Gradebook

@@ -38,11 +38,12 @@ def average_gradients(model):
 """
 
 
-def _config(folder: Path, exchange: Path, learner: str | None = None) -> None:
-    # On a hub each learner is a user of their own, whose name nbgrader reads from the system; here
-    # all are this test's user, so a learner's id is said.
+def config_text(exchange: Path, learner: str | None = None) -> str:
+    """A course's (or a learner's) nbgrader_config.py: the course, its exchange, a cell's time."""
+    # On a hub each learner is a user of their own, whose name nbgrader reads from the system; in
+    # one user's test, a learner's id is said.
     who = f"c.CourseDirectory.student_id = {learner!r}\n" if learner else ""
-    (folder / "nbgrader_config.py").write_text(
+    return (
         "c = get_config()\n" + who +
         f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
         f"c.Exchange.root = {str(exchange)!r}\n"
@@ -53,7 +54,11 @@ def _config(folder: Path, exchange: Path, learner: str | None = None) -> None:
     )
 
 
-def _nbgrader(cwd: Path, home: Path, *args: str) -> str:
+def _config(folder: Path, exchange: Path, learner: str | None = None) -> None:
+    (folder / "nbgrader_config.py").write_text(config_text(exchange, learner))
+
+
+def nbgrader(cwd: Path, home: Path, *args: str) -> str:
     # nbgrader runs `alembic` by name for its gradebook: the environment's bin folder comes first, as in
     # an activated one.
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -109,7 +114,7 @@ def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_fe
     assert source == course / "source" / NAME / f"{NAME}.ipynb"
     reference = _solutions(source)
     for step in ("generate_assignment", "release_assignment"):
-        _nbgrader(course, instructor, step, NAME)
+        nbgrader(course, instructor, step, NAME)
 
     learners = {"ada": reference, "bob": {
         "average-gradients-code": SUMS_ONLY,
@@ -121,7 +126,7 @@ def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_fe
         home = homes[learner] = tmp_path / learner
         home.mkdir()
         _config(home, exchange, learner)
-        _nbgrader(home, home, "fetch_assignment", NAME)
+        nbgrader(home, home, "fetch_assignment", NAME)
         fetched = home / COURSE_ID / NAME / f"{NAME}.ipynb"
         released = {c.metadata.nbgrader["grade_id"]: c.source for c in nbformat.read(fetched, as_version=4).cells}
         # What the learner got: the %%ddp cell is nbgrader's stub, and the reference is nowhere in it.
@@ -130,10 +135,10 @@ def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_fe
         written = [text for key, text in released.items() if not key.endswith(("-task", "-prompt", "-intro"))]
         assert not any("all_reduce" in text or "SOLUTION" in text for text in written)
         _fill(fetched, answers)
-        _nbgrader(home, home, "submit", NAME)
+        nbgrader(home, home, "submit", NAME)
 
     for step in ("collect", "autograde", "generate_feedback", "release_feedback"):
-        _nbgrader(course, instructor, step, NAME)
+        nbgrader(course, instructor, step, NAME)
 
     from nbgrader.api import Gradebook
 
@@ -146,7 +151,7 @@ def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_fe
 
     feedback = {}
     for learner, home in homes.items():
-        _nbgrader(home, home, "fetch_feedback", NAME)
+        nbgrader(home, home, "fetch_feedback", NAME)
         pages = list((home / COURSE_ID / NAME / "feedback").glob(f"*/{NAME}.html"))
         assert len(pages) == 1, pages
         feedback[learner] = _text(pages[0].read_text())

@@ -147,11 +147,7 @@ def configure(c: Any, klass: Class) -> None:
 
 
 def _instructor_view(c: Any, klass: Class) -> None:
-    """The instructor's view, a hub service (``instructor``), if it is installed."""
-    import importlib
+    """The instructor's view, a hub service (``instructor``)."""
+    from .instructor import configure as add_view
 
-    try:
-        view = importlib.import_module(".instructor", __package__)
-    except ModuleNotFoundError:  # being written
-        return
-    view.configure(c, klass)
+    add_view(c, klass)
