@@ -208,7 +208,7 @@ def distlab_processes() -> list[psutil.Process]:
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         if any(k in cmd for k in ("ipyparallel.engine", "ipyparallel.controller", "distlab.cluster.reaper",
-                                   "distlab.cluster.engine",
+                                   "distlab.rank.engine_main",
                                    "ipengine", "ipcontroller")) and ours(proc):
             found.append(proc)
     return found

@@ -25,7 +25,7 @@ SHARED = (
     "distlab.checks",
     "distlab.theory",
     "distlab.ipycompat",  # ipyparallel's, ipykernel's and ipywidgets' privates: kernel and engines alike
-    "distlab.cluster.processes",  # pids, process groups, the machine's id: the ranks ask them too
+    "distlab.host",  # the machine's id, whether a pid runs: the ranks ask them too
     "distlab.scale.plan",  # a plan and its checks: the notebook makes it, the dry run reads it
     "distlab.scale.models",  # the models' shapes: the notebook names them, the dry run builds them
 )
@@ -35,8 +35,6 @@ RANK = (
     "distlab.telemetry",
     "distlab.checkpoint",
     "distlab.nn",
-    "distlab.cluster.engine",  # the engine's own entry point: it imports torch while it registers
-    "distlab.cluster.template",  # the process warm ranks are forked from: it imports what a rank does
 )
 #: In the rank package but imported by the notebook: it names rank modules as text, imports none.
 GLUE = ("distlab.rank.dispatch",)
@@ -49,6 +47,7 @@ NOTEBOOK = (
     "distlab.exercises",
     "distlab.cluster",
     "distlab.scale",  # plans, predictions and the dry run's launcher; the dry run itself is its own process
+    "distlab.progress_file",  # the learner's progress file: the quiz and the exercises' checks write it
     "distlab.classroom",  # the hub's process and its service, and the class's limits read in the kernel
 )
 #: The package itself: ``import distlab`` is lazy (PEP 562), and its magics are the notebook's.

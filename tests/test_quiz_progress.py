@@ -73,13 +73,18 @@ def test_an_unreadable_file_is_kept_aside_and_progress_starts_afresh():
     assert (quiz.progress_path().parent / kept[0]).read_text(encoding="utf-8") == "{not json"
 
 
-def test_summary_shows_every_topic_in_curriculum_order():
+def test_summary_shows_every_topic_in_curriculum_order_then_the_exercises_checked():
+    assert "Exercises" not in str(quiz.summary())  # none checked yet
+    Progress().record_exercise("ring-allreduce", False)
+    Progress().record_exercise("average-gradients", True)
     summary = quiz.summary()
     assert [row.topic for row in summary.topics] == list(quiz.TOPICS)
     assert all(row.questions == len(quiz.bank().select(row.topic)) for row in summary.topics)
     lines = str(summary).splitlines()
     assert str(quiz.progress_path()) in lines[0]
     assert lines.index("") == 2 + len(quiz.TOPICS)  # then the exercises
+    assert lines[lines.index("") + 1] == "Exercises: 1 of 2 passed"
+    assert [row.name for row in summary.exercises] == ["average-gradients", "ring-allreduce"]  # by name
     assert repr(summary) == str(summary)
 
 

@@ -38,7 +38,7 @@ def test_a_labs_engines_and_controller_are_forked_from_the_template_and_say_what
     forked = {p.pid: " ".join(p.cmdline()) for p in psutil.Process(template.pid).children()}
     engines = [row.pid for row in lab.status()]
     assert set(engines) <= set(forked), (engines, forked)
-    assert all("-m distlab.cluster.engine" in forked[pid] for pid in engines), forked
+    assert all("-m distlab.rank.engine_main" in forked[pid] for pid in engines), forked
     assert any("-m ipyparallel.controller" in cmd for cmd in forked.values()), forked
     # Each engine is a session of its own, as ipyparallel's launcher makes it, with its nanny under it.
     for pid in engines:
@@ -159,7 +159,7 @@ def test_with_distlab_warm_0_engines_start_cold(lab_factory, monkeypatch):
     lab = lab_factory(ranks=2)
     for row in lab.status():
         proc = psutil.Process(row.pid)
-        assert "distlab.cluster.template" not in " ".join(psutil.Process(proc.ppid()).cmdline())
+        assert "distlab.rank.warm_template" not in " ".join(psutil.Process(proc.ppid()).cmdline())
 
 
 def test_the_template_and_everything_forked_end_when_the_notebook_process_is_killed(tmp_path):
@@ -177,7 +177,7 @@ def test_the_template_and_everything_forked_end_when_the_notebook_process_is_kil
         engines = [int(pid) for pid in proc.stdout.readline().split()]
         assert len(engines) == 2
         everything = psutil.Process(proc.pid).children(recursive=True)
-        assert any("distlab.cluster.template" in " ".join(p.cmdline()) for p in everything)
+        assert any("distlab.rank.warm_template" in " ".join(p.cmdline()) for p in everything)
         proc.kill()
         proc.wait(timeout=10)
         _, alive = psutil.wait_procs(everything, timeout=10)

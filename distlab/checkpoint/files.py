@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..cluster.processes import pid_alive as _pid_alive
+from ..host import pid_alive as _pid_alive
 from ._checks import _check_step
 
 # path_for / latest: numbered files, so "the last checkpoint" is the highest number, not the newest mtime.

@@ -133,7 +133,7 @@ def engine_start_args(local: bool, prefix: list[str] | None = None) -> dict[str,
         # Engines on this machine run our entry point, which imports torch while they register.
         # Their malloc keeps freed tensor memory instead of faulting it back in every step.
         return {
-            "engine_cmd": [*(prefix or []), sys.executable, "-m", "distlab.cluster.engine"],
+            "engine_cmd": [*(prefix or []), sys.executable, "-m", "distlab.rank.engine_main"],
             "environment": engine_environment(os.environ),
         }
     # Elsewhere the remote command stays the launcher's own; torch loads after registration.

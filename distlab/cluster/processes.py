@@ -22,44 +22,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import ipycompat
+from ..host import machine_id, pid_alive  # the ranks ask these too: they live below both sides
 
 __all__ = [
     "ProcessGuard", "kill_group", "machine_id", "pid_alive", "reap", "signal_all", "terminate", "wait_for",
 ]
-
-
-@functools.cache  # a process never moves to another machine
-def machine_id() -> str:
-    """Which machine this is: the kernel's boot id, the same in every namespace of one machine.
-
-    Host names differ between the emulated nodes of one machine (and may repeat across real ones);
-    the notebook signals and reaps a rank's process itself only where this matches its own.
-    """
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        import socket
-
-        return socket.gethostname()
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as dead); pids <= 0 never do (kill(0) would mean a group)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); it is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def kill_group(pgid: int) -> None:

@@ -2,7 +2,7 @@
 
 A cold engine spends ~2.5 s of CPU on imports before it can register (benchmarks/RESULTS.md); a
 lab's start, each restart and each world an exercise is graded in paid it again. The template
-(``cluster.template``) pays it once per notebook process: ``prewarm()`` starts it in the background
+(``rank.warm_template``) pays it once per notebook process: ``prewarm()`` starts it in the background
 (``%load_ext distlab`` does), and every later local lab forks its engines from it.
 
     pid = current(env).fork("engine", argv, env, cwd, log)   # what cluster/forked.py's launchers do
@@ -55,7 +55,7 @@ class Template:
         self.import_env = _import_time(env)
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "distlab.cluster.template"],
+            [sys.executable, "-m", "distlab.rank.warm_template"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
             start_new_session=True,  # a Ctrl-C in a terminal is the notebook's, not the template's
         )

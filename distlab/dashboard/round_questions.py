@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..quiz.model import Attempt, CheckResult, LabLike, Option, Question, _unreadable
 from ..quiz.numeric import Tolerance, read_number
-from .rounds import _values_text, checksum_text
-
-if TYPE_CHECKING:
-    from .rounds import RoundTable
+from .round_states import RoundStates, checksum_text, values_text
 
 __all__ = ["TableQuestion", "table_questions"]
 
@@ -88,7 +85,7 @@ def _question(slug: str, prompt: str, hint: str, explanation: str, **kw: Any) ->
     )
 
 
-def table_questions(table: RoundTable, rng: random.Random) -> list[Question]:
+def table_questions(table: RoundStates, rng: random.Random) -> list[Question]:
     """Questions about ``table``; each answer is read from it (the steps asked about are drawn)."""
     steps, ranks = table.steps, table.ranks
     out: list[Question] = []
@@ -129,7 +126,7 @@ def table_questions(table: RoundTable, rng: random.Random) -> list[Question]:
                 "the global ones.",
                 expected=tuple(expected),
                 tolerance=Tolerance(absolute=6e-5),
-                answer_text=_values_text(tuple(expected)),
+                answer_text=values_text(tuple(expected)),
             )
         )
     picked = rng.choice(steps)

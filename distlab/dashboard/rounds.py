@@ -27,10 +27,22 @@ import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from ..quiz.model import Question
 from ..records import StepRecord, WatchMeta
+from .round_questions import table_questions
+from .round_states import (
+    ALL,
+    RoundRow,
+    Snapshot,
+    Tracker,
+    agreed,
+    checksum_text,
+    norm_total,
+    values_text,
+    weight_values,
+)
 
 __all__ = [
     "RoundRow",
@@ -40,70 +52,6 @@ __all__ = [
     "checksum_text",
     "round_table",
 ]
-
-#: What the table calls the whole world in its node column.
-ALL = "all ranks"
-
-
-def checksum_text(value: int | None) -> str:
-    """A checksum as a short tag (its low 32 bits in hex): '#1a2b3c4d'; None: no single value."""
-    return "none: the ranks differ" if value is None else f"#{value & 0xFFFFFFFF:08x}"
-
-
-@dataclass(frozen=True)
-class RoundRow:
-    """One line of the table: at ``step`` (None for the exit), ``node`` did ``action``."""
-
-    step: int | None
-    epoch: int | None
-    node: str
-    action: str
-    local: str
-    global_state: str
-    kind: str  # compute, share, aggregate, update, exit
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The global weights and each rank's local weights at one point of the run."""
-
-    when: str
-    step: int | None  # the last update done (None: before the first)
-    global_checksum: int | None  # None when the ranks differ
-    global_values: tuple[float, ...] | None
-    local_checksums: dict[int, int | None]
-    local_values: dict[int, tuple[float, ...] | None]
-
-    def locals_equal_global(self) -> bool:
-        return self.global_checksum is not None and all(
-            c == self.global_checksum for c in self.local_checksums.values()
-        )
-
-
-def _values(metrics: Mapping[str, float], prefix: str) -> tuple[float, ...] | None:
-    found: list[float] = []
-    while f"{prefix}{len(found)}" in metrics:
-        found.append(float(metrics[f"{prefix}{len(found)}"]))
-    return tuple(found) or None
-
-
-def _values_text(values: tuple[float, ...] | None) -> str:
-    return "" if values is None else "[" + ", ".join(f"{v:+.4f}" for v in values) + ", ...]"
-
-
-def _total(values: Mapping[str, float] | None) -> float | None:
-    if not values:
-        return None
-    return float(sum(v * v for v in values.values()) ** 0.5)
-
-
-_T = TypeVar("_T")
-
-
-def _agreed(values: Sequence[_T | None]) -> _T | None:
-    """The value every rank holds, or None when they differ (or one is missing)."""
-    first = values[0] if values else None
-    return first if first is not None and all(v == first for v in values) else None
 
 
 @dataclass
@@ -125,13 +73,13 @@ class RoundTable:
     def global_checksum(self, step: int | None) -> int | None:
         """The checksum of the global weights after ``step``'s update (None: before the first)."""
         if step is None:
-            return _agreed([self.start_checksums.get(r) for r in self.ranks])
-        return _agreed([self.local_checksum(step, r) for r in self.ranks])
+            return agreed([self.start_checksums.get(r) for r in self.ranks])
+        return agreed([self.local_checksum(step, r) for r in self.ranks])
 
     def local_values(self, step: int | None, rank: int) -> tuple[float, ...] | None:
         if step is None:
             return self.start_values.get(rank)
-        return _values(self.by_step[step][rank].get("metrics") or {}, "w")
+        return weight_values(self.by_step[step][rank].get("metrics") or {}, "w")
 
     def snapshot(self, step: int | None, when: str | None = None) -> Snapshot:
         """The global and local weights after ``step`` (None: at the start)."""
@@ -139,12 +87,12 @@ class RoundTable:
             r: (self.start_checksums.get(r) if step is None else self.local_checksum(step, r)) for r in self.ranks
         }
         local_values = {r: self.local_values(step, r) for r in self.ranks}
-        agreed = _agreed(list(local_sums.values()))
+        common = agreed(list(local_sums.values()))
         return Snapshot(
             when=when or ("start" if step is None else f"after step {step}"),
             step=step,
-            global_checksum=agreed,
-            global_values=_agreed(list(local_values.values())) if agreed is not None else None,
+            global_checksum=common,
+            global_values=agreed(list(local_values.values())) if common is not None else None,
             local_checksums=local_sums,
             local_values=local_values,
         )
@@ -229,8 +177,6 @@ class RoundTable:
 
     def questions(self, seed: int | None = None) -> list[Question]:
         """Questions whose answers are read from this table (``round_questions.table_questions``)."""
-        from .round_questions import table_questions  # it reads this module: imported when asked
-
         return table_questions(self, random.Random(seed))
 
     def quiz(self, seed: int | None = None) -> Any:
@@ -244,43 +190,6 @@ class RoundTable:
                 return None
 
         return QuizWidget(self.questions(seed), topic="training-round", seed=seed, progress=_NotSaved())
-
-
-@dataclass(frozen=True)
-class Tracker:
-    """The status tracker: global and local weights at a few points of the run."""
-
-    ranks: list[int]
-    points: list[Snapshot]
-
-    def _cells(self) -> list[list[str]]:
-        out = []
-        for p in self.points:
-            row = [p.when, f"{checksum_text(p.global_checksum)} {_values_text(p.global_values)}".rstrip()]
-            for r in self.ranks:
-                same = " (= global)" if p.global_checksum is not None else ""
-                row.append(f"{checksum_text(p.local_checksums[r])} {_values_text(p.local_values[r])}{same}".rstrip())
-            out.append(row)
-        return out
-
-    def _head(self) -> list[str]:
-        return ["when", "global weights", *(f"rank {r}: local weights" for r in self.ranks)]
-
-    def __str__(self) -> str:
-        cells = [self._head(), *self._cells()]
-        widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
-        return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(c))).rstrip() for c in cells)
-
-    def __repr__(self) -> str:
-        return str(self)
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self._head())
-        body = "".join(
-            "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self._cells()
-        )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 # ---------------------------------------------------------------------------------------- building
@@ -309,14 +218,14 @@ def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) ->
         steps=steps,
         rows=[],
         start_checksums={r: _start_checksum(meta.get(r)) for r in ranks},
-        start_values={r: _values(first[r], "start_w") for r in ranks},
+        start_values={r: weight_values(first[r], "start_w") for r in ranks},
         by_step={s: by_step[s] for s in steps},
     )
     world = len(ranks)
     previous: int | None = None
     for step in steps:
         recs = [by_step[step][r] for r in ranks]
-        epoch = _agreed([rec.get("epoch") for rec in recs])
+        epoch = agreed([rec.get("epoch") for rec in recs])
         before = table.global_checksum(previous)  # None: the start
         rows = table.rows
         for rec in recs:
@@ -345,8 +254,8 @@ def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) ->
             )
         buckets = [rec.get("allreduce") or [] for rec in recs]
         if all(buckets):
-            count = _agreed([len(b) for b in buckets])
-            size = _agreed([sum(x["bytes"] for x in b) for b in buckets])
+            count = agreed([len(b) for b in buckets])
+            size = agreed([sum(x["bytes"] for x in b) for b in buckets])
             what = (
                 f"{count} tensor{'s' if count != 1 else ''}, {size:,} bytes from each rank"
                 if count is not None and size is not None
@@ -369,8 +278,8 @@ def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) ->
                     step, epoch, ALL, "no gradient exchange", "each rank keeps its own gradient", "unchanged", "share"
                 )
             )
-        norms = [_total(rec.get("grad_norm")) for rec in recs]
-        mean = _agreed(norms)
+        norms = [norm_total(rec.get("grad_norm")) for rec in recs]
+        mean = agreed(norms)
         if mean is not None:
             rows.append(
                 RoundRow(
@@ -391,11 +300,11 @@ def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) ->
                 )
             )
         after = table.global_checksum(step)
-        weight_norm = _agreed([_total(rec.get("weight_norm")) for rec in recs])
+        weight_norm = agreed([norm_total(rec.get("weight_norm")) for rec in recs])
         for rec in recs:
             mine = rec.get("checksum")
             same = "= global" if after is not None else "differs from another rank"
-            values = _values_text(_values(rec.get("metrics") or {}, "w"))
+            values = values_text(weight_values(rec.get("metrics") or {}, "w"))
             rows.append(
                 RoundRow(
                     step,

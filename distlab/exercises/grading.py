@@ -77,9 +77,9 @@ def check(
             cases.append(case)
     result = _verdict(exercise, tuple(cases), seed)
     if record:
-        from ..quiz.progress import Progress
+        from ..progress_file import ProgressFile
 
-        Progress().record_exercise(exercise.name, result.passed)
+        ProgressFile().record_exercise(exercise.name, result.passed)
     return result
 
 

@@ -46,9 +46,9 @@ class Overview:
 
 def overview() -> Overview:
     """The exercises and the learner's progress on each (from the saved progress)."""
-    from ..quiz.progress import Progress
+    from ..progress_file import ProgressFile
 
-    done = Progress().exercises
+    done = ProgressFile().exercises
     rows = []
     for exercise in EXERCISES.values():
         entry = done.get(exercise.name)

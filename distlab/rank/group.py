@@ -1,6 +1,6 @@
 """The rank's process group: the rendezvous store, joining, checking, tearing down and rebuilding.
 
-Imported by every local engine as it starts (``distlab.cluster.engine``), so torch is loaded by
+Imported by every local engine as it starts (``distlab.rank.engine_main``), so torch is loaded by
 the time the notebook asks for anything.
 """
 

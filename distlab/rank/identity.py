@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from ..cluster.processes import machine_id
+from ..host import machine_id
 from ..wire import EngineIdentity
 from . import release
 

@@ -129,8 +129,8 @@ async def stacks_of_lab(kernel_manager: Any, lab_id: str, timeout: float = 10.0)
     import asyncio
 
     from ..cluster import stacks
-    from ..cluster.processes import machine_id
     from ..errors import DistlabError
+    from ..host import machine_id
 
     lab, _ = _lab_of_this_server(kernel_manager, lab_id, "read its stacks")
     here = machine_id()

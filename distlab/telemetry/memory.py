@@ -16,34 +16,18 @@ Two measurements:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from ..rank import torchcompat, torchcompat_dispatch
+from ..rank import torchcompat_dispatch
+from .ops import OpObserver
+from .storages import LiveTensors, local_tensor, makes_storage, storage_key
 
 __all__ = ["LiveTensors", "MemoryUse", "local_tensor", "makes_storage", "model_memory", "track_memory"]
-
-
-#: The part of a tensor this rank stores: a DTensor's local shard, any other tensor itself.
-local_tensor = torchcompat.local_tensor
-
-
-def _storage_key(tensor: torch.Tensor) -> tuple[Any, int] | None:
-    """(storage, bytes) of a plain tensor with real memory; None for meta, fake or subclass wrappers."""
-    try:
-        storage = tensor.untyped_storage()
-        # A fake tensor (DTensor's sharding propagation and FSDP2 make them inside a step) reports a
-        # real device but keeps a meta storage; asking that storage for its data pointer makes torch
-        # warn on every rank. Its device says first that there is no memory to count.
-        if storage.device.type == "meta" or storage.data_ptr() == 0:
-            return None
-    except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage of its own
-        return None
-    return storage, storage.nbytes()
+# LiveTensors, local_tensor and makes_storage live in .storages (ops counts storages too): named here as before.
 
 
 def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -53,7 +37,7 @@ def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     for t in tensors:
         if t is None:
             continue
-        key = _storage_key(local_tensor(t))
+        key = storage_key(local_tensor(t))
         if key is None or key[0].data_ptr() in seen:
             continue
         seen.add(key[0].data_ptr())
@@ -78,68 +62,6 @@ def model_memory(model: torch.nn.Module | Iterable[torch.Tensor], optimizer: Any
         "gradients_bytes": _bytes(p.grad for p in params),
         "optimizer_bytes": _bytes(state),
     }
-
-
-class LiveTensors:
-    """Bytes of live tensor storages made by the ops it is shown (see :meth:`add_outputs`), and their peak.
-
-    Cheap per op, since every op of a step passes through it: an op whose schema says a result may
-    alias an input (a view, an in-place or ``out=`` op) makes no storage and is skipped unread; the
-    others' results are new storages, each counted once and taken off by a weak reference's callback.
-    Storages are known by their C++ object, which a resize keeps: FSDP2 gathers a layer's weights
-    into storages it grows and shrinks in place (``UntypedStorage.resize_``, no op), and
-    :meth:`resized` counts those changes.
-    """
-
-    def __init__(self) -> None:
-        self.current = 0
-        self.peak = 0
-        self._live: dict[int, int] = {}  # storage (its C++ object) -> bytes counted for it
-        self._refs: dict[Any, int] = {}  # weak reference -> storage; keeps the references alive
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
-    def add_outputs(self, out: Any) -> None:
-        """Count the storages an op that makes new ones (see :func:`makes_storage`) returned."""
-        if isinstance(out, torch.Tensor):
-            self._add(out)
-            return
-        for t in (out if isinstance(out, (tuple, list)) else torchcompat.tree_leaves(out)):
-            if isinstance(t, torch.Tensor):
-                self._add(t)
-
-    def _add(self, tensor: torch.Tensor) -> None:
-        key = _storage_key(local_tensor(tensor))
-        if key is None:
-            return
-        storage, nbytes = key
-        cdata = torchcompat.storage_id(storage)
-        if cdata in self._live:
-            return
-        self._live[cdata] = nbytes
-        self._refs[weakref.ref(storage, self._freed)] = cdata
-        self.current += nbytes
-        self.peak = max(self.peak, self.current)
-
-    def resized(self, storage: Any, before: int) -> None:
-        """``storage`` was resized in place from ``before`` bytes: count the difference."""
-        change = storage.nbytes() - before
-        cdata = torchcompat.storage_id(storage)
-        if cdata in self._live:
-            self._live[cdata] += change  # what its weak reference's callback will take off
-        self.current += change
-        self.peak = max(self.peak, self.current)
-
-    def _freed(self, ref: Any) -> None:
-        cdata = self._refs.pop(ref, None)
-        if cdata is not None:
-            self.current -= self._live.pop(cdata, 0)
-
-
-def makes_storage(func: Any) -> bool:
-    """False for an op whose schema lets a result alias an input: it returns memory that already existed."""
-    return not torchcompat_dispatch.op_returns_alias(func)
 
 
 class MemoryUse:
@@ -186,8 +108,6 @@ def track_memory(device: torch.device | str | None = None) -> Iterator[MemoryUse
             use.peak_bytes = torch.cuda.max_memory_allocated(dev) - start
             use.retained_bytes = torch.cuda.memory_allocated(dev) - start
         return
-    from .ops import OpObserver  # ops reads this module's makes_storage: imported when used
-
     live = LiveTensors()
     mode = OpObserver(memory=live)
     undo = torchcompat_dispatch.watch_storage_resizes(live.resized)

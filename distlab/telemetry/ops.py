@@ -5,7 +5,7 @@ through torch's dispatcher: ``c10d`` ops (``_allgather_base_``, ``_reduce_scatte
 ``dist.all_reduce`` and friends call) and the functional collectives DTensor uses
 (``_c10d_functional.all_reduce`` then ``wait_tensor``). A ``TorchDispatchMode`` sees each of them,
 whoever called it, so one observer covers FSDP2, DTensor and collectives written by hand, with no
-patch to any library. The same pass counts the storages each op makes (``memory.LiveTensors``), the
+patch to any library. The same pass counts the storages each op makes (``storages.LiveTensors``), the
 CPU's stand-in for the allocator statistics it lacks.
 
 The observer is on while a model trains: the watch pushes it at the first step's forward and pops
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..rank import torchcompat, torchcompat_dispatch
-from . import memory
+from .storages import makes_storage
 
 if TYPE_CHECKING:
-    from .memory import LiveTensors
+    from .storages import LiveTensors
 
 __all__ = ["CollectiveTiming", "OpObserver", "Stamped", "collective_name"]
 
@@ -188,7 +188,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         kwargs = kwargs or {}
         seen = self._seen.get(func)
         if seen is None:  # once per op: every op of a step comes here, so nothing is worked out twice
-            seen = self._seen[func] = (collective_name(func), memory.makes_storage(func))
+            seen = self._seen[func] = (collective_name(func), makes_storage(func))
         name, fresh = seen
         if name is not None and self.timings is not None:
             return self._timed(name, func, args, kwargs)
@@ -205,7 +205,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         if cuda:
             timing.start_events()
         out = func(*args, **kwargs)
-        if self.memory is not None and memory.makes_storage(func):
+        if self.memory is not None and makes_storage(func):
             self.memory.add_outputs(out)
         table = _FUNCTIONAL if functional else _C10D
         where = table[torchcompat_dispatch.op_name(func)][1]

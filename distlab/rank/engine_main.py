@@ -4,7 +4,7 @@ exit without the interpreter's teardown.
 An engine spends ~1 s starting ipyparallel and registering, then ~1.5 s importing torch. Here
 the import runs in a thread from the first instant, so the two overlap (see benchmarks/RESULTS.md).
 
-    python -m distlab.cluster.engine [ipengine arguments]
+    python -m distlab.rank.engine_main [ipengine arguments]
 """
 
 from __future__ import annotations

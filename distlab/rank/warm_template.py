@@ -1,6 +1,6 @@
 """The template process warm ranks are forked from (``cluster.warm`` starts and talks to it).
 
-    python -m distlab.cluster.template
+    python -m distlab.rank.warm_template
 
 It imports what a rank imports (torch, torch.distributed, ipyparallel's engine, distlab's rank
 side) once, then forks an engine per request: the engine starts with all of that already in
@@ -35,7 +35,7 @@ _STARTED_IN = os.getcwd()
 
 def _preload() -> None:
     # A forked process's command line is the template's until it says otherwise: ``ps``, the
-    # tests and the user see "distlab.cluster.engine" as for an engine started cold. Only the
+    # tests and the user see "distlab.rank.engine_main" as for an engine started cold. Only the
     # template's own argv space is rewritten (SPT_NOENV): /proc/PID/environ stays readable.
     os.environ["SPT_NOENV"] = "1"
     import ipyparallel.controller.app
@@ -43,7 +43,7 @@ def _preload() -> None:
     import ipyparallel.engine.nanny  # noqa: F401
     import setproctitle  # noqa: F401
 
-    import distlab.cluster.engine
+    import distlab.rank.engine_main
     import distlab.rank.group
     import distlab.rank.namespace  # noqa: F401
 
@@ -87,7 +87,7 @@ def _child(request: dict[str, object]) -> None:
 
         # Before the environment is replaced: setproctitle finds the argv space by where the
         # original environment lies.
-        entry = "ipyparallel.controller" if request.get("entry") == "controller" else "distlab.cluster.engine"
+        entry = "ipyparallel.controller" if request.get("entry") == "controller" else "distlab.rank.engine_main"
         setproctitle(f"{_PYTHON} -m {entry}")
         env = request["env"]
         assert isinstance(env, dict)
@@ -107,9 +107,9 @@ def _child(request: dict[str, object]) -> None:
         else:
             sys.argv = ["ipengine", *map(str, argv)]
             _forked_nanny()
-            from distlab.cluster import engine
+            from distlab.rank import engine_main
 
-            engine.main()  # exits the process itself
+            engine_main.main()  # exits the process itself
     except BaseException:  # noqa: BLE001 - the engine's log says why it did not start
         traceback.print_exc()
     finally:
