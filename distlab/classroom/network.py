@@ -16,7 +16,7 @@ at its learner address. Each namespace has a route to the hub address and to not
 default route, so one learner's namespace cannot address another's (nor the machine's network;
 the host does not forward). Each hub claims a /24 of its own (``claim_network``: the first whose hub
 address is not on loopback yet) from the top of RFC 2544's benchmarking block, below which distlab's
-own lab subnets are taken from the bottom up (``cluster.nodes.DEFAULT_POOL``).
+own lab subnets are taken from the bottom up (``cluster.subnets.DEFAULT_POOL``).
 
 The namespace goes with the server (``remove``): the kernel removes the veth pair with it. If the
 hub is killed, ``cluster.namespaces.remove_orphans`` finds it by the hub's pid in its name.

@@ -28,17 +28,16 @@ those capabilities gets the same network inside a user namespace of the lab's ow
 allows one (``cluster.userns``); ``cluster.namespaces`` checks which, and says in one line if neither.
 
 The values a link is described by (``Link``, its rate and latency, ``spread``) live in
-``cluster/links.py`` and are importable from here as well.
+``cluster/links.py``, and the lab's subnet is picked in ``cluster/subnets.py``; both are importable
+from here as well.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import os
 import re
-import time
 
 from ..errors import DistlabError, LabUsageError
 from .links import Link, format_duration, format_rate, parse_duration, parse_rate, spread
@@ -46,7 +45,6 @@ from .namespaces import (
     NS_PREFIX,
     NamedNamespaces,
     NamespaceHost,
-    lab_namespaces,
     namespace_host,
     netem_missing,
     nodes_here,
@@ -56,6 +54,7 @@ from .namespaces import (
     require_netem,
 )
 from .namespaces import run as _run
+from .subnets import DEFAULT_POOL, NetworkLock, check_subnet, pick_subnet
 
 __all__ = [
     "DEFAULT_POOL",
@@ -74,12 +73,6 @@ __all__ = [
     "spread",
 ]
 
-#: Where lab subnets come from by default: reserved for benchmarking networks (RFC 2544), so no
-#: real network this machine could talk to uses them. Each lab takes one /24 of it.
-DEFAULT_POOL = ipaddress.IPv4Network("198.18.0.0/15")
-_LAB_PREFIX = 24
-
-_LOCK_FILE = "/run/distlab-netns.lock"
 #: A link's queue: (seconds of it at the link's rate, bursts at least). ``_tbf`` says why they differ.
 _LINK_QUEUE = (0.05, 4)
 _UPLINK_QUEUE = (0.01, 2)
@@ -100,77 +93,6 @@ def _tbf(rate_bps: int, queue: tuple[float, int] = _LINK_QUEUE) -> list[str]:
     seconds, bursts = queue
     limit = max(bursts * burst, int(per_s * seconds))
     return ["tbf", "rate", f"{rate_bps}bit", "burst", str(burst), "limit", str(limit)]
-
-
-def _subnets_in_use() -> list[ipaddress.IPv4Network]:
-    """The subnets of the labs whose switches exist now (read off each switch's bridge)."""
-    used: list[ipaddress.IPv4Network] = []
-    for name in lab_namespaces():
-        if not name.endswith("-sw"):
-            continue
-        with contextlib.suppress(DistlabError):
-            out = _run(["ip", "-n", name, "-4", "-o", "addr", "show", "dev", "br0"], "reading a lab's subnet")
-            for word in out.split():
-                if "/" in word and word[0].isdigit():
-                    used.append(ipaddress.IPv4Interface(word).network)  # `-4`: IPv4 addresses only
-    return used
-
-
-def check_subnet(
-    value: object, nodes: int, spelling: tuple[str, str] = ("subnet", 'subnet="198.18.7.0/24"')
-) -> ipaddress.IPv4Network:
-    """``value`` as an IPv4 network with room for ``nodes`` nodes and the switch."""
-    name, example = spelling
-    try:
-        net = ipaddress.IPv4Network(value)
-    except (ValueError, TypeError):
-        raise LabUsageError(f"{name} must be an IPv4 network, like {example} (got {value!r})") from None
-    room = max(0, net.num_addresses - 2)
-    if room < nodes + 1:
-        raise LabUsageError(
-            f"{name} {net} has room for {room} addresses, and {nodes} nodes and their switch need {nodes + 1}: "
-            f"give a larger one, like {example}"
-        )
-    return net
-
-
-def pick_subnet(nodes: int, asked: object = None, in_use: bool = True) -> ipaddress.IPv4Network:
-    """The lab's subnet: ``asked`` if given and free, else the first free /24 of 198.18.0.0/15
-    (``in_use``: among other labs' named namespaces; a user namespace's network is its own)."""
-    used = _subnets_in_use() if in_use else []
-    if asked is not None:
-        net = check_subnet(asked, nodes)
-        clash = next((u for u in used if u.overlaps(net)), None)
-        if clash is not None:
-            raise LabUsageError(
-                f"subnet {net} overlaps {clash}, which another lab is using: choose another, or leave it out"
-            )
-        return net
-    for net in DEFAULT_POOL.subnets(new_prefix=_LAB_PREFIX):
-        if not any(u.overlaps(net) for u in used):
-            return net
-    raise DistlabError(f"every /{_LAB_PREFIX} of {DEFAULT_POOL} is taken by a running lab: stop one")
-
-
-class _Lock:
-    """Labs starting at once pick disjoint subnets: the pick and the making happen under one lock."""
-
-    def __enter__(self) -> _Lock:
-        self._fd = os.open(_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(self._fd)
-                    raise DistlabError(f"another lab held {_LOCK_FILE} for 30 s while making its network") from None
-                time.sleep(0.05)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
 
 
 _sequence = 0
@@ -260,7 +182,7 @@ class Network:
         host = namespace_host()
         try:
             # A user namespace's network is its own: no other lab's subnet can clash with it.
-            with _Lock() if not host.rootless else contextlib.nullcontext():
+            with NetworkLock() if not host.rootless else contextlib.nullcontext():
                 _sequence += 1
                 picked = pick_subnet(nodes, subnet, in_use=not host.rootless)
                 net = cls(nodes, picked, link, os.getpid(), _sequence, racks, uplink, host)

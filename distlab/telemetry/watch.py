@@ -23,27 +23,25 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 import warnings
 import weakref
-from collections import deque
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..rank import hooks, models, torchcompat, torchcompat_compile, torchcompat_dispatch
+from ..rank import hooks, models, torchcompat, torchcompat_compile
 from ..rank.publish import Publisher, Sender, rank_publisher
 from ..records import PUBLISH_KEY, Layout, Publish, StepRecord, WatchMeta
 from . import comm
 from .config import WatchConfig, make_config
-from .memory import LiveTensors, model_memory
-from .ops import OpObserver
+from .observing import INSIDE_COMPILED, ObservedOps
 from .parallelism import describe
-from .pending import PendingSteps
+from .record_buffer import RecordBuffer
 from .stats import LayerIndex
+from .step_memory import StepMemory
 from .steps import Step, metric_fields, metric_value, wrapped_by_zero
 
 __all__ = ["Watch", "active", "flush", "log", "watch"]
@@ -111,17 +109,12 @@ class Watch:
         self.notes: list[str] = []
         self.closed = False
 
-        self._lock = threading.Lock()  # guards what the publisher thread reads: _done, _latest
-        self._done: deque[StepRecord] = deque(maxlen=config.buffer_steps)
-        self._latest: StepRecord | None = None
-        self._marks: deque[int] = deque(maxlen=2)  # newest finished step in each of the last 2 publishes
+        self._records = RecordBuffer(config.buffer_steps, config.window_steps)  # what the publisher reads
         self._seq = 0
         self._open: Step | None = None
-        self._pending = PendingSteps()  # GPU steps whose records wait for the GPU (telemetry/pending.py)
         self._last_end: float | None = None
         self._owns_cache: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._param_ids = {id(p) for p in self.layers.params}
-        self._manual_buckets = 0
 
         self.initial_checksums = self._replica_checksums()
         self._snapshot = self.layers.snapshot() if config.stats_every else None  # for step 0's update
@@ -131,16 +124,13 @@ class Watch:
             self._timer, why = comm.attach(self._ddp or model)
             if why:
                 self.notes.append(why)
-        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._layout: Layout | None = None
         self._cuda = next((p.device for p in self.layers.params if p.is_cuda), None)
         # DDP's buckets are timed by its reducer's stand-in group (comm); every other model's
         # collectives op by op. Memory on CUDA comes from the allocator, on the CPU from the ops.
         time_ops = config.time_allreduce and not self.is_ddp
-        self._live = LiveTensors() if config.track_memory and self._cuda is None else None
-        self._observer = OpObserver(self._live, [] if time_ops else None) if (time_ops or self._live) else None
-        self._observing = False
-        self._undo_patches: Any = _nothing
+        self._ops = ObservedOps(time_ops, count_storages=config.track_memory and self._cuda is None)
+        self._step_memory = StepMemory(self.layers.params, self._cuda, self._ops.live)
         self._handles = [
             # Not traced by torch.compile: a hook on a module inside a compiled one runs in the
             # compiled frame, and tracing it (clock, lock, dispatch mode) broke the graph at each call.
@@ -178,7 +168,7 @@ class Watch:
         self._open = None
         self._resolve(wait=True)
         self._snapshot = None
-        self._stop_observing()
+        self._ops.stop(self.notes)
         if self in _active:
             _active.remove(self)
         if self._publisher is not None:
@@ -194,31 +184,12 @@ class Watch:
         At a cell's end: ops are no longer observed until the next step begins, so a cell that
         failed mid-step leaves no observer on the rank.
         """
-        self._stop_observing()
+        self._ops.stop(self.notes)
         if self._open is not None:
             self._take_late(self._open)
         self._resolve(wait=True)
         if not self.closed and self._publisher is not None:
             self._publisher.flush()
-
-    def _start_observing(self) -> None:
-        if self._observer is not None and not self._observing:
-            torchcompat_dispatch.push_dispatch_mode(self._observer)
-            self._observing = True
-            undo = [torchcompat_dispatch.watch_storage_resizes(self._live.resized)] if self._live is not None else []
-            if self._observer.timings is not None:
-                undo.append(torchcompat_dispatch.label_fsdp_collectives(self._observer.set_label))
-            self._undo_patches = lambda: [u() for u in undo]
-
-    def _stop_observing(self) -> None:
-        if self._observing:
-            if not torchcompat_dispatch.pop_dispatch_mode(self._observer):
-                self.notes.append("ops stopped being observed late: another dispatch mode was entered after the "
-                                  "step began and is still open")
-                return
-            self._observing = False
-            self._undo_patches()
-            self._undo_patches = _nothing
 
     def __enter__(self) -> Watch:
         return self
@@ -228,7 +199,7 @@ class Watch:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        steps = len(self._done) + (self._latest is not None)
+        steps = len(self._records)
         return f"<Watch {state}: rank {self.rank}, {len(self.layers.names)} layers, {steps} steps recorded>"
 
     # ------------------------------------------------------------------ what it recorded
@@ -236,11 +207,7 @@ class Watch:
     def records(self) -> list[StepRecord]:
         """This rank's records, oldest first (the last ``buffer_steps`` steps)."""
         self._resolve(wait=True)
-        with self._lock:
-            out = list(self._done)
-            if self._latest is not None:
-                out.append(self._latest)
-        return out
+        return self._records.all()
 
     @property
     def publishes(self) -> int:
@@ -259,7 +226,7 @@ class Watch:
             "replicated": self.config.replicated,
             "grad_bytes": self.layers.grad_bytes,
             "initial_checksums": dict(self.initial_checksums),
-            "timed": self._timer is not None or (self._observer is not None and self._observer.timings is not None),
+            "timed": self._timer is not None or self._ops.timed,
             "memory": (
                 None if not self.config.track_memory else ("cuda" if self._cuda is not None else "cpu: live tensors")
             ),
@@ -275,19 +242,7 @@ class Watch:
 
     def _payload(self, final: bool) -> Publish:
         """What one publish carries: the steps since the one before last (all of them when final)."""
-        with self._lock:
-            # Records still waiting for the GPU are the newest: they go in a later publish.
-            done = [r for r in self._done if id(r) not in self._pending.record_ids]
-            latest = self._latest if id(self._latest) not in self._pending.record_ids else None
-        if final:
-            window = done
-        else:
-            since = self._marks[0] if len(self._marks) == 2 else -1
-            window = [r for r in done if r["step"] > since][-self.config.window_steps :]
-        if done:
-            self._marks.append(done[-1]["step"])
-        if latest is not None:
-            window.append(latest)
+        window = self._records.window(final)
         self._seq += 1
         return {"run": self.run_id, "rank": self.rank, "seq": self._seq, "final": final,
                 "meta": self.meta(), "records": window}
@@ -299,8 +254,8 @@ class Watch:
             return  # evaluation forwards are not training steps
         step = self._open
         if step is None:
-            if self._observer is not None and torchcompat_compile.inside_compiled_call():
-                self._note(_INSIDE_COMPILED)
+            if self._ops.observer is not None and torchcompat_compile.inside_compiled_call():
+                self._note(INSIDE_COMPILED)
             self._begin(0, None)
             return
         if step.record is None:
@@ -313,10 +268,11 @@ class Watch:
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._owns(optimizer):
             return
-        if optimizer not in self._optimizers:
-            self._optimizers.add(optimizer)
+        optimizers = self._step_memory.optimizers
+        if optimizer not in optimizers:
+            optimizers.add(optimizer)
             # Read now: the optimizer may be gone by the time the watch publishes its last steps.
-            self._layout = describe(self.model, self.layers.params, list(self._optimizers), self.world_size) \
+            self._layout = describe(self.model, self.layers.params, list(optimizers), self.world_size) \
                 if self.config.replicated else None
         step = self._open
         if step is not None and step.record is None:
@@ -351,17 +307,8 @@ class Watch:
         if self._timer is not None:
             self._timer.timings = step.timings
         if self.config.track_memory:
-            step.resident = sum(self._model_memory().values())
-            if self._cuda is not None:
-                torch.cuda.reset_peak_memory_stats(self._cuda)
-                step.live_at_begin = torch.cuda.memory_allocated(self._cuda)
-            elif self._live is not None:
-                self._live.reset_peak()
-                step.live_at_begin = self._live.current
-        if self._observer is not None:
-            if self._observer.timings is not None:
-                self._observer.timings = step.collectives
-            self._start_observing()
+            self._step_memory.begin(step)
+        self._ops.begin(step)
 
     def _close(self, step: Step) -> None:
         """The update is done: measure the step and make its record.
@@ -373,7 +320,7 @@ class Watch:
         n, cfg = step.number, self.config
         # On a GPU, CUDA events and logged tensors are read once the GPU got there (telemetry/pending.py).
         deferred = self._cuda is not None
-        memory = self._memory(step) if cfg.track_memory else None
+        memory = self._step_memory.record(step) if cfg.track_memory else None
         record = step.new_record(self.rank, self.world_size, end, memory, timed=not deferred)
         if cfg.stats_every and n % cfg.stats_every == 0:
             record["grad_norm"] = self.layers.grad_norms()
@@ -388,30 +335,19 @@ class Watch:
             record["layer_checksums"] = sums
             record["checksum"] = sum(sums.values()) if sums else None
         if deferred:
-            self._pending.add(step)
+            self._records.pending.add(step)
         else:
             record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]
         step.record = record
         step.closed_with = len(step.collectives)
-        with self._lock:
-            if deferred:
-                self._pending.record_ids.add(id(record))
-            self._latest = record
+        self._records.closed(record, waits_for_gpu=deferred)
         if self._publisher is not None and not deferred:
             self._publisher.notify()
 
     def _resolve(self, wait: bool) -> None:
         """Complete the records of GPU steps the GPU has finished (``wait``: of every one, waiting)."""
-        if self._pending.resolve(wait, self.world_size, self._replace) and self._publisher is not None:
+        if self._records.pending.resolve(wait, self.world_size, self._records.replace) and self._publisher is not None:
             self._publisher.notify()
-
-    def _replace(self, old: StepRecord, new: StepRecord) -> None:
-        with self._lock:
-            if self._latest is old:
-                self._latest = new
-            elif (i := next((i for i, r in enumerate(self._done) if r is old), None)) is not None:
-                self._done[i] = new
-            self._pending.record_ids.discard(id(old))
 
     def _replica_checksums(self) -> dict[str, int]:
         """Checksums of the layers every rank holds whole: a sharded layer's shards differ by design."""
@@ -420,45 +356,21 @@ class Watch:
             return sums
         return {name: value for name, value in sums.items() if name not in self.layers.sharded}
 
-    def _model_memory(self) -> dict[str, int]:
-        held = model_memory(self.layers.params)
-        held["optimizer_bytes"] = sum(model_memory([], opt)["optimizer_bytes"] for opt in list(self._optimizers))
-        return held
-
-    def _memory(self, step: Step) -> Any:
-        """The step's memory record: model state now, and the step's peak (see ``records.MemoryUse``)."""
-        if self._cuda is not None:
-            made = torch.cuda.max_memory_allocated(self._cuda) - step.live_at_begin
-        else:
-            made = self._live.peak - step.live_at_begin if self._live is not None else 0
-        return {**self._model_memory(), "peak_bytes": step.resident + max(0, made)}
-
     def _take_late(self, step: Step) -> None:
         """Add the collectives that came after a closed step's update to its record."""
         record = step.record
-        if record is None or id(record) in self._pending.record_ids or len(step.collectives) == step.closed_with:
+        if record is None or self._records.waits_for_gpu(record) or len(step.collectives) == step.closed_with:
             return  # a GPU step's record waiting for the GPU takes them all when it is completed
         step.closed_with = len(step.collectives)
-        self._amend(step, {"collectives": comm.summarize_collectives(step.collectives, step.begin, step.end)[0]})
-
-    def _amend(self, step: Step, fields: dict[str, Any]) -> None:
-        """Give a closed step a new record with ``fields`` changed, where the watch keeps it.
-        Copy-on-write: the publisher thread may be reading the old dict."""
-        old = step.record
-        step.record = cast(StepRecord, {**cast(dict[str, Any], old), **fields})
-        with self._lock:
-            if self._latest is old:
-                self._latest = step.record
+        collectives = comm.summarize_collectives(step.collectives, step.begin, step.end)[0]
+        self._records.amend(step, {"collectives": collectives})
 
     def _finish(self, step: Step) -> None:
         """The record is final: keep it in the buffer."""
         if step.record is None:
             return
         self._take_late(step)
-        with self._lock:
-            self._done.append(step.record)
-            if self._latest is step.record:
-                self._latest = None
+        self._records.keep(step.record)
 
     def log(self, **values: Any) -> None:
         """See :func:`distlab.log`."""
@@ -469,8 +381,8 @@ class Watch:
         step = self._open
         assert step is not None
         step.metrics.update({k: metric_value(k, v) for k, v in values.items()})
-        if step.record is not None and step not in self._pending:  # else _resolve adds them
-            self._amend(step, metric_fields(step.metrics))
+        if step.record is not None and step not in self._records.pending:  # else _resolve adds them
+            self._records.amend(step, metric_fields(step.metrics))
             if self._publisher is not None:
                 self._publisher.notify()
 
@@ -480,14 +392,5 @@ class Watch:
             self._begin(0, None)
         step = self._open
         assert step is not None
-        return comm.timed_all_reduce(step.timings, self._observer, tensor, op, group)
+        return comm.timed_all_reduce(step.timings, self._ops.observer, tensor, op, group)
 
-
-_INSIDE_COMPILED = (
-    "this model runs inside a torch.compile'd module, so the watch began inside the compiled call, which set "
-    "its op observer aside: the first step's record misses ops (FSDP2's collectives, the CPU's memory). "
-    "Watch the compiled module (distlab.watch(compiled)) to see them all")
-
-
-def _nothing() -> None:
-    pass
