@@ -12,8 +12,8 @@ import torch
 import distlab
 from distlab.dashboard import analysis
 from distlab.telemetry import Watch, WatchConfig, watch
-from distlab.telemetry.config import make_config
 from distlab.telemetry.stats import LayerIndex
+from distlab.telemetry.watch_config import make_config
 
 # Defined on every rank by the tests below: a small model, a data stream per rank, a training loop.
 SETUP = """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import hardware
 from .calibration import CALIBRATION_MODEL, Calibration, Measurement, calibrate, measure
-from .dryrun import dry_run
+from .dryrun_launcher import dry_run
 from .hardware import HARDWARE, NETWORKS, Hardware, Network
 from .models import MODELS, ModelConfig, parameters
 from .plan import Plan

@@ -16,9 +16,9 @@ the two meet in the dicts published through ipyparallel's ``publish_data``.
 from __future__ import annotations
 
 from ..records import PUBLISH_KEY as KEY
-from .config import WatchConfig
 from .memory import MemoryUse, model_memory, track_memory
 from .watch import Watch, active, flush, log, watch
+from .watch_config import WatchConfig
 
 __all__ = ["KEY", "MemoryUse", "Watch", "WatchConfig", "active", "flush", "log", "model_memory", "track_memory",
            "watch"]

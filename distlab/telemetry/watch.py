@@ -36,13 +36,13 @@ from ..rank import hooks, models, torchcompat, torchcompat_compile
 from ..rank.publish import Publisher, Sender, rank_publisher
 from ..records import PUBLISH_KEY, Layout, Publish, StepRecord, WatchMeta
 from . import comm
-from .config import WatchConfig, make_config
 from .observing import INSIDE_COMPILED, ObservedOps
 from .parallelism import describe
 from .record_buffer import RecordBuffer
 from .stats import LayerIndex
 from .step_memory import StepMemory
 from .steps import Step, metric_fields, metric_value, wrapped_by_zero
+from .watch_config import WatchConfig, make_config
 
 __all__ = ["Watch", "active", "flush", "log", "watch"]
 

@@ -7,7 +7,7 @@ learner's gradients must equal DDP's within float rounding. Both copies then tak
 from DDP's gradients (so a wrong step does not spoil the next one's comparison) and their gradients
 are zeroed, alternately to None and in place.
 
-While the learner's backward and ``finish()`` run, the grader watches them (``watch.py``): the
+While the learner's backward and ``finish()`` run, the grader watches them (``backward_watch.py``): the
 gradients as they become ready, each ``dist.all_reduce`` (how many gradients were ready when it was
 launched, asynchronous or not, how many elements) and every wait on one before backward returned.
 Graded from that order, not from a clock (it holds on a loaded machine): each gradient reduced once
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...rank.exercise import Learner, backward, failed, first_difference, passed
-from .watch import Late, Launch, Watch
+from .backward_watch import Late, Launch, Watch
 
 # (kind, bucket cap: "tiny" smaller than any parameter, "mid" about a third of the model, "huge" one bucket)
 _KINDS = (
@@ -131,7 +131,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     expected = _expected(sizes, case["cap"])
     bounds = sorted((expected, _expected_no_overflow(sizes, case["cap"])))
     grad_elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    watch = Watch(model, case["cap"])  # its hooks first: see watch.py
+    watch = Watch(model, case["cap"])  # its hooks first: see backward_watch.py
     wrapped = learner["HookDDP"](model, case["cap"])
     gen = torch.Generator().manual_seed(case["seed"] + 1 + dist.get_rank())
     tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-14}
