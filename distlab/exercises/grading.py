@@ -115,7 +115,7 @@ def grading_lab(learner_lab: LabCore, size: int) -> LabCore:
 
 def _learners_lab(lab: LabCore | None, exercise: Exercise) -> LabCore:
     if lab is None:
-        from ..notebook.labs import current
+        from ..notebook.lab import current
 
         lab = current()
     if lab is None or not lab.running:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, fields
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import checks
 from ..errors import LabUsageError
@@ -121,6 +121,11 @@ class LabConfig:
     keep: bool | float = False
     #: "magic" when the values come from ``%dist``: messages then name its flags.
     spelling: InitVar[str] = "python"
+
+    @classmethod
+    def of_args(cls, args: Any, spelling: str = "python") -> LabConfig:
+        """The configuration of an object's attributes named as the fields are (``%dist start``'s flags)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)}, spelling=spelling)
 
     def __post_init__(self, spelling: str) -> None:
         say = _SPELLING[spelling]
