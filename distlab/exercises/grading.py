@@ -27,7 +27,7 @@ from .model import Exercise
 from .results import CaseResult, ExerciseResult
 
 if TYPE_CHECKING:
-    from ..notebook.cell import Send
+    from ..notebook.cell_context import Send
     from ..notebook.core import LabCore
 
 __all__ = ["check", "grade_all", "grading_lab"]

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure
 from . import recovery, rpc
-from .cell import CellContext, CellRun, RunResult, Send
+from .cell import CellRun
+from .cell_context import CellContext, RunResult, Send
 from .config import LabConfig
 from .group import get
 from .healing import Healer

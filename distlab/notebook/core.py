@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from ..errors import LabUsageError
-from .cell import RunResult, Send
+from .cell_context import RunResult, Send
 from .cells import CellRunner
 from .config import LabConfig
 from .healing import Healer

@@ -15,7 +15,7 @@ a step's members are taken from every rank's record, and a rank's own record onl
 did not take part. A rank's replacement is another process, and publishes a record of its own
 (``pid``).
 
-The record is the notebook side's (what ``lab.heals()`` returns, kept by ``healing.HealingRecords``);
+The record is the notebook side's (what ``lab.heals()`` returns, kept by :class:`HealingRecords`);
 it shows itself as text and as HTML, which the live view of a healing cell (``dashboard.healing``) draws.
 """
 
