@@ -162,6 +162,11 @@ def test_the_configuration_is_written_once_and_a_lab_is_built_of_it_by_keyword_o
     assert LabCore(3, backend="gloo").config == LabConfig(ranks=3, backend="gloo")
     config = LabConfig(ranks=2, timeout=12.0)
     assert LabCore(config=config).config is config and Lab.from_config(config).config is config
+    assert LabCore(config=config, ranks=4).config == LabConfig(ranks=4, timeout=12.0), "keywords override"
+    with pytest.raises(LabUsageError, match="ranks"):
+        LabCore(config=config, ranks=0)  # checked again
+    with pytest.raises(TypeError, match="not both"):
+        LabCore(4, config=config)
     with pytest.raises(TypeError, match="rnks"):
         Lab(rnks=2)
     flags = argparse.Namespace(**{f.name: getattr(config, f.name) for f in dataclasses.fields(LabConfig)})

@@ -29,7 +29,7 @@ from typing import Any, TypeVar, cast
 from ..errors import LabUsageError
 from .cell_context import RunResult, Send
 from .cells import CellRunner
-from .config import LabConfig
+from .config import LabConfig, lab_config
 from .healing import Healer
 from .keeper import Keeper
 from .lab_world import LabWorld
@@ -64,13 +64,13 @@ class LabCore:
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells; no views.
 
     ``LabCore(ranks=2, backend="gloo", ...)`` takes :class:`~distlab.notebook.config.LabConfig`'s
-    keywords (or ``config=``, a checked one). ``distlab.start`` gives a :class:`distlab.notebook.lab.Lab`,
-    this core with its views attached. A lab is also a context manager that stops everything it
-    started on exit.
+    keywords (or ``config=``, a checked one, which keywords given too override). ``distlab.start``
+    gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached. A lab is also a
+    context manager that stops everything it started on exit.
     """
 
     def __init__(self, *args: Any, config: LabConfig | None = None, **overrides: Any) -> None:
-        self.config = config if config is not None and not (args or overrides) else LabConfig(*args, **overrides)
+        self.config = lab_config(config, *args, **overrides)
         #: Backend in use once started (``auto`` resolved), else the one asked for.
         self.backend = self.config.backend
         #: What the choice of backend and devices needs said (ranks sharing a GPU over gloo), or "".
