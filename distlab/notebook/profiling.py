@@ -108,8 +108,14 @@ class Profile:
         state = "armed for the next cell" if self.armed else self._failed or "not armed"
         return f"<distlab profile of {self.steps} steps (warmup {self.warmup}): {state}>"
 
-    def _finish(self, traces: dict[int, Any]) -> None:
-        """Merge the ranks' traces, write the file, keep the numbers."""
+    def fail(self, why: str) -> None:
+        """The profiled cell failed: nothing to show, and ``why`` is said when asked."""
+        self._failed = why
+        self._profiler = None
+
+    def finish(self, traces: dict[int, Any]) -> None:
+        """The profiled cell has ended: merge the ranks' traces, write the file, keep the numbers."""
+        self._profiler = None
         from ..dashboard.profile import merge
 
         document, profiles = merge({r: t for r, t in traces.items() if t is not None})
@@ -172,12 +178,10 @@ class Profiler:
         try:
             result = run()
         except BaseException:
-            prof._failed = "the profiled cell failed"
-            prof._profiler = None
+            prof.fail("the profiled cell failed")
             raise
         reading = {r: rpc.profile_trace(engine) for r, engine in engines.items()}
-        prof._finish({r: get(pending, timeout, f"reading rank {r}'s profile") for r, pending in reading.items()})
-        prof._profiler = None
+        prof.finish({r: get(pending, timeout, f"reading rank {r}'s profile") for r, pending in reading.items()})
         return result
 
 
