@@ -47,9 +47,9 @@ def _checks(lab: distlab.Lab, cold: bool) -> dict[str, float]:
         seconds[name] = time.perf_counter() - t0
         assert result.passed == name.startswith("right"), result.feedback
         if cold:  # the next check starts its worlds again
-            for world in lab._companions.values():
+            for world in lab.companions.values():
                 world.stop()
-            lab._companions.clear()
+            lab.companions.clear()
     return seconds
 
 

@@ -27,7 +27,7 @@ _SETUP_PX = """
 from distlab.notebook import labs
 # As ipyparallel's own Client.activate does: a blocking view (a fresh direct_view's block is
 # False, and its %%px would return before the engines ran the cell).
-_view = labs.current()._client.activate([row.engine_id for row in labs.current().table])
+_view = labs.current().processes.client.activate([row.engine_id for row in labs.current().table])
 assert _view.block
 """
 

@@ -33,7 +33,7 @@ CELL = "t = torch.ones(1); dist.all_reduce(t); int(t.item())"
 
 def _spares_registered(lab) -> bool:
     ranks = {row.engine_id for row in lab.table}
-    return len(set(lab._client.ids) - ranks - lab._retired) >= lab.config.spare_count
+    return len(set(lab.processes.client.ids) - ranks - lab.processes.retired) >= lab.config.spare_count
 
 
 def _memory_mb(pids) -> dict[str, float]:
@@ -48,7 +48,7 @@ def measure(ranks: int, spares: int | None, restarts: int) -> tuple[list[float],
             if not wait_for(lambda: _spares_registered(lab), 60):
                 raise SystemExit("the spares did not register within 60 s")
             if i == 0 and lab.config.spare_count:
-                memory["spare"] = _memory_mb(lab._spares)
+                memory["spare"] = _memory_mb(lab.processes.spares.pids())
                 memory["rank"] = _memory_mb(row.pid for row in lab.table)
             t = time.perf_counter()
             lab.restart()

@@ -37,7 +37,7 @@ def main() -> None:
     for n in args.ranks:
         ip.run_line_magic("dist", f"start -n {n} --backend {args.backend}")
         lab = magics.lab
-        view = lab._client.direct_view([row.engine_id for row in lab.table])
+        view = lab.processes.client.direct_view([row.engine_id for row in lab.table])
         raw, ours = [], []
         for i in range(args.calls + 10):
             t0 = time.perf_counter()

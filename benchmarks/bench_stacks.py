@@ -27,17 +27,17 @@ HANG = "import time\ndef stuck_here():\n    time.sleep(60)\nif rank != 0:\n    s
 
 def _hang_stops(lab: distlab.Lab, repeats: int) -> dict[str, list[float]]:
     seconds: dict[str, list[float]] = {"with stacks": [], "without (baseline)": []}
-    reads = lab._stacks_of_stopped
+    reads = lab.stacks_reader.of_stopped
     for _ in range(repeats):
         for name in seconds:
-            lab._stacks_of_stopped = reads if name == "with stacks" else (lambda ranks: "")  # type: ignore[method-assign]
+            lab.stacks_reader.of_stopped = reads if name == "with stacks" else (lambda ranks: "")  # type: ignore[method-assign]
             t0 = time.perf_counter()
             try:
                 lab.run(HANG, timeout=2, stream=False)
             except CellTimeout as exc:
                 assert ("stuck_here" in str(exc)) == (name == "with stacks"), str(exc)
             seconds[name].append(time.perf_counter() - t0)
-    lab._stacks_of_stopped = reads  # type: ignore[method-assign]
+    lab.stacks_reader.of_stopped = reads  # type: ignore[method-assign]
     return seconds
 
 

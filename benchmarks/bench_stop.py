@@ -24,13 +24,13 @@ ALL_REDUCE = "t = torch.ones(1); dist.all_reduce(t); t.item()"
 
 def _ipyparallel_stop(lab: distlab.Lab) -> float:
     """Seconds for ipyparallel's own stop; what it leaves is then cleaned up (untimed)."""
-    cluster, pids, pgids = lab._cluster, lab._local_pids(), lab._guard.pgids()
-    lab._client.close()
+    cluster, pids, pgids = lab.processes.cluster, lab.world.local_pids(), lab.processes.guard.pgids()
+    lab.processes.client.close()
     t0 = time.perf_counter()
     cluster.stop_cluster_sync()
     seconds = time.perf_counter() - t0
-    lab._cluster = lab._client = None
-    lab._guard.end_all(pgids, pids)
+    lab.processes.cluster = lab.processes.client = None
+    lab.processes.guard.end_all(pgids, pids)
     return seconds
 
 

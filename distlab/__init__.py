@@ -42,9 +42,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
-    from .notebook.kept import attach
-    from .notebook.lab import Lab, start
-    from .notebook.labs import current as current_lab
+    from .notebook.lab import Lab, attach, start
+    from .notebook.lab import current as current_lab
     from .rank.chaos import chaos
     from .rank.divergence import divergence
     from .rank.heal import heal
@@ -53,8 +52,8 @@ if TYPE_CHECKING:
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
     "Lab": "notebook.lab",
-    "attach": "notebook.kept",  # a lab kept past its kernel (start(keep=True)), taken back
-    "current_lab": "notebook.labs",
+    "attach": "notebook.lab",  # a lab kept past its kernel (start(keep=True)), taken back
+    "current_lab": "notebook.lab",
     "start": "notebook.lab",
     "CellTimeout": "errors",
     "DistlabError": "errors",

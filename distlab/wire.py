@@ -197,7 +197,7 @@ class ProgressPublish(TypedDict):
 
 
 #: The key of a healing rank's record of its quorums and heals in its ``publish_data``
-#: (``rank.quorums`` sends, ``dashboard.quorums`` folds, ``dashboard.healing`` draws).
+#: (``rank.quorums`` sends, ``notebook.healing_record`` folds, ``dashboard.healing`` draws).
 HEALING_KEY = "distlab.healing"
 
 

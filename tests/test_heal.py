@@ -51,7 +51,7 @@ def _train(victim: int, steps: int, dies_at: int, death_file: str, step_s: float
 
 def test_a_lab_that_heals_runs_its_lighthouse_on_the_labs_address_and_it_ends_with_the_lab(lab_factory):
     lab = lab_factory(ranks=2, heal=True)
-    lighthouse = lab._lighthouse
+    lighthouse = lab.healer.lighthouse
     assert lighthouse is not None and lighthouse.address.startswith("http://127.0.0.1:")
     proc = psutil.Process(lighthouse.pid)
     listening = [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]

@@ -8,7 +8,16 @@ import time
 from typing import Any
 
 from distlab.dashboard.healing import CellHealing, HealingConfig
-from distlab.dashboard.quorums import HEALED, PARTICIPATED, SKIPPED, HealingLog, fold, step_ranges
+from distlab.notebook.healing_record import (
+    HEALED,
+    PARTICIPATED,
+    SKIPPED,
+    HealingLog,
+    HealingRecords,
+    fold,
+    step_ranges,
+)
+from distlab.notebook.observers import ObserverBus
 from distlab.rank import quorums
 from distlab.rank.publish import Publisher
 from distlab.wire import HEALING_KEY, HealingPublish
@@ -213,19 +222,37 @@ def test_the_log_keeps_each_process_s_latest_record_a_replacement_s_beside_the_d
     assert fold([dead, survivor, replacement]) == log.record()
 
 
+class _Lab:
+    """What a lab's healing records ask of it: its poll listeners (``observers.ObserverBus``)."""
+
+    def __init__(self) -> None:
+        self.bus = ObserverBus(self)
+        self.add_listener, self.remove_listener = self.bus.add_listener, self.bus.remove_listener
+
+
 def test_outside_a_kernel_the_record_is_printed_once_at_the_end_and_a_cell_that_does_not_heal_shows_nothing(capsys):
-    cell = CellHealing(live=False)
-    cell.on_poll({r: _Polled({HEALING_KEY: p}) for r, p in enumerate(_cell()[:3])}, final=False)
-    assert capsys.readouterr().out == "", "nothing while the cell runs"
-    cell.on_poll({}, final=True)
+    lab, records, cell = _Lab(), HealingRecords(), CellHealing(live=False)
+    records.watch(cell.on_log)
+    with records.cell(lab, stream=True):
+        lab.bus.poll({r: _Polled({HEALING_KEY: p}) for r, p in enumerate(_cell()[:3])}, final=False)
+        assert capsys.readouterr().out == "", "nothing while the cell runs"
+        lab.bus.poll({}, final=True)
     cell.finish()
     assert capsys.readouterr().out == cell.record().text() + "\n"  # type: ignore[union-attr]
-    quiet = CellHealing(live=False, show=False)
-    quiet.on_poll({0: _Polled({HEALING_KEY: _cell()[0]})}, final=True)
-    assert capsys.readouterr().out == "" and quiet.record() is not None, "collected, not shown"
-    nothing = CellHealing(live=False)
-    nothing.on_poll({0: _Polled({})}, final=True)
-    assert capsys.readouterr().out == "" and nothing.record() is None
+    assert records.last == cell.record(), "the lab keeps what its view showed: lab.heals()"
+    records.unwatch(cell.on_log)
+    with records.cell(lab, stream=False):  # a cell that does not stream: collected, not shown
+        lab.bus.poll({0: _Polled({HEALING_KEY: _cell()[0]})}, final=True)
+    assert capsys.readouterr().out == "" and records.last == fold([_cell()[0]])
+    nothing, view = HealingRecords(), CellHealing(live=False)
+    nothing.watch(view.on_log)
+    with nothing.cell(lab, stream=True):
+        lab.bus.poll({0: _Polled({})}, final=True)
+    view.finish()
+    assert capsys.readouterr().out == "" and nothing.last is None and view.record() is None
+    assert lab.bus.poll({0: _Polled({HEALING_KEY: _cell()[0]})}, final=True) is None and nothing.last is None, (
+        "after its cell the records listen no more"
+    )
 
 
 def test_in_a_kernel_one_widget_is_redrawn_at_most_every_interval_and_becomes_the_text_at_the_end(monkeypatch):
@@ -242,18 +269,21 @@ def test_in_a_kernel_one_widget_is_redrawn_at_most_every_interval_and_becomes_th
     monkeypatch.setattr("IPython.display.display", display)
     clock = [0.0]
     cell = CellHealing(HealingConfig(min_interval_s=0.5), clock=lambda: clock[0], live=True)
+    lab, healing = _Lab(), HealingRecords()
+    healing.watch(cell.on_log)
     records = _cell()
     values = []
     log = _log(0, pid=99)
     log.quorum(1, [0])
-    for tick in range(40):  # a step and a publish every 0.05 s for 2 s
-        clock[0] = tick * 0.05
-        log.attempt(tick + 1, 1, True, committed=True)
-        cell.on_poll({0: _Polled({HEALING_KEY: log.payload()}), 1: _Polled({HEALING_KEY: records[1]})}, final=False)
-        if cell.view is not None and (not values or values[-1] != cell.view.value):
-            values.append(cell.view.value)
-    assert len(shown) == 1 and shown[0] is cell.view, "one widget"
-    assert 3 <= len(values) <= 5, len(values)
-    cell.on_poll({}, final=True)
+    with healing.cell(lab, stream=True):
+        for tick in range(40):  # a step and a publish every 0.05 s for 2 s
+            clock[0] = tick * 0.05
+            log.attempt(tick + 1, 1, True, committed=True)
+            lab.bus.poll({0: _Polled({HEALING_KEY: log.payload()}), 1: _Polled({HEALING_KEY: records[1]})}, False)
+            if cell.view is not None and (not values or values[-1] != cell.view.value):
+                values.append(cell.view.value)
+        assert len(shown) == 1 and shown[0] is cell.view, "one widget"
+        assert 3 <= len(values) <= 5, len(values)
+        lab.bus.poll({}, final=True)
     assert shown[-1]["text/plain"] == cell.record().text() and "<table>" in shown[-1]["text/html"]  # type: ignore[union-attr]
     assert cell.view.comm is None, "the widget was closed: the saved notebook keeps the text and HTML"

@@ -47,7 +47,7 @@ def _start_kernel_with_lab(line: str):
         assert len(folders) == 1 and len(namespaces) == 3, (folders, namespaces)  # switch and two nodes
     # ipyparallel's files for the lab's cluster: its logs, connection files, the hub's engine state.
     code = "from distlab import ipycompat; from distlab.notebook import labs\n"
-    shown = execute(kc, code + "print(*ipycompat.cluster_files(labs.current()._cluster))")
+    shown = execute(kc, code + "print(*ipycompat.cluster_files(labs.current().processes.cluster))")
     files = {path for pattern in shown.split() for path in glob.glob(pattern)}
     assert any(os.path.basename(f).startswith("engines") for f in files), files
     procs = _lab_processes(pid)
@@ -106,10 +106,9 @@ def test_a_notebook_killed_part_way_through_a_stop_leaves_nothing_behind():
     # processes and files are gone, before the lab's folder and its lighthouse's reaping.
     code = (
         "import os, signal, distlab\n"
-        "from distlab.notebook.core import LabCore\n"
-        "lab = distlab.Lab(ranks=2, heal=True, timeout=60).start()\n"
-        "print(lab._folder, lab._lighthouse.pid, flush=True)\n"
-        "LabCore._stop_lighthouse = lambda self: os.kill(os.getpid(), signal.SIGKILL)\n"
+                "lab = distlab.Lab(ranks=2, heal=True, timeout=60).start()\n"
+        "print(lab.processes.folder, lab.healer.lighthouse.pid, flush=True)\n"
+        "lab.healer.stop_lighthouse = lambda: os.kill(os.getpid(), signal.SIGKILL)\n"
         "lab.stop()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)

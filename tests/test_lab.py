@@ -316,7 +316,7 @@ def test_stop_leaves_no_process_or_file_behind(lab_factory):
     assert len(started) >= 3  # controller, 2 engines (+ nannies, reaper)
     engine_pids = [row.pid for row in lab.status()]
     # ipyparallel's files for the cluster; the hub's engine state (engines<id>.json) was left by every stop.
-    patterns = ipycompat.cluster_files(lab._cluster)
+    patterns = ipycompat.cluster_files(lab.processes.cluster)
     assert any("engines" in path for pattern in patterns for path in glob.glob(pattern))
     lab.stop()
     assert [path for pattern in patterns for path in glob.glob(pattern)] == []

@@ -57,7 +57,7 @@ def test_ranks_are_grouped_by_node_and_reach_rank_0_at_node_0s_address(nodes_lab
     assert [(r.rank, r.host, r.local_rank) for r in table] == [
         (0, "node0", 0), (1, "node0", 1), (2, "node1", 0), (3, "node1", 1)
     ]
-    subnet = nodes_lab._network.subnet
+    subnet = nodes_lab.processes.network.subnet
     assert subnet.subnet_of(ipaddress.ip_network("198.18.0.0/15"))
     assert table[0].addr == table[1].addr != table[2].addr == table[3].addr
     assert all(ipaddress.ip_address(r.addr) in subnet for r in table)
@@ -91,12 +91,12 @@ def test_traffic_between_nodes_crosses_the_link_and_traffic_within_a_node_does_n
 
 
 def test_the_link_is_shaped_both_ways_and_reshaped_between_cells(nodes_lab):
-    queues = nodes_lab._network.queues()
+    queues = nodes_lab.processes.network.queues()
     assert len(queues) == 4 and all("tbf" in q and "rate 1Gbit" in q for q in queues.values()), queues
     nodes_lab.run("across = dist.new_group([0, 2])", stream=False)
     new = nodes_lab.set_link("40mbit")
     assert nodes_lab.link == new and new.rate_bps == 40_000_000
-    assert all("rate 40Mbit" in q for q in nodes_lab._network.queues().values())
+    assert all("rate 40Mbit" in q for q in nodes_lab.processes.network.queues().values())
     size = 2 * 2**20
     took = nodes_lab.run(
         f"import time\nx = torch.ones({size // 4})\n"
@@ -111,7 +111,7 @@ def test_the_link_is_shaped_both_ways_and_reshaped_between_cells(nodes_lab):
         nodes_lab.set_link("fast")
     assert nodes_lab.link == new  # a bad value changes nothing
     nodes_lab.set_link(None)
-    assert nodes_lab.link is None and not any("tbf" in q for q in nodes_lab._network.queues().values())
+    assert nodes_lab.link is None and not any("tbf" in q for q in nodes_lab.processes.network.queues().values())
 
 
 def test_ddp_across_nodes_matches_single_process_training(nodes_lab):
@@ -175,14 +175,14 @@ def test_ranks_all_stuck_on_two_nodes_are_released_over_the_control_channel(node
 
 
 def test_a_killed_rank_on_another_node_is_named_and_restart_brings_the_nodes_back(nodes_lab):
-    subnet = nodes_lab._network.subnet
+    subnet = nodes_lab.processes.network.subnet
     nodes_lab.kill(3)
     with pytest.raises(RankError) as info:
         nodes_lab.run(ALL_REDUCE_ONE, stream=False, timeout=20)
     assert "rank 3" in str(info.value)
     nodes_lab.restart()
     assert [r.host for r in nodes_lab.status()] == ["node0", "node0", "node1", "node1"]
-    assert nodes_lab._network.subnet == subnet  # the same network: only the engines were replaced
+    assert nodes_lab.processes.network.subnet == subnet  # the same network: only the engines were replaced
     assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == dict.fromkeys(range(4), 4.0)
 
 
@@ -232,7 +232,7 @@ def test_two_labs_at_once_get_disjoint_subnets_and_nothing_outlives_them():
     try:
         second = distlab.start(ranks=2, nodes=2)
         try:
-            nets = [first._network.subnet, second._network.subnet]
+            nets = [first.processes.network.subnet, second.processes.network.subnet]
             assert not nets[0].overlaps(nets[1])
             made = lab_namespaces() - before
             assert len(made) == 6  # two switches, four nodes
@@ -253,7 +253,7 @@ def test_latency_needs_netem_and_without_it_the_start_says_so_and_makes_nothing(
     if nodes_mod.netem_missing() is None:  # a kernel with netem: the delay is really there
         lab = distlab.start(ranks=2, nodes=2, link="1gbit", latency="10ms")
         try:
-            assert all("netem" in q and "delay 5ms" in q for q in lab._network.queues().values())
+            assert all("netem" in q and "delay 5ms" in q for q in lab.processes.network.queues().values())
         finally:
             lab.stop()
     else:

@@ -38,7 +38,7 @@ LAB = """
 import json, os, sys, distlab
 from distlab.cluster.namespaces import _missing_capabilities
 lab = distlab.start(ranks=4, nodes=2, link="100mbit", timeout=60)
-host = lab._network.host
+host = lab.processes.network.host
 size = 2 * 2**20  # bytes of float32, all-reduced by the two ranks of a group across the nodes
 lab.run("across = dist.new_group([0, 2])", stream=False)
 before = lab.link_bytes()[0]
@@ -48,7 +48,7 @@ said = dict(
     namespaces=list(host._holders.values()), ranks=[r.pid for r in lab.table],
     hosts=lab.run("import socket; socket.gethostname()", stream=False),
     sent=lab.link_bytes()[0] - before, size=size,
-    queues=list(lab._network.queues().values()),
+    queues=list(lab.processes.network.queues().values()),
     uids=lab.run("import os; os.getuid()", stream=False),
 )
 print("SAID " + json.dumps(said), flush=True)

@@ -13,7 +13,7 @@ from _single_rank import single_rank_group
 
 from distlab import CellTimeout, RankError
 from distlab.errors import DistlabError, LabUsageError, RankFailure
-from distlab.notebook.cell import CellOutcome
+from distlab.notebook.cell_context import CellOutcome
 from distlab.notebook.postmortem import LastCell, Postmortem, first_failed, gone, nothing_kept
 from distlab.rank import cell, postmortem
 from distlab.rank.namespace import user_namespace

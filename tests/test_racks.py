@@ -43,7 +43,7 @@ def test_ranks_sit_in_racks_and_the_status_shows_both_tiers(racks_lab):
     assert [r.host for r in racks_lab.table] == ["node0", "node1", "node2", "node3"]
     shown = str(racks_lab.status())
     assert "4 nodes in 2 racks (rack0: node0 node1, rack1: node2 node3)" in shown and f"uplink {UPLINK}" in shown
-    queues = racks_lab._network.queues()
+    queues = racks_lab.processes.network.queues()
     uplinks = [q for end, q in queues.items() if end.endswith(("/up0", "/r0", "/r1"))]
     assert len(queues) == 12 and len(uplinks) == 4  # both ends of 4 links and of 2 uplinks
     assert all("rate 100Mbit" in q for q in uplinks) and sum("rate 1Gbit" in q for q in queues.values()) == 8
@@ -82,7 +82,8 @@ def test_the_uplink_bounds_traffic_between_racks_and_is_reshaped_between_cells(r
     assert racks_lab.uplink == new  # a bad value changes nothing
     racks_lab.set_uplink(None)
     assert racks_lab.uplink is None
-    assert not any("tbf" in q for end, q in racks_lab._network.queues().items() if end.endswith(("/up0", "/r0", "/r1")))
+    queues = racks_lab.processes.network.queues()
+    assert not any("tbf" in q for end, q in queues.items() if end.endswith(("/up0", "/r0", "/r1")))
     racks_lab.set_uplink(UPLINK)
 
 

@@ -85,7 +85,7 @@ def test_everything_listens_on_loopback_with_private_signed_connection_files(lab
     ]
     assert listening, "expected the controller and the ranks to listen somewhere"
     assert all(addr.ip in ("127.0.0.1", "::1") for _, addr in listening), listening
-    cluster = lab._cluster
+    cluster = lab.processes.cluster
     files = glob.glob(os.path.join(cluster.profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-*.json"))
     assert len(files) == 2  # the client's and the engines'
     for path in files:

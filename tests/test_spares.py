@@ -19,10 +19,11 @@ def _registered_spares(lab, count: int) -> set[int]:
     engine ids that are neither ranks nor ranks gone)."""
     def ready() -> bool:
         ranks = {row.engine_id for row in lab.table}
-        return len(lab._spares) == count and len(set(lab._client.ids) - ranks - lab._retired) >= count
+        processes = lab.processes
+        return len(processes.spares) == count and len(set(processes.client.ids) - ranks - processes.retired) >= count
 
-    assert wait_for(ready, 60), f"{len(lab._spares)} spares forked, {count} wanted registered"
-    return set(lab._spares)
+    assert wait_for(ready, 60), f"{len(lab.processes.spares)} spares forked, {count} wanted registered"
+    return set(lab.processes.spares.pids())
 
 
 def _with_helpers(pids: set[int]) -> set[int]:

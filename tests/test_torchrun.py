@@ -441,7 +441,7 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 @cluster
 def test_an_export_runs_under_torchrun_and_trains_to_the_labs_weights_bit_for_bit(shell, lab, tmp_path, capsys):
-    lab._history.clear()  # this test's cells only: the lab is the module's
+    lab.cells.clear_history()  # this test's cells only: the lab is the module's
     weights = tmp_path / "weights.pt"
     cells = [
         ("", ("import os\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n\ndef setup():\n"
@@ -494,7 +494,7 @@ def test_an_export_runs_under_torchrun_and_trains_to_the_labs_weights_bit_for_bi
 
 @cluster
 def test_an_export_warns_what_it_lacks_and_refuses_when_nothing_ran_on_every_rank(lab, tmp_path):
-    lab._history.clear()
+    lab.cells.clear_history()
     lab.run("print('rank 0 alone')", ranks=0, stream=False)
     with pytest.raises(LabUsageError, match="no cell has run on every rank yet: there is nothing to export"):
         lab.export(tmp_path / "t.py")

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LabUsageError
-from ..notebook.labs import Observer, id_of
+from ..notebook.labs import id_of
+from ..notebook.observers import Observer
 
 __all__ = ["ENV_VAR", "ClassLimits", "Limits", "running_labs"]
 

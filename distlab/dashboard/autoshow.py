@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..notebook.labs import Observer
-from .progress import in_kernel
+from ..notebook.observers import Observer
+from .cell_view import in_kernel
 
 __all__ = ["Prewarm", "autoshow", "prewarm"]
 

@@ -1,13 +1,14 @@
-"""A healing cell's quorums, skipped steps and heals in its output, live, then as text; ``lab.heals()``.
+"""A healing cell's quorums, skipped steps and heals in its output, live, then as text.
 
 On a healing cell's ranks each step's quorum and each heal are recorded and published
-(``rank.quorums``). :class:`CellHealing` listens to one cell's polls (:class:`HealingViews`, an
-observer of every ``Lab``, adds one to each cell): the first time a rank's record arrives, a cell
-that streams its output displays one widget (``quorums.render_html``: steps across, ranks down,
-marked took part, skipped or healed; the quorums by runs of steps; the heals with their bytes and
-seconds), redrawn at most every ``min_interval_s``. At the cell's end the display becomes the
-record's text and HTML, which the saved notebook keeps; outside a kernel the text is printed. The
-record of the last cell that healed stays for ``lab.heals()``.
+(``rank.quorums``); in the notebook the lab's ``notebook.healing_record.HealingRecords`` reads them from
+the cell's polls into one log, and keeps the last cell's record for ``lab.heals()``. This module only
+draws that log: :class:`HealingViews` (an observer of every ``Lab``) watches each cell that streams
+its output with a :class:`CellHealing`. The first time a record arrives it displays one widget
+(``healing_record.render_html``: steps across, ranks down, marked took part, skipped or healed; the
+quorums by runs of steps; the heals with their bytes and seconds), redrawn at most every
+``min_interval_s``. At the cell's end the display becomes the record's text and HTML, which the
+saved notebook keeps; outside a kernel the text is printed.
 
 ipywidgets is imported only when a record first arrives: a cell that does not heal pays for none.
 """
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..notebook.labs import Observer
-from .progress import in_kernel
-from .quorums import HealingLog, HealingRecord, render_html, render_text
+from ..notebook.healing_record import HealingLog, HealingRecord, HealingRecords, render_html, render_text
+from ..notebook.observers import Observer
+from .cell_view import CellView
 
 __all__ = ["CellHealing", "HealingConfig", "HealingViews"]
 
@@ -34,56 +34,49 @@ class HealingConfig:
     min_interval_s: float = 0.5
 
 
-class CellHealing:
-    """One cell's records: ``on_poll`` is a listener on its polls; ``finish`` ends its display.
+class CellHealing(CellView):
+    """One cell's healing log, drawn: ``on_log`` is told of it on each poll that brought news and at
+    its end (``HealingRecords.watch``); ``finish`` ends its display.
 
     ``live``: draw the widget while the cell runs (default: when this process is a kernel); else the
-    record's text is printed at the end. ``show=False``: collect only (a cell that does not stream).
+    record's text is printed at the end.
     """
+
+    what = "healing view"
 
     def __init__(
         self,
         config: HealingConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         live: bool | None = None,
-        show: bool = True,
     ) -> None:
+        super().__init__(clock, live)
         self.config = config or HealingConfig()
-        self.log = HealingLog()
-        self._clock = clock
-        self._live = live
-        self._show = show
-        self._dirty = False
-        self._done = False
+        self._log: HealingLog | None = None
         self._drawn_at = float("-inf")
-        self.view: Any = None  # ipywidgets.HTML once displayed
-        self._handle: Any = None
 
     def record(self) -> HealingRecord | None:
         """The cell's record so far; None while no rank has sent one (the cell does not heal)."""
-        return self.log.record() if self.log else None
+        return self._log.record() if self._log else None
 
-    def on_poll(self, pending: dict[int, Any], final: bool) -> None:
-        """Lab listener: read each rank's latest record; draw within the budget; never raises."""
-        try:
-            self._dirty |= self.log.poll(pending)
-            if final:
-                self.finish()
-            elif self._dirty and not self._done and self._show:
-                self._draw()
-        except Exception as exc:  # noqa: BLE001 - a broken view must not break the cell it shows
-            self._fail(exc)
+    def on_log(self, log: HealingLog, final: bool) -> None:
+        """The cell's log has news (or the cell has ended): draw within the budget; never raises."""
+        self._log, self._dirty = log, True
+        if final:
+            self.finish()
+        else:
+            self.redraw()
 
     def _draw(self) -> None:
         now = self._clock()
         if now - self._drawn_at < self.config.min_interval_s:
             return
-        if self._live is None:
-            self._live = in_kernel()
-        if not self._live:
+        if not self._is_live():
             self._dirty = False  # shown once, as text, at the end
             return
-        record = self.log.record()
+        record = self.record()
+        if record is None:
+            return
         self._drawn_at, self._dirty = now, False
         if self.view is None:
             try:
@@ -98,57 +91,28 @@ class CellHealing:
         else:
             self.view.value = render_html(record)
 
-    def finish(self) -> None:
-        """The cell has ended: show the record as text and HTML (the widget's display becomes it)."""
-        if self._done:
-            return
-        self._done = True
-        try:
-            self._finish()
-        except Exception as exc:  # noqa: BLE001 - the cell's own result matters more than this view
-            self._fail(exc)
-
-    def _finish(self) -> None:
-        if not self.log or not self._show:
-            return
-        record = self.log.record()
-        bundle = {"text/plain": render_text(record), "text/html": render_html(record)}
-        if self.view is not None:
-            if self._handle is not None:
-                self._handle.update(bundle, raw=True)
-            self.view.close()
-            return
-        if self._live is None:
-            self._live = in_kernel()
-        if self._live:
-            from IPython.display import display
-
-            display(bundle, raw=True)
-        else:
-            print(bundle["text/plain"])
-
-    def _fail(self, exc: Exception) -> None:
-        self._done = True
-        warnings.warn(f"distlab: the healing view failed and was left: {type(exc).__name__}: {exc}", RuntimeWarning, 2)
+    def _final(self) -> dict[str, str] | None:
+        record = self.record()
+        if record is None:
+            return None
+        return {"text/plain": render_text(record), "text/html": render_html(record)}
 
 
 class HealingViews(Observer):
-    """A lab's observer: each cell's healing record, shown in a cell that streams its output; the last
-    cell that healed keeps its record (``last``, what ``lab.heals()`` returns)."""
+    """A lab's observer: each cell that streams its output shows the healing log ``records`` reads."""
 
-    def __init__(self) -> None:
-        self.last: HealingRecord | None = None
+    def __init__(self, records: HealingRecords) -> None:
+        self._records = records
 
     @contextlib.contextmanager
     def cell(self, lab: Any, stream: bool) -> Iterator[None]:
-        healing = CellHealing(show=stream)
-        lab.add_listener(healing.on_poll)
+        if not stream:
+            yield
+            return
+        view = CellHealing()
+        self._records.watch(view.on_log)
         try:
             yield
         finally:
-            lab.remove_listener(healing.on_poll)
-            healing.finish()
-            with contextlib.suppress(Exception):  # a broken record must not break the cell's result
-                record = healing.record()
-                if record is not None:
-                    self.last = record
+            self._records.unwatch(view.on_log)
+            view.finish()

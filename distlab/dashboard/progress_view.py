@@ -18,7 +18,7 @@ import ipywidgets as widgets
 
 from ..wire import ProgressBar
 from .meter import MessageWindow, Metered, sent
-from .progress import ProgressConfig, Row, bar_info, bar_label
+from .progress_text import ProgressConfig, Row, bar_info, bar_label
 
 __all__ = ["ProgressView"]
 

@@ -27,7 +27,7 @@ from .model import Exercise
 from .results import CaseResult, ExerciseResult
 
 if TYPE_CHECKING:
-    from ..notebook.cell import Send
+    from ..notebook.cell_context import Send
     from ..notebook.core import LabCore
 
 __all__ = ["check", "grade_all", "grading_lab"]
@@ -115,7 +115,7 @@ def grading_lab(learner_lab: LabCore, size: int) -> LabCore:
 
 def _learners_lab(lab: LabCore | None, exercise: Exercise) -> LabCore:
     if lab is None:
-        from ..notebook.labs import current
+        from ..notebook.lab import current
 
         lab = current()
     if lab is None or not lab.running:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, fields, replace
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import checks
 from ..errors import LabUsageError
@@ -15,7 +15,7 @@ from ..errors import LabUsageError
 if TYPE_CHECKING:
     from ..cluster.links import Link
 
-__all__ = ["BACKENDS", "LabConfig", "launcher_names", "mpi_spans_hosts"]
+__all__ = ["BACKENDS", "LabConfig", "lab_config", "launcher_names", "mpi_spans_hosts"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -121,6 +121,11 @@ class LabConfig:
     keep: bool | float = False
     #: "magic" when the values come from ``%dist``: messages then name its flags.
     spelling: InitVar[str] = "python"
+
+    @classmethod
+    def of_args(cls, args: Any, spelling: str = "python") -> LabConfig:
+        """The configuration of an object's attributes named as the fields are (``%dist start``'s flags)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)}, spelling=spelling)
 
     def __post_init__(self, spelling: str) -> None:
         say = _SPELLING[spelling]
@@ -293,3 +298,13 @@ class LabConfig:
         from ..cluster.nodes import spread
 
         return spread(self.ranks, self.nodes or 1)
+
+
+def lab_config(config: LabConfig | None, *args: Any, **overrides: Any) -> LabConfig:
+    """What a lab is built of (``Lab(...)``, ``distlab.start(...)``): ``config`` with ``overrides``
+    (checked again), or a new configuration of the fields given (``ranks`` may come first)."""
+    if config is None:
+        return LabConfig(*args, **overrides)
+    if args:
+        raise TypeError("give a lab's configuration once: config=..., or its fields (ranks=2, ...), not both")
+    return replace(config, **overrides) if overrides else config

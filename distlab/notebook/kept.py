@@ -11,23 +11,26 @@ they formed. A kept lab nobody attaches ends once it has waited ``keep`` seconds
 What a new kernel needs to take a lab back is in its record, ``<Jupyter runtime dir>/distlab/kept/
 <cluster id>.json`` (this user's only): the lab's configuration, its rank table, ipyparallel's cluster
 file (which ``ipyparallel.Cluster.from_file`` reconnects from) and the process that holds it now.
+
+``keeper.Keeper``, a lab's collaborator, writes and removes its record, lets go of it and takes it
+back; :func:`attach` is given the factory that makes the lab to take it back into (``lab.attach``
+gives ``Lab``'s), so that this module imports no lab.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..cluster.processes import pid_alive
 from ..errors import LabUsageError
-from . import labs
+from .config import LabConfig
 
-__all__ = ["KeepsItself", "attach", "folder", "kept_labs", "record_path", "remove", "write"]
+__all__ = ["TakesBack", "attach", "folder", "kept_labs", "read", "record_path"]
 
 
 def folder() -> Path:
@@ -41,38 +44,7 @@ def record_path(cluster_id: str) -> Path:
     return folder() / f"{cluster_id}.json"
 
 
-def write(lab: Any, **extra: Any) -> Path:
-    """Record what another kernel needs to take ``lab`` back; this process holds it (``owner``)."""
-    world = lab._world
-    record = {
-        "id": labs.id_of(lab),
-        "cluster_id": lab._cluster.cluster_id,
-        "cluster_file": lab._cluster.cluster_file,
-        "owner": os.getpid(),
-        "config": {f.name: getattr(lab.config, f.name) for f in dataclasses.fields(lab.config)},
-        "world": {"table": [dataclasses.asdict(r) for r in world.table], "backend": world.backend,
-                  "master_addr": world.master_addr, "note": world.note},
-        "started": extra.pop("started", time.time()),
-        **extra,
-    }
-    path = record_path(record["cluster_id"])
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)  # whole, for the watchdog that reads it
-    return path
-
-
-def remove(lab: Any) -> None:
-    if lab._cluster is not None:
-        path = record_path(lab._cluster.cluster_id)
-        for each in (path, Path(f"{path}.gone")):
-            with contextlib.suppress(OSError):
-                each.unlink()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
+def read(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -85,7 +57,7 @@ def kept_labs() -> list[dict[str, Any]]:
     ``held`` says whether a live process holds each."""
     found = []
     for path in sorted(folder().glob("*.json")):
-        record = _read(path)
+        record = read(path)
         if record is None or not os.path.exists(record.get("cluster_file", "")):
             continue
         owner = int(record.get("owner", 0))
@@ -127,102 +99,24 @@ def _choose(lab_id: str | None) -> dict[str, Any]:
     return chosen
 
 
-def attach(lab_id: str | None = None, timeout: float | None = None) -> Any:
-    """Take back a kept lab (the only free one, or ``lab_id``): its ranks, as their cells left them.
+class TakesBack(Protocol):
+    """A lab a kept lab is taken back into (``core.LabCore.take_back``)."""
+
+    def take_back(self, record: dict[str, Any]) -> None: ...
+
+
+def attach(
+    lab_id: str | None = None, timeout: float | None = None, *, factory: Callable[[LabConfig], TakesBack]
+) -> Any:
+    """Take back a kept lab (the only free one, or ``lab_id``) into the lab ``factory`` makes of its
+    configuration: its ranks, as their cells left them.
 
     The lab it gives is this kernel's, as if it had started it: it runs cells, stops, and is kept
     again when this kernel ends (``keep`` still holds)."""
-    from .config import LabConfig
-    from .lab import Lab
-
     record = _choose(lab_id)
     config = dict(record["config"])
     if timeout is not None:
         config["timeout"] = timeout
-    lab: Any = Lab.from_config(LabConfig(**config))
-    lab._take_back(record)
+    lab = factory(LabConfig(**config))
+    lab.take_back(record)
     return lab
-
-
-class KeepsItself:
-    """The part of a lab (``core.LabCore``) that a kept lab adds: letting go, and being taken back."""
-
-    config: Any
-    backend: str
-    _cluster: Any
-    _client: Any
-    _world: Any
-    _guard: Any
-    _releaser: Any
-    started_at: float | None
-    last_cell_at: float | None
-
-    if TYPE_CHECKING:  # what LabCore provides
-
-        @property
-        def timeout(self) -> float: ...
-        def _connect_client(self) -> None: ...
-        def _local_pids(self) -> list[int]: ...
-        def _tell(self, event: str) -> None: ...
-
-    def _keep_watch(self) -> tuple[float, str] | None:
-        """What the watchdog needs to spare a kept lab when its kernel ends: (idle seconds, record)."""
-        if not self.config.keep:
-            return None
-        self._cluster.shutdown_atexit = False  # ipyparallel's own exit handler would stop it
-        return float(self.config.keep), str(record_path(self._cluster.cluster_id))
-
-    def detach(self) -> None:
-        """Let go of a kept lab: its ranks go on, for ``distlab.attach()`` in another kernel (this one
-        no longer drives them). A kept lab is let go of so when its kernel ends."""
-        if not self.config.keep:
-            raise LabUsageError("only a kept lab can be let go of: start it with keep=True (%dist start --keep)")
-        if self._cluster is None:
-            return
-        record = _read(record_path(self._cluster.cluster_id)) or {}
-        write(self, started=record.get("started", time.time()), detached=time.time())
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                self._client.close()
-        self._client, self._cluster, self._world = None, None, None
-        # The watchdog stays: it ends the lab if nobody attaches it within its time.
-        self._guard.release()
-        labs.remove(self)  # type: ignore[arg-type]  # a LabCore: the mixin is one of its bases
-        self._tell("stopped")
-
-    def _take_back(self, record: dict[str, Any]) -> None:
-        """Reconnect to a kept lab's controller and ranks, and hold it from this process."""
-        import ipyparallel as ipp
-
-        from ..cluster.launch import _ipp_log
-        from .group import get
-        from .world import RankInfo, World
-
-        try:
-            self._cluster = ipp.Cluster.from_file(record["cluster_file"], log=_ipp_log())
-        except (OSError, ValueError, KeyError) as exc:
-            raise LabUsageError(f"kept lab {record['id']} cannot be reached ({exc}): it has ended") from None
-        labs.add(self)  # type: ignore[arg-type]
-        try:
-            self._connect_client()
-            table = tuple(RankInfo(**row) for row in record["world"]["table"])
-            missing = sorted({r.engine_id for r in table} - set(self._client.ids))
-            if missing:
-                raise LabUsageError(f"kept lab {record['id']} lost ranks (engines {missing}): stop it and start anew")
-            self._world = World(table, record["world"]["backend"], record["world"]["master_addr"],
-                                record["world"]["note"])
-            self.backend = self._world.backend
-            self._releaser.listen(self._client, table, self.timeout)
-            ids = [r.engine_id for r in table]
-            # The ranks answer (within the deadline), and take names defined here by value, as at a start.
-            get(self._client.direct_view(ids).use_cloudpickle(), self.timeout, "reaching the kept ranks")
-            self._guard.watch(self._cluster, keep=self._keep_watch())
-            self._guard.adopt_engine_helpers(self._local_pids())
-            # Ours now: the watchdog of the kernel that kept it sees another owner, and goes.
-            write(self, started=record.get("started", time.time()))
-            self.started_at, self.last_cell_at = record.get("started") or time.time(), None
-        except BaseException:
-            self._client, self._cluster, self._world = None, None, None
-            labs.remove(self)  # type: ignore[arg-type]
-            raise
-        self._tell("started")

@@ -1,14 +1,17 @@
 """Lab: the lab a person uses, the core (``core.LabCore``) with its views attached from outside.
 
-The views are observers and poll listeners of the core (``labs.LabObserver``), each owned by its
-own module: the side panel's state file (``server.registry.PanelFile``), the ranks' progress bars
-(``dashboard.progress.ProgressBars``), a healing cell's quorums and heals
-(``dashboard.healing.HealingViews``, behind ``lab.heals()``), the dashboard's background import at start
-(``dashboard.autoshow.Prewarm``), the telemetry store behind ``lab.telemetry`` and
-``lab.dashboard()``, and ``lab.profile()`` (``profiling.Profiles``, which wraps the next cell).
-In a class (``DISTLAB_LIMITS`` set), the class's limits (``classroom.limits.ClassLimits``): checked
-before a start or a restart that grows the lab, and its idle end.
-The core knows none of them; this module is where they are put together.
+The views are observers and poll listeners of the core's bus (``observers``), each owned by its own
+module: the side panel's state file (``server.registry.PanelFile``), the ranks' progress bars
+(``dashboard.progress.ProgressBars``), a healing cell's quorums and heals as they come
+(``dashboard.healing.HealingViews``, drawing the core's ``healing.HealingRecords``), the dashboard's
+background import at start (``dashboard.autoshow.Prewarm``), the telemetry store behind
+``lab.telemetry`` and ``lab.dashboard()``, and ``lab.profile()`` (``profiling.Profiler``, which wraps
+the next cell). In a class (``DISTLAB_LIMITS`` set), the class's limits (``classroom.limits.ClassLimits``):
+checked before a start or a restart that grows the lab, and its idle end. Here too are the lab's
+emulated network (``nodes.NetworkControls``) and its live stacks (``stacks.StacksReader``), which a
+companion (a plain core) does without.
+
+The core knows none of the views; this module is where they are put together.
 """
 
 from __future__ import annotations
@@ -16,58 +19,64 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..cluster.nodes import Link
+from ..cluster.stacks import Stacks
 from ..dashboard.autoshow import Prewarm
 from ..dashboard.healing import HealingViews
 from ..dashboard.progress import ProgressBars
 from ..server.registry import PanelFile
-from .core import LabCore, RankInfo, RankTable, RunResult
-from .profiling import Profiles
+from . import kept, labs
+from .config import LabConfig
+from .core import LabCore, RankInfo, Ranks, RankTable, RunResult
+from .profiling import Profile, Profiler
 
-__all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "start"]
+__all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "attach", "current", "start"]
 
 
-class Lab(Profiles, LabCore):
+class Lab(LabCore):
     """N ranks of torch.distributed, each an ipyparallel engine, ready to run cells, with their views.
 
     Use :func:`distlab.start` (or ``Lab(...).start()``); a Lab is also a context manager that
     stops everything it started on exit.
     """
 
-    def _configure(self, config: Any) -> None:
-        super()._configure(config)
+    def __init__(self, *args: Any, config: LabConfig | None = None, **overrides: Any) -> None:
+        super().__init__(*args, config=config, **overrides)
         self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
+        self.add_listener(self._feed_telemetry)  # first: the store reads a poll before any other listener
+        self.profiler = Profiler(self.processes, self.world, self.config.timeout, labs.id_of(self))
+        self.cells.around = self.profiler.around
         self.observe(PanelFile())  # the side panel's view of this lab
         self.observe(ProgressBars())  # the ranks' tqdm bars: one widget in a cell's output
-        self._heal_views = HealingViews()  # a healing cell's quorums and heals: a view in its output
-        self.observe(self._heal_views)
+        self.observe(HealingViews(self.healer.records))  # a healing cell's quorums and heals, in its output
         self.observe(Prewarm())  # after the ranks are up: the import would compete with their start
-        self._class_limits: Any = None  # classroom.limits.ClassLimits, in a class
+        self.class_limits: Any = None  # classroom.limits.ClassLimits, in a class
         # The name is classroom.limits.ENV_VAR's, written here so that a lab outside a class imports nothing of it.
         if os.environ.get("DISTLAB_LIMITS", "").strip():
             from ..classroom.limits import ClassLimits
 
-            self._class_limits = ClassLimits.from_env()  # wrong text: one line (LabUsageError), no lab
-            self.observe(self._class_limits)
+            self.class_limits = ClassLimits.from_env()  # wrong text: one line (LabUsageError), no lab
+            self.observe(self.class_limits)
 
     def start(self) -> Any:
         """Start the lab (``LabCore.start``); in a class, refused first if it would break its limits."""
-        if self._class_limits is not None and not self.running:
-            self._class_limits.check_start(self)  # before any process starts
+        if self.class_limits is not None and not self.running:
+            self.class_limits.check_start(self)  # before any process starts
         return super().start()
 
     def restart(self, ranks: int | None = None) -> Any:
         """A fresh world (``LabCore.restart``); in a class, one that grows the lab is refused first if it
         would break its limits."""
-        if self._class_limits is not None and ranks is not None and self.running:
-            self._class_limits.check_restart(self, ranks)
+        if self.class_limits is not None and ranks is not None and self.running:
+            self.class_limits.check_restart(self, ranks)
         return super().restart(ranks)
 
-    def _on_poll(self, pending: dict[int, Any], final: bool) -> None:
-        # The telemetry store reads what the ranks published before any listener looks at it, even
-        # a store made during this cell (by a listener, or anew after a restart at another size).
+    # ------------------------------------------------------------------ telemetry and profiles
+
+    def _feed_telemetry(self, pending: dict[int, Any], final: bool) -> None:
+        # Even a store made during this cell (by a listener, or anew after a restart at another size).
         if self._telemetry is not None and self._telemetry.world_size == self.world_size:
             self._telemetry.on_poll(pending, final)
-        super()._on_poll(pending, final)
 
     @property
     def telemetry(self) -> Any:
@@ -81,26 +90,17 @@ class Lab(Profiles, LabCore):
             from ..dashboard.store import TelemetryStore
 
             store = TelemetryStore(self.world_size)
-            if self._client is not None:
+            client = self.processes.client
+            if client is not None:
                 # The client's metadata keeps every message since it connected, those of engines of
                 # an earlier world too: only this world's engines' count.
-                engines = {info.engine_id for info in self.table}
+                engines = self.world.engine_ids
                 store.backfill(
-                    md for md in list(self._client.metadata.values())
+                    md for md in list(client.metadata.values())
                     if hasattr(md, "get") and md.get("engine_id") in engines
                 )
             self._telemetry = store
         return self._telemetry
-
-    def heals(self) -> Any:
-        """What the last cell that healed did (``distlab.heal``): ``print(lab.heals())``.
-
-        A ``distlab.dashboard.quorums.HealingRecord``: ``steps``, each step's quorum (its ranks,
-        and the participants whose gradients it averaged); ``skipped``, rank -> the steps whose
-        quorum it was not in (it had died, or its replacement had not healed yet); ``heals``, each
-        replacement's heal (from which rank, at which step, bytes, seconds). None before any cell healed.
-        """
-        return self._heal_views.last
 
     def dashboard(self) -> Any:
         """The live dashboard of this lab's telemetry (ipywidgets + plotly); one per lab."""
@@ -108,14 +108,101 @@ class Lab(Profiles, LabCore):
 
         return dashboard_for(self.telemetry)
 
+    def profile(self, steps: int = 5, warmup: int = 1, path: str | os.PathLike[str] | None = None) -> Profile:
+        """Profile the next cell run through this lab (``lab.run``, a ``%%ddp`` cell, ``%dist run``)
+        with torch.profiler on each of its ranks; returns the :class:`~distlab.notebook.profiling.Profile` it fills.
 
-def start(
-    ranks: int = 2, backend: str = "auto", timeout: float = 30.0, launcher: str = "local", debug: bool = False,
-    nodes: int | None = None, link: str | None = None, latency: str | float | None = None, subnet: str | None = None,
-    heal: bool = False, spares: int | None = None, racks: int | None = None, uplink: str | None = None,
-    keep: bool | float = False,
-) -> Lab:
+        A step is one ``optimizer.step()`` on a rank. The cell's first step (its set-up, DDP's first
+        iteration) is not profiled; then ``warmup`` steps run under the profiler unrecorded, and the
+        next ``steps`` are recorded (torch.profiler's ``schedule(wait=0, warmup=warmup,
+        active=steps, repeat=1)``). A cell with fewer steps keeps what was recorded; a cell with no
+        optimizer is profiled whole. The ranks' traces are merged into ``path`` (default:
+        ``distlab-profile-<lab id>-<n>.json`` in the current folder). ``%dist profile --steps 5``.
+        Also a context manager: leaving it disarms the profile if no cell ran.
+        """
+        return self.profiler.profile(steps, warmup, path, require_running=self._require_running)
+
+    # ------------------------------------------------------------------ what ranks are doing
+
+    def stacks(self, ranks: Ranks = None, native: bool = False, timeout: float = 10.0) -> Stacks:
+        """Every rank's live frames (the given ranks, all by default), read from outside its process:
+        ``print(lab.stacks())``, ``%dist stacks``. Ranks with the same stack are shown once.
+
+        It answers while a cell runs (call it from another thread, or the side panel's Stacks
+        button) and from a rank stuck in a collective, which answers nothing itself. ``native=True``
+        adds the C and C++ frames (torch's, gloo's; slower). Each stack is cut to the user's code;
+        ``.text(all_threads=True)`` shows every thread. Ranks on another machine are named, not read.
+        Needs py-spy (a dependency of distlab) and permission to trace the ranks (ptrace).
+        """
+        self._require_running()
+        return self.stacks_reader.stacks(self.ranks(ranks), native, timeout)
+
+    def heals(self) -> Any:
+        """What the last cell that healed did (``distlab.heal``): ``print(lab.heals())``.
+
+        A ``distlab.notebook.healing_record.HealingRecord``: ``steps``, each step's quorum (its ranks,
+        and the participants whose gradients it averaged); ``skipped``, rank -> the steps whose
+        quorum it was not in (it had died, or its replacement had not healed yet); ``heals``, each
+        replacement's heal (from which rank, at which step, bytes, seconds). None before any cell healed.
+        """
+        return self.healer.records.last
+
+    # ------------------------------------------------------------------ the emulated network
+
+    @property
+    def link(self) -> Link | None:
+        """The link between nodes now (``.rate_bps``, ``.latency_s``; prints as "1gbit"); None where
+        nothing is shaped (no nodes, or nodes with an unshaped link)."""
+        return self.network.link
+
+    def set_link(self, rate: str | None, latency: str | float | None = None) -> Link | None:
+        """Reshape every node's link, both ways, between cells: ``lab.set_link("100mbit")``.
+
+        ``latency`` adds a one-way delay between nodes where the kernel has netem. ``None`` as the
+        rate takes the shaping off. Returns the new link.
+        """
+        self._require_running()
+        self.config = self.network.set_link(self.config, rate, latency)
+        self.bus.tell("changed")
+        return self.config.node_link()
+
+    @property
+    def uplink(self) -> Link | None:
+        """Each rack's uplink to the spine now; None where nothing is shaped there (no racks, or not shaped)."""
+        return self.network.uplink
+
+    @property
+    def racks(self) -> list[list[int]]:
+        """The ranks in each rack, rack by rack ([] for a lab without racks): who shares the fast links."""
+        return self.network.racks(self.table)
+
+    def set_uplink(self, rate: str | None) -> Link | None:
+        """Reshape every rack's uplink to the spine, both ways, between cells: ``lab.set_uplink("100mbit")``.
+        ``None`` takes the shaping off. Returns the new uplink."""
+        self._require_running()
+        self.config = self.network.set_uplink(self.config, rate)
+        self.bus.tell("changed")
+        return self.config.rack_uplink()
+
+    def link_bytes(self) -> dict[int, int]:
+        """{node: bytes it has sent onto its link so far}, as the kernel's queue counted them (frames,
+        headers included). Take it before and after a cell to see what crossed the links."""
+        self._require_running()
+        return self.network.link_bytes()
+
+    def uplink_bytes(self) -> dict[int, tuple[int, int]]:
+        """{rack: (bytes it sent up to the spine, bytes it received down from it)} so far, as the
+        kernel's queues counted them. Take it before and after a cell to see what crossed between racks."""
+        self._require_running()
+        return self.network.uplink_bytes()
+
+
+def start(*args: Any, config: LabConfig | None = None, **overrides: Any) -> Lab:
     """Start a lab of ``ranks`` torch.distributed ranks and return it, ready to run cells.
+
+    Takes :class:`~distlab.notebook.config.LabConfig`'s keywords, each documented there: ``ranks``,
+    ``backend``, ``timeout``, ``launcher``, ``debug``, ``nodes``, ``link``, ``latency``, ``subnet``,
+    ``racks``, ``uplink``, ``heal``, ``spares``, ``keep`` (or ``config=``, a checked one).
 
     ``debug=True`` turns on torch's collective checking on every rank (TORCH_DISTRIBUTED_DEBUG=DETAIL):
     mismatched collectives fail at once, named; everything runs slower.
@@ -137,9 +224,21 @@ def start(
     ``keep=True`` keeps the lab past its kernel's end, for ``distlab.attach()`` in another kernel to
     take back, ranks and all; one that nobody attaches ends an hour later (``keep=600``: in 600 s).
     """
-    lab: Lab = Lab(
-        ranks=ranks, backend=backend, timeout=timeout, launcher=launcher, debug=debug,
-        nodes=nodes, link=link, latency=latency, subnet=subnet, heal=heal, spares=spares,
-        racks=racks, uplink=uplink, keep=keep,
-    ).start()
+    lab: Lab = Lab(*args, config=config, **overrides).start()
     return lab
+
+
+def attach(lab_id: str | None = None, timeout: float | None = None) -> Lab:
+    """Take back a lab kept past its kernel (``start(keep=True)``): the only free one, or ``lab_id``;
+    its ranks, as their cells left them (``%dist attach [LAB_ID]``).
+
+    The lab it gives is this kernel's, as if it had started it: it runs cells, stops, and is kept
+    again when this kernel ends (``keep`` still holds)."""
+    lab: Lab = kept.attach(lab_id, timeout, factory=Lab.from_config)
+    return lab
+
+
+def current(shell: Any = None) -> Lab | None:
+    """The running lab ``%dist start`` made in this IPython session, or None (``distlab.current_lab()``)."""
+    lab = labs.current(shell)
+    return lab if isinstance(lab, Lab) else None

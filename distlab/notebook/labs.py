@@ -7,9 +7,8 @@ state file for the side panel), so that
 - whatever still runs when the interpreter exits is stopped (``stop_all``, registered at exit);
 - ``%exercise`` and ``%quiz`` find the lab ``%dist`` started in this IPython session (``current``).
 
-A lab tells its observers (``LabObserver``) when it starts, restarts, changes and stops, and wraps
-each cell in their ``cell`` context: that is how views (the panel's state file, the dashboard,
-progress bars) attach to a lab without the lab knowing them.
+It imports nothing of the lab (a lab adds itself when it starts and removes itself when it stops),
+so that views and the panel's server reach labs through it without an import of the lab.
 """
 
 from __future__ import annotations
@@ -17,59 +16,39 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .core import LabCore
-
-__all__ = ["LabObserver", "Observer", "add", "current", "get", "id_of", "remove", "running", "set_current", "stop_all"]
+__all__ = ["RegisteredLab", "add", "current", "get", "id_of", "remove", "running", "set_current", "stop_all"]
 
 
-class LabObserver(Protocol):
-    """What a view of a lab is told. Observers must be quick and must not raise into the lab."""
+class RegisteredLab(Protocol):
+    """What the registry asks of a lab (``core.LabCore`` and the ``Lab`` a person uses have it)."""
 
-    def started(self, lab: LabCore) -> None: ...
-    def restarted(self, lab: LabCore) -> None: ...
-    def changed(self, lab: LabCore) -> None: ...
-    def stopped(self, lab: LabCore) -> None: ...
-    def cell(self, lab: LabCore, stream: bool) -> contextlib.AbstractContextManager[None]: ...
-
-
-class Observer:
-    """A :class:`LabObserver` that does nothing: subclass it and override what you need."""
-
-    def started(self, lab: LabCore) -> None:
-        pass
-
-    def restarted(self, lab: LabCore) -> None:
-        pass
-
-    def changed(self, lab: LabCore) -> None:
-        pass
-
-    def stopped(self, lab: LabCore) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
-        yield
+    @property
+    def running(self) -> bool: ...
+    @property
+    def config(self) -> Any: ...
+    @property
+    def world_size(self) -> int: ...
+    def stop(self) -> None: ...
+    def restart(self, ranks: int | None = None) -> Any: ...
+    def detach(self) -> None: ...
 
 
 # Held strongly from start to stop: a lab the user no longer names (``distlab.start()`` in a cell
 # of its own) still runs ranks, and the panel and the interpreter's exit must still reach it.
-_running: dict[str, LabCore] = {}
+_running: dict[str, RegisteredLab] = {}
 # The lab %dist started, per IPython shell (by id): ``current``.
-_current: dict[int, LabCore] = {}
+_current: dict[int, RegisteredLab] = {}
 _at_exit = False
 
 
-def id_of(lab: LabCore) -> str:
+def id_of(lab: object) -> str:
     """The lab's id: unique among the live labs of this machine."""
     return f"lab-{os.getpid()}-{id(lab):x}"
 
 
-def add(lab: LabCore) -> None:
+def add(lab: RegisteredLab) -> None:
     """A lab has started (called by the lab)."""
     global _at_exit
     if not _at_exit:
@@ -78,7 +57,7 @@ def add(lab: LabCore) -> None:
     _running[id_of(lab)] = lab
 
 
-def remove(lab: LabCore) -> None:
+def remove(lab: RegisteredLab) -> None:
     """A lab has stopped (called by the lab)."""
     _running.pop(id_of(lab), None)
     for shell, held in list(_current.items()):
@@ -86,11 +65,11 @@ def remove(lab: LabCore) -> None:
             del _current[shell]
 
 
-def get(lab_id: str) -> LabCore | None:
+def get(lab_id: str) -> RegisteredLab | None:
     return _running.get(lab_id)
 
 
-def running() -> list[LabCore]:
+def running() -> list[RegisteredLab]:
     return list(_running.values())
 
 
@@ -101,7 +80,7 @@ def _shell_id() -> int | None:
     return None if shell is None else id(shell)
 
 
-def set_current(lab: LabCore | None, shell: Any = None) -> None:
+def set_current(lab: RegisteredLab | None, shell: Any = None) -> None:
     """Make ``lab`` the one ``current()`` returns in this IPython session (None: none)."""
     key = id(shell) if shell is not None else _shell_id()
     if key is None:
@@ -112,7 +91,7 @@ def set_current(lab: LabCore | None, shell: Any = None) -> None:
         _current[key] = lab
 
 
-def current(shell: Any = None) -> LabCore | None:
+def current(shell: Any = None) -> RegisteredLab | None:
     """The running lab ``%dist start`` made in this IPython session, or None."""
     key = id(shell) if shell is not None else _shell_id()
     lab = _current.get(key) if key is not None else None

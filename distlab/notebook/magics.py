@@ -114,12 +114,7 @@ class DistMagics(Magics):
                 f"a lab of {self.lab.world_size} ranks is already running: %dist stop first, or %dist restart"
             )
         try:
-            config = LabConfig(
-                ranks=args.ranks, backend=args.backend, timeout=args.timeout, launcher=args.launcher,
-                debug=args.debug, nodes=args.nodes, link=args.link, latency=args.latency, subnet=args.subnet,
-                heal=args.heal, spares=args.spares, racks=args.racks, uplink=args.uplink, keep=args.keep,
-                spelling="magic",
-            )
+            config = LabConfig.of_args(args, spelling="magic")
             lab = Lab.from_config(config)
             lab.start()
         except LabUsageError as exc:
@@ -138,7 +133,7 @@ class DistMagics(Magics):
                   f"(else it ends {config.keep:g} s after this kernel)")
 
     def _attach(self, rest: list[str]) -> None:
-        from .kept import attach
+        from .lab import attach
 
         if len(rest) > 1:
             raise UsageError("%dist attach takes one lab id at most: %dist attach [LAB_ID]")

@@ -1,7 +1,8 @@
 """``lab.profile``: torch.profiler on every rank for a few steps of the next cell, merged into one
 Chrome trace, with each rank's compute, communication and their overlap.
 
-A part of :class:`distlab.notebook.lab.Lab` (a view: what it shows is ``dashboard.profile``'s).
+:class:`Profiler`, a collaborator of :class:`distlab.notebook.lab.Lab` (a view: what it shows is
+``dashboard.profile``'s), wraps the lab's next cell (``cells.CellRunner.around``).
 ``lab.profile(...)`` only arms it here; the ranks are armed when the next cell starts
 (``rpc.start_profile``, on the cell's ranks), their recording stops where the cell ends on each
 rank, and after the cell their traces are read (``rpc.profile_trace``), merged and written.
@@ -15,14 +16,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import checks
 from ..errors import LabUsageError
-from . import labs, rpc
+from . import rpc
 from .group import get
+from .lab_world import LabWorld
+from .processes import LabProcesses
 
 if TYPE_CHECKING:
     from ..dashboard.profile import RankProfile
-    from .world import RankTable
 
-__all__ = ["Profile", "Profiles", "profile_parser"]
+__all__ = ["Profile", "Profiler", "profile_parser"]
 
 T = TypeVar("T")
 
@@ -37,10 +39,10 @@ class Profile:
     it on leaving if no cell ran; so does ``prof.disarm()``.
     """
 
-    def __init__(self, lab: Profiles, steps: int, warmup: int, path: str) -> None:
+    def __init__(self, profiler: Profiler, steps: int, warmup: int, path: str) -> None:
         self.steps = steps
         self.warmup = warmup
-        self._lab: Profiles | None = lab
+        self._profiler: Profiler | None = profiler
         self._path = path
         #: The merged trace's file, once the profiled cell has ended.
         self.path: str | None = None
@@ -50,7 +52,7 @@ class Profile:
     @property
     def armed(self) -> bool:
         """Whether the lab's next cell will be profiled by this."""
-        return self._lab is not None and self._lab._profile is self
+        return self._profiler is not None and self._profiler.armed is self
 
     @property
     def done(self) -> bool:
@@ -59,9 +61,9 @@ class Profile:
 
     def disarm(self) -> None:
         """Profile no cell after all (nothing happens if a cell has already been profiled)."""
-        if self.armed and self._lab is not None:
-            self._lab._profile = None
-        self._lab = None
+        if self.armed and self._profiler is not None:
+            self._profiler.armed = None
+        self._profiler = None
 
     def __enter__(self) -> Profile:
         return self
@@ -106,8 +108,14 @@ class Profile:
         state = "armed for the next cell" if self.armed else self._failed or "not armed"
         return f"<distlab profile of {self.steps} steps (warmup {self.warmup}): {state}>"
 
-    def _finish(self, traces: dict[int, Any]) -> None:
-        """Merge the ranks' traces, write the file, keep the numbers."""
+    def fail(self, why: str) -> None:
+        """The profiled cell failed: nothing to show, and ``why`` is said when asked."""
+        self._failed = why
+        self._profiler = None
+
+    def finish(self, traces: dict[int, Any]) -> None:
+        """The profiled cell has ended: merge the ranks' traces, write the file, keep the numbers."""
+        self._profiler = None
         from ..dashboard.profile import merge
 
         document, profiles = merge({r: t for r, t in traces.items() if t is not None})
@@ -127,64 +135,53 @@ def json_dump(document: dict[str, Any], out: Any) -> None:
     json.dump(document, out, separators=(",", ":"))
 
 
-class Profiles:
-    """The profiling half of a ``Lab`` (mixed in; ``cells.RunsCells`` calls :meth:`_profiled`)."""
+class Profiler:
+    """A lab's profiles: the one armed for its next cell (``armed``), on ``processes``' engines as
+    ``world`` numbers them; ``lab_id`` names their files."""
 
-    _profile: Profile | None = None
-    _profiles_made = 0
-    _client: Any
+    def __init__(self, processes: LabProcesses, world: LabWorld, timeout: float, lab_id: str) -> None:
+        self._processes = processes
+        self._world = world
+        self._timeout = timeout
+        self._lab_id = lab_id
+        self.armed: Profile | None = None
+        self._made = 0
 
-    if TYPE_CHECKING:  # what LabCore provides
-
-        @property
-        def table(self) -> RankTable: ...
-        @property
-        def timeout(self) -> float: ...
-        def _require_running(self) -> None: ...
-
-    def profile(self, steps: int = 5, warmup: int = 1, path: str | os.PathLike[str] | None = None) -> Profile:
-        """Profile the next cell run through this lab (``lab.run``, a ``%%ddp`` cell, ``%dist run``)
-        with torch.profiler on each of its ranks; returns the :class:`Profile` it fills.
-
-        A step is one ``optimizer.step()`` on a rank. The cell's first step (its set-up, DDP's first
-        iteration) is not profiled; then ``warmup`` steps run under the profiler unrecorded, and the
-        next ``steps`` are recorded (torch.profiler's ``schedule(wait=0, warmup=warmup,
-        active=steps, repeat=1)``). A cell with fewer steps keeps what was recorded; a cell with no
-        optimizer is profiled whole. The ranks' traces are merged into ``path`` (default:
-        ``distlab-profile-<lab id>-<n>.json`` in the current folder). ``%dist profile --steps 5``.
-        Also a context manager: leaving it disarms the profile if no cell ran.
-        """
+    def profile(
+        self, steps: int, warmup: int, path: str | os.PathLike[str] | None, require_running: Callable[[], None]
+    ) -> Profile:
+        """Arm a profile of ``steps`` steps after ``warmup`` for the lab's next cell (``Lab.profile``
+        says what it records); ``require_running()`` refuses it, once the arguments are checked."""
         checks.whole("steps", steps, minimum=1, example="lab.profile(steps=5)")
         checks.whole("warmup", warmup, minimum=0, example="lab.profile(steps=5, warmup=1)")
         where = None if path is None else _checked_path(path)
-        self._require_running()
-        self._profiles_made += 1
-        name = f"distlab-profile-{labs.id_of(self)}-{self._profiles_made}.json"  # type: ignore[arg-type]
+        require_running()
+        self._made += 1
+        name = f"distlab-profile-{self._lab_id}-{self._made}.json"
         prof = Profile(self, steps, warmup, name if where is None else where)
-        if self._profile is not None:
-            self._profile.disarm()  # the latest profile asked for is the one the next cell fills
-        self._profile = prof
+        if self.armed is not None:
+            self.armed.disarm()  # the latest profile asked for is the one the next cell fills
+        self.armed = prof
         return prof
 
-    def _profiled(self, ranks: list[int], run: Callable[[], T]) -> T:
+    def around(self, ranks: list[int], run: Callable[[], T]) -> T:
         """``run()``, the lab's next cell on ``ranks``, under the armed profile if there is one."""
-        prof = self._profile
+        prof = self.armed
         if prof is None:
             return run()
-        self._profile = None  # one cell, whatever happens to it
-        engines = {r: self._client[self.table[r].engine_id] for r in ranks}
+        self.armed = None  # one cell, whatever happens to it
+        client, table, timeout = self._processes.client, self._world.table, self._timeout
+        engines = {r: client[table[r].engine_id] for r in ranks}
         arming = {r: rpc.start_profile(engine, prof.steps, prof.warmup) for r, engine in engines.items()}
         for r, pending in arming.items():
-            get(pending, self.timeout, f"starting rank {r}'s profiler")
+            get(pending, timeout, f"starting rank {r}'s profiler")
         try:
             result = run()
         except BaseException:
-            prof._failed = "the profiled cell failed"
-            prof._lab = None
+            prof.fail("the profiled cell failed")
             raise
         reading = {r: rpc.profile_trace(engine) for r, engine in engines.items()}
-        prof._finish({r: get(pending, self.timeout, f"reading rank {r}'s profile") for r, pending in reading.items()})
-        prof._lab = None
+        prof.finish({r: get(pending, timeout, f"reading rank {r}'s profile") for r, pending in reading.items()})
         return result
 
 

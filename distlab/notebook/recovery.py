@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from ..errors import ABSENT, FAILED, FINISHED, STUCK, diagnose_collectives, format_ranks
 from . import rpc
-from .cell import CellContext, CellOutcome
+from .cell_context import CellContext, CellOutcome
 
 __all__ = ["Repair", "decide", "diagnose", "group_problem", "rebuild_failed"]
 

@@ -10,103 +10,78 @@ them (``LabConfig.forks_spares``); an old world of such a lab is ended by its pr
 by its engine sets, which may hold spares too. A spare is an idle engine: no process group, no torch.distributed
 state, none of the lab's names (it runs nothing until it is a rank). Nothing outlives the lab: spares
 are its cluster's engines, stopped with it and listed for the watchdog as every rank is.
+
+:class:`SparePool` is the pool; ``processes.LabProcesses`` holds one and takes from it first
+(``gather_engines``) when a world or a replacement needs engines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import ipycompat
 from ..cluster import warm
-from ..cluster.launch import engine_start_args, wait_for_engines
-from ..cluster.nodes import Network
-from ..cluster.processes import ProcessGuard
+from ..cluster.launch import engine_start_args
+from ..cluster.processes import ProcessGuard, signal_all
 from ..errors import DistlabError
-from .config import LabConfig
-from .world import World
 
-__all__ = ["KeepsSpares"]
+__all__ = ["SparePool"]
 
 
-class KeepsSpares:
-    """How a lab finds engines for a world: its spares first, the rest started (the state is ``LabCore``'s)."""
+class SparePool:
+    """A lab's spare engines: each one's pid, and the engine set it was started in.
 
-    config: LabConfig
-    _client: Any
-    _cluster: Any
-    _world: World | None
-    _network: Network | None
-    _guard: ProcessGuard
-    #: The pool: each spare engine's pid, and its engine set.
-    _spares: dict[int, str]
-    #: Engine ids of ranks that are gone (an old world's, a replaced rank's): a world never counts them.
-    _retired: set[int]
+    ``guard`` is the lab's process guard: a spare's nanny joins the groups it ends."""
 
-    if TYPE_CHECKING:  # what LabCore provides
+    def __init__(self, guard: ProcessGuard) -> None:
+        self._guard = guard
+        self._pool: dict[int, str] = {}
 
-        @property
-        def timeout(self) -> float: ...
-        def _connect_client(self) -> None: ...
+    def __len__(self) -> int:
+        return len(self._pool)
 
-    @property
-    def spares(self) -> int:
-        """How many spare engines the lab holds now (forked; registered or about to be)."""
-        return len(self._spares)
+    def pids(self) -> list[int]:
+        return list(self._pool)
 
-    def _start_engines(self, count: int, node: int | None = None) -> None:
-        """Start ``count`` engines: on emulated node ``node``, or (None) spread over the nodes as the
-        lab's configuration says; on this machine's loopback where the lab has no nodes."""
-        network = self._network
-        if network is None:
-            self._cluster.start_engines_sync(count, **engine_start_args(self.config.local))
-        else:
-            network.reconnect()  # a node whose link a cell cut is reachable again for its new engines
-            if node is not None:
-                self._cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
-            else:
-                for each, per_node in enumerate(self.config.ranks_per_node()):
-                    self._cluster.start_engines_sync(per_node, **engine_start_args(True, network.exec_prefix(each)))
-        self._guard.update()
+    def engine_sets(self) -> set[str]:
+        """The engine sets spares were started in (a restart must not stop them)."""
+        return set(self._pool.values())
 
-    def _gather_engines(self, count: int, node: int | None = None) -> list[int]:
-        """The engine ids of ``count`` ranks of a new world (or a replacement, on ``node``): spares
-        first, the rest started now; returns once every one has registered."""
-        pool = dict(self._spares) if node is None else {}
-        before = set(self._cluster.engines)
-        if count > len(pool):
-            self._start_engines(count - len(pool), node)
-        if self._client is None:
-            self._connect_client()
-        client = self._client
-        taken = frozenset(self._retired | {r.engine_id for r in (self._world.table if self._world else ())})
-        started = [name for name in self._cluster.engines if name not in before]
-        wait_for_engines(client, count, self.timeout, taken, self._cluster, started + sorted(set(pool.values())))
-        return sorted(set(client.ids) - taken)[:count]
-
-    def _claim_spares(self, pids: Iterable[int]) -> None:
+    def claim(self, pids: Iterable[int]) -> None:
         """Engines that became ranks (by pid) leave the pool."""
         ranks = set(pids)
-        self._spares = {pid: name for pid, name in self._spares.items() if pid not in ranks}
+        self._pool = {pid: name for pid, name in self._pool.items() if pid not in ranks}
 
-    def _top_up_spares(self) -> None:
-        """Fork the spares the pool lacks and return: they register on their own. Skipped while the
-        template is busy (importing torchft for a healing lab), so that nothing waits on it: the next
-        top-up (when a cell starts, after a restart) forks them."""
-        self._adopt_spare_helpers()
-        missing = self.config.spare_count - len(self._spares)
-        if missing <= 0 or self._cluster is None or warm.busy():
+    def top_up(self, cluster: Any, wanted: int) -> None:
+        """Fork the spares the pool lacks of ``wanted`` in ``cluster`` and return: they register on
+        their own. Skipped while the template is busy (importing torchft for a healing lab), so that
+        nothing waits on it: the next top-up (when a cell starts, after a restart) forks them."""
+        self.adopt_helpers()
+        missing = wanted - len(self._pool)
+        if missing <= 0 or cluster is None or warm.busy():
             return
         try:
-            name = self._cluster.start_engines_sync(missing, **engine_start_args(True))
+            name = cluster.start_engines_sync(missing, **engine_start_args(True))
         except DistlabError:
             return  # the template failed: the lab goes on without spares (a restart starts engines)
-        for pid, _, _ in ipycompat.engine_states(self._cluster, [name]):
-            self._spares[pid] = name
+        for pid, _, _ in ipycompat.engine_states(cluster, [name]):
+            self._pool[pid] = name
         self._guard.update()
 
-    def _adopt_spare_helpers(self) -> None:
+    def adopt_helpers(self) -> None:
         """Each spare's nanny joins the groups the lab ends (it is started just after its engine)."""
         with contextlib.suppress(Exception):
-            self._guard.adopt_engine_helpers(list(self._spares))
+            self._guard.adopt_engine_helpers(list(self._pool))
+
+    def kill_all(self) -> list[int]:
+        """End every spare at once (idle engines: nothing of theirs to flush or wait for); their pids."""
+        self.adopt_helpers()
+        pids, self._pool = list(self._pool), {}
+        signal_all(pids, signal.SIGKILL)
+        return pids
+
+    def clear(self) -> None:
+        self._pool = {}

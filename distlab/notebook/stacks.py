@@ -1,6 +1,6 @@
 """Where each rank is, now: its live frames, read from outside its process (``cluster.stacks``, py-spy).
 
-A part of :class:`distlab.notebook.core.LabCore`. ``lab.stacks()`` reads them on request, from any
+:class:`StacksReader`, a lab's collaborator. ``lab.stacks()`` reads them on request, from any
 thread: a cell that hangs keeps the notebook's thread, so a script's other thread, or the side panel,
 asks. A cell stopped at its deadline or by Ctrl-C carries the stacks of the ranks still running,
 read before they were stopped (``CellContext.stacks``): where a hang was, not where the stop left it.
@@ -8,55 +8,40 @@ read before they were stopped (``CellContext.stacks``): where a hang was, not wh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
 from .. import checks
 from ..cluster import stacks as live
 from ..errors import DistlabError
 from ..wire import CELL_FILE
-from .world import RankInfo, RankTable
+from .lab_world import LabWorld
+from .processes import on_this_machine
 
-__all__ = ["ReadsStacks"]
+__all__ = ["StacksReader"]
 
 #: How long the stacks of a cell being stopped may take: py-spy read 4 ranks in 0.04 s here (RESULTS).
 STOPPING_TIMEOUT_S = 5.0
 
 
-class ReadsStacks:
-    """The stacks half of a lab (mixed into ``LabCore``, which holds the table and the cells)."""
+class StacksReader:
+    """Where the ranks of ``world`` are; the cells' runner says which cell runs (``remember_cell``)."""
 
-    _cell_source: str  # the code of the cell running or run last ("" for a script)
+    def __init__(self, world: LabWorld) -> None:
+        self._world = world
+        self._cell_source = ""  # the code of the cell running or run last ("" for a script)
 
-    if TYPE_CHECKING:  # what LabCore provides
+    def remember_cell(self, code: str) -> None:
+        """The code of the cell that runs now: its lines are shown in the stacks ("" for a script,
+        whose frames name its file, which py-spy reads)."""
+        self._cell_source = code
 
-        @property
-        def table(self) -> RankTable: ...
-        def _require_running(self) -> None: ...
-        def ranks(self, spec: str | int | Iterable[int] | None = None) -> list[int]: ...
-        def _on_this_machine(self, info: RankInfo) -> bool: ...
-
-    def stacks(
-        self, ranks: str | int | Iterable[int] | None = None, native: bool = False, timeout: float = 10.0
-    ) -> live.Stacks:
-        """Every rank's live frames (the given ranks, all by default), read from outside its process:
-        ``print(lab.stacks())``, ``%dist stacks``. Ranks with the same stack are shown once.
-
-        It answers while a cell runs (call it from another thread, or the side panel's Stacks
-        button) and from a rank stuck in a collective, which answers nothing itself. ``native=True``
-        adds the C and C++ frames (torch's, gloo's; slower). Each stack is cut to the user's code;
-        ``.text(all_threads=True)`` shows every thread. Ranks on another machine are named, not read.
-        Needs py-spy (a dependency of distlab) and permission to trace the ranks (ptrace).
-        """
-        self._require_running()
-        selected = self.ranks(ranks)
+    def stacks(self, selected: list[int], native: bool = False, timeout: float = 10.0) -> live.Stacks:
+        """The live frames of the ``selected`` ranks (``Lab.stacks`` says what they show)."""
         checks.flag("native", native)
         checks.positive("timeout", timeout, example="timeout=10")
         return self._read_stacks(selected, native, timeout)
 
     def _read_stacks(self, ranks: list[int], native: bool, timeout: float) -> live.Stacks:
-        table = self.table
-        here = {r: table[r].pid for r in ranks if self._on_this_machine(table[r])}
+        table = self._world.table
+        here = {r: table[r].pid for r in ranks if on_this_machine(table[r])}
         source = _as_ranks_number_it(self._cell_source)
         taken = live.take(here, native, timeout, {CELL_FILE.format(rank=r): source for r in here})
         for r in ranks:
@@ -64,7 +49,7 @@ class ReadsStacks:
                 taken.missing[r] = f"it runs on {table[r].host}: stacks are read on the lab's machine only"
         return taken
 
-    def _stacks_of_stopped(self, ranks: list[int]) -> str:
+    def of_stopped(self, ranks: list[int]) -> str:
         """A note for a cell being stopped: where its ranks still running are (``CellContext.stacks``)."""
         try:
             taken = self._read_stacks(ranks, False, STOPPING_TIMEOUT_S)

@@ -10,7 +10,7 @@ quorum, not a row per step.
 It publishes through the rank's one publisher (``rank/publish.py``) under ``wire.HEALING_KEY``,
 all of it each time (ipyparallel keeps a key's latest value), at most every ``INTERVAL_S``; the
 cell's end sends the final state (:func:`flush`). A rank SIGKILLed loses what it had not sent: the
-notebook knows its steps from the others' quorums (``dashboard.quorums``).
+notebook knows its steps from the others' quorums (``notebook.healing_record``).
 """
 
 from __future__ import annotations

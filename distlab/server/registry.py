@@ -34,7 +34,8 @@ from typing import Any
 from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
 from ..notebook import labs
-from ..notebook.labs import Observer, id_of
+from ..notebook.labs import id_of
+from ..notebook.observers import Observer
 
 __all__ = [
     "ACTIONS", "BUSY_AFTER_S", "LAST_CELL_EVERY_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish",

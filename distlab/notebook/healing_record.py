@@ -14,23 +14,30 @@ A rank SIGKILLed never sends its last steps: they are known from the others' quo
 a step's members are taken from every rank's record, and a rank's own record only says where it
 did not take part. A rank's replacement is another process, and publishes a record of its own
 (``pid``).
+
+The record is the notebook side's (what ``lab.heals()`` returns, kept by :class:`HealingRecords`);
+it shows itself as text and as HTML, which the live view of a healing cell (``dashboard.healing``) draws.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from ..dashboard.units import size
 from ..wire import HEALING_KEY, HealingPublish
-from .units import size
+from .observers import Observer
 
 __all__ = [
     "KEY",
     "Heal",
     "HealingLog",
     "HealingRecord",
+    "HealingRecords",
+    "RecordWatcher",
     "StepQuorum",
     "fold",
     "render_html",
@@ -201,6 +208,49 @@ class HealingLog:
 
     def record(self) -> HealingRecord:
         return fold(self._records.values())
+
+
+#: Told of a healing cell's log on each poll that brought news, and once at its end: ``(log, final)``.
+RecordWatcher = Callable[[HealingLog, bool], None]
+
+
+class HealingRecords(Observer):
+    """An observer of a lab: each cell's healing log, read from its polls, and the record of the last
+    cell that healed (:attr:`last`, what ``lab.heals()`` returns). Views watch a cell's log (``watch``)."""
+
+    def __init__(self) -> None:
+        self.last: HealingRecord | None = None
+        self._watchers: list[RecordWatcher] = []
+
+    def watch(self, watcher: RecordWatcher) -> None:
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: RecordWatcher) -> None:
+        with contextlib.suppress(ValueError):
+            self._watchers.remove(watcher)
+
+    @contextlib.contextmanager
+    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+        log = HealingLog()
+
+        def on_poll(pending: dict[int, Any], final: bool) -> None:
+            try:
+                news = log.poll(pending)
+            except Exception:  # noqa: BLE001 - a broken record must not break the cell it records
+                return
+            if news or final:
+                for watcher in list(self._watchers):
+                    watcher(log, final)
+
+        lab.add_listener(on_poll)
+        try:
+            yield
+        finally:
+            lab.remove_listener(on_poll)
+            with contextlib.suppress(Exception):  # a broken record must not break the cell's result
+                if log:
+                    self.last = log.record()
+
 
 
 # ------------------------------------------------------------------ text

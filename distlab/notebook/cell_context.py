@@ -1,0 +1,90 @@
+"""What a cell's run is given and what it gives back: the lab's parts it needs (:class:`CellContext`),
+what became of each rank (:class:`CellOutcome`, for ``recovery``) and the values and output it
+returns (:class:`RunResult`). ``cell.CellRun`` is the run itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import RankFailure
+from . import rpc
+from .observers import Listener
+from .release import Releaser
+from .world import RankInfo
+
+__all__ = ["CellContext", "CellOutcome", "RunResult", "Send"]
+
+#: Sends the work to one rank: ``(engine, rank) -> AsyncResult`` of a ``wire.CellReply`` (an ``rpc`` call).
+Send = Callable[[Any, int], Any]
+
+
+class RunResult(dict[int, Any]):
+    """{rank: value of the cell's last expression (None for a statement)}, plus each rank's output:
+    ``stdout`` and ``stderr`` text, and ``outputs``, what it displayed (Jupyter's display_data
+    contents: ``{"data": {mime: ...}, "metadata": ...}``), and ``notes``: what distlab did while it
+    ran (in a lab that heals, a rank it replaced)."""
+
+    def __init__(
+        self,
+        values: dict[int, Any],
+        stdout: dict[int, str],
+        stderr: dict[int, str],
+        outputs: dict[int, list[dict[str, Any]]] | None = None,
+        notes: list[str] | None = None,
+    ):
+        super().__init__(sorted(values.items()))
+        self.stdout = stdout
+        self.stderr = stderr
+        self.outputs = outputs or {}
+        self.notes = notes or []
+
+
+@dataclass
+class CellOutcome:
+    """What became of one cell on each rank, and what distlab did about it."""
+
+    values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)  # ranks distlab stopped, and why
+    stopped_because: str = ""
+    interrupted: bool = False
+    timed_out: bool = False
+    group_aborted: bool = False
+    #: Ranks that died and were replaced while the cell ran: rank -> seconds until the replacement ran the cell.
+    replaced: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CellContext:
+    """What a cell's run needs of its lab."""
+
+    client: Any  # ipyparallel.Client
+    table: list[RankInfo]  # the lab's rows when the cell started; a replacement's row is put in
+    releaser: Releaser
+    kill: Callable[[int], None]
+    #: The lab's poll: its telemetry store, then its listeners (``observers.ObserverBus.poll``).
+    on_poll: Listener
+    #: The lab heals (``heal=True``): a rank's death does not stop the others, whose quorum goes on without it.
+    heals: bool = False
+    #: Where the lab heals: a new engine in a dead rank's place, its view and row (``healing.Healer.replace_rank``).
+    replace: Callable[[int], tuple[Any, RankInfo]] | None = None
+    #: Where the lab heals: the file a replacement reads the step the others' cell ended at from (``rank.heal``).
+    heal_end: str = ""
+    #: engine id -> the engine to send calls to, made once per client and kept (``engine``).
+    engines: dict[int, rpc.Engine] = field(default_factory=dict)
+    #: The live stacks of the given ranks, as a note (``stacks.StacksReader.of_stopped``): read before a
+    #: cell's ranks are stopped at its deadline or by Ctrl-C, to show where they were.
+    stacks: Callable[[list[int]], str] | None = None
+
+    def engine(self, engine_id: int) -> rpc.Engine:
+        """One engine, to send it calls (``rpc.Engine``). Made once and kept: ``client[id]`` builds
+        a new DirectView each time (traitlets and all), a millisecond of an empty cell's 20 at 2 ranks."""
+        engine = self.engines.get(engine_id)
+        if engine is None:
+            engine = self.engines[engine_id] = rpc.Engine(self.client, engine_id)
+        return engine
