@@ -11,9 +11,9 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..quiz.model import Attempt, CheckResult, LabLike, Option, Question, _unreadable
+from ..quiz.model import Attempt, CheckResult, LabLike, Option, Question, unreadable_answer
 from ..quiz.numeric import Tolerance, read_number
-from .rounds import _values_text, checksum_text
+from .rounds import checksum_text, values_text
 
 if TYPE_CHECKING:
     from .rounds import RoundTable
@@ -40,13 +40,13 @@ class TableQuestion(Question):
         if self.options:
             ids = {o.id: o for o in self.options}
             if not isinstance(answer, str) or answer not in ids:
-                return _unreadable(f"Pick the option you think is right (ids: {', '.join(ids)}).")
+                return unreadable_answer(f"Pick the option you think is right (ids: {', '.join(ids)}).")
             picked = ids[answer]
             return CheckResult(picked.correct, ("Right. " if picked.correct else "Not quite. ") + picked.feedback)
         try:
             given = _numbers(answer)
         except ValueError as error:
-            return _unreadable(str(error))
+            return unreadable_answer(str(error))
         if len(given) != len(self.expected):
             return CheckResult(
                 False, f"Not quite: the table holds {len(self.expected)} number(s) here; you gave {len(given)}."
@@ -129,7 +129,7 @@ def table_questions(table: RoundTable, rng: random.Random) -> list[Question]:
                 "the global ones.",
                 expected=tuple(expected),
                 tolerance=Tolerance(absolute=6e-5),
-                answer_text=_values_text(tuple(expected)),
+                answer_text=values_text(tuple(expected)),
             )
         )
     picked = rng.choice(steps)

@@ -39,6 +39,7 @@ __all__ = [
     "Tracker",
     "checksum_text",
     "round_table",
+    "values_text",
 ]
 
 #: What the table calls the whole world in its node column.
@@ -87,7 +88,7 @@ def _values(metrics: Mapping[str, float], prefix: str) -> tuple[float, ...] | No
     return tuple(found) or None
 
 
-def _values_text(values: tuple[float, ...] | None) -> str:
+def values_text(values: tuple[float, ...] | None) -> str:
     return "" if values is None else "[" + ", ".join(f"{v:+.4f}" for v in values) + ", ...]"
 
 
@@ -256,10 +257,10 @@ class Tracker:
     def _cells(self) -> list[list[str]]:
         out = []
         for p in self.points:
-            row = [p.when, f"{checksum_text(p.global_checksum)} {_values_text(p.global_values)}".rstrip()]
+            row = [p.when, f"{checksum_text(p.global_checksum)} {values_text(p.global_values)}".rstrip()]
             for r in self.ranks:
                 same = " (= global)" if p.global_checksum is not None else ""
-                row.append(f"{checksum_text(p.local_checksums[r])} {_values_text(p.local_values[r])}{same}".rstrip())
+                row.append(f"{checksum_text(p.local_checksums[r])} {values_text(p.local_values[r])}{same}".rstrip())
             out.append(row)
         return out
 
@@ -395,7 +396,7 @@ def round_table(records: Sequence[StepRecord], meta: Mapping[int, WatchMeta]) ->
         for rec in recs:
             mine = rec.get("checksum")
             same = "= global" if after is not None else "differs from another rank"
-            values = _values_text(_values(rec.get("metrics") or {}, "w"))
+            values = values_text(_values(rec.get("metrics") or {}, "w"))
             rows.append(
                 RoundRow(
                     step,
