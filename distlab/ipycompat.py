@@ -5,7 +5,9 @@ control message of its own to an engine (releasing a stuck rank), answer it on t
 client's IOPub stream alive, find the processes a cluster started, count a widget's messages.
 Private APIs change between releases without notice, so each is used here and nowhere else, with a
 comment saying what it does and why no public API does it: a new release is checked against this
-one file (the model is ``rank/torchcompat.py``).
+one file, and its siblings named for what they wrap: ``ipycompat_launchers.py`` (ipyparallel's
+launchers, subclassed by ``cluster/``) and ``ipycompat_widgets.py`` (ipywidgets). The model is
+``rank/torchcompat.py``.
 
 Each function checks the version of the package it reaches into, on its first use: outside the
 versions really run (``KNOWN_GOOD``, which ``pyproject.toml``'s bounds match) it raises a
@@ -34,19 +36,20 @@ from .errors import DistlabError
 
 __all__ = [
     "KNOWN_GOOD",
-    "CountedSends",
     "check_version",
+    "checked_package",
     "cluster_files",
     "control_request",
     "controller_connection_file",
     "count_missed_engines",
+    "engine_send_target",
     "engine_states",
     "launcher_pids",
     "on_engine",
     "patient_connection_file",
+    "required_attribute",
     "serve_control_request",
     "version_problem",
-    "widget_messages_sent",
     "wrap_iopub_dispatch",
 ]
 
@@ -85,8 +88,9 @@ def check_version(package: str, version: str) -> None:
         raise DistlabError(problem)
 
 
-def _package(name: str) -> Any:
-    """The imported package ``name``, its version checked (once per process)."""
+def checked_package(name: str) -> Any:
+    """The imported package ``name``, its version checked (once per process). For the compatibility
+    modules alone (this one and its ``ipycompat_*`` siblings)."""
     module = importlib.import_module(name)
     if name not in _checked:
         check_version(name, str(getattr(module, "__version__", "unknown")))
@@ -94,8 +98,9 @@ def _package(name: str) -> Any:
     return module
 
 
-def _attribute(obj: Any, name: str, package: str, what: str) -> Any:
-    """``obj.name``, or one line saying that this release of ``package`` lacks what distlab needs."""
+def required_attribute(obj: Any, name: str, package: str, what: str) -> Any:
+    """``obj.name``, or one line saying that this release of ``package`` lacks what distlab needs
+    (``what``: "to ..." what distlab does with it). For the compatibility modules alone."""
     try:
         return getattr(obj, name)
     except AttributeError:
@@ -121,8 +126,8 @@ def control_request(client: Any, targets: list[int], msg_type: str, content: dic
     type of one's own, and the control channel is the one an engine serves while its main thread is
     stuck in C++.
     """
-    ipp = _package("ipyparallel")
-    send = _attribute(client, "_send_control_request", "ipyparallel", "send a control request to an engine")
+    ipp = checked_package("ipyparallel")
+    send = required_attribute(client, "_send_control_request", "ipyparallel", "send a control request to an engine")
     try:
         replies = send(targets=targets, msg_type=msg_type, content=content, block=False)
         return list(replies.result(timeout=timeout_s))
@@ -145,8 +150,8 @@ def count_missed_engines(client: Any, timeout_s: float, leaving: Iterable[int] =
     The same request asked again (``connection_request`` on ``Client._query_stream``) lists them;
     ``Client._update_engines`` adds them, on the client's IO thread as a notification would.
     """
-    send = _attribute(client, "_send", "ipyparallel", "ask the hub which engines registered")
-    stream = _attribute(client, "_query_stream", "ipyparallel", "ask the hub which engines registered")
+    send = required_attribute(client, "_send", "ipyparallel", "ask the hub which engines registered")
+    stream = required_attribute(client, "_query_stream", "ipyparallel", "ask the hub which engines registered")
     try:
         reply = send(stream, "connection_request").result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
@@ -156,7 +161,7 @@ def count_missed_engines(client: Any, timeout_s: float, leaving: Iterable[int] =
     missed = {eid: uuid for eid, uuid in on_hub.items() if eid not in known}
     if not missed:
         return 0
-    update = _attribute(client, "_update_engines", "ipyparallel", "count engines the client missed")
+    update = required_attribute(client, "_update_engines", "ipyparallel", "count engines the client missed")
     done = threading.Event()
 
     def add() -> None:
@@ -165,9 +170,25 @@ def count_missed_engines(client: Any, timeout_s: float, leaving: Iterable[int] =
         finally:
             done.set()
 
-    _attribute(client, "_io_loop", "ipyparallel", "count engines the client missed").add_callback(add)
+    required_attribute(client, "_io_loop", "ipyparallel", "count engines the client missed").add_callback(add)
     done.wait(timeout_s)
     return len(missed)
+
+
+def engine_send_target(client: Any, engine_id: int) -> tuple[Any, bytes, list[int]]:
+    """``(socket, identity, targets)``: what a DirectView on ``engine_id`` passes to the client's
+    documented ``Client.send_apply_request(socket, f, args, kwargs, ident=identity)``, and the target
+    list its ``AsyncResult`` is made with.
+
+    ``Client._build_targets`` (the engine's ZMQ identity) and ``DirectView._socket`` (the stream the
+    view sends on): ipyparallel has no public way to send to one engine without the view's
+    bookkeeping per call, which cost a ``%%ddp`` cell milliseconds (``notebook/rpc.py`` ``Engine``).
+    """
+    checked_package("ipyparallel")
+    what = "send a call to one engine"
+    (identity,), targets = required_attribute(client, "_build_targets", "ipyparallel", what)(engine_id)
+    socket = required_attribute(client[engine_id], "_socket", "ipyparallel", what)
+    return socket, identity, list(targets)
 
 
 def wrap_iopub_dispatch(client: Any, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],
@@ -178,11 +199,11 @@ def wrap_iopub_dispatch(client: Any, wrap: Callable[[Callable[[Any], None]], Cal
     (the client's IO thread, which owns the stream): ipyparallel offers no hook on the messages its
     client receives, and an exception in its handler stops the stream for good.
     """
-    _package("ipyparallel")
+    checked_package("ipyparallel")
     what = "guard the client's IOPub stream"
-    dispatch = _attribute(client, "_dispatch_iopub", "ipyparallel", what)
-    stream = _attribute(client, "_iopub_stream", "ipyparallel", what)
-    loop = _attribute(client, "_io_loop", "ipyparallel", what)
+    dispatch = required_attribute(client, "_dispatch_iopub", "ipyparallel", what)
+    stream = required_attribute(client, "_iopub_stream", "ipyparallel", what)
+    loop = required_attribute(client, "_io_loop", "ipyparallel", what)
     handler = wrap(dispatch)
     swapped = threading.Event()
 
@@ -205,9 +226,9 @@ def controller_connection_file(cluster: Any, kind: str) -> str:
     addresses engines and clients connect to (distlab reads the engines' location and links the
     client's UNIX sockets from it).
     """
-    _package("ipyparallel")
-    controller = _attribute(cluster, "controller", "ipyparallel", "find the controller's connection files")
-    files = _attribute(controller, "connection_files", "ipyparallel", "find the controller's connection files")
+    checked_package("ipyparallel")
+    controller = required_attribute(cluster, "controller", "ipyparallel", "find the controller's connection files")
+    files = required_attribute(controller, "connection_files", "ipyparallel", "find the controller's connection files")
     return str(files[kind])
 
 
@@ -218,7 +239,7 @@ def _local_launchers(cluster: Any) -> list[Any]:
     there and says nothing public about them. An unexpected layout raises rather than returning
     nothing, which would leave a lab's processes running after it stopped.
     """
-    _package("ipyparallel")
+    checked_package("ipyparallel")
     from ipyparallel.cluster import launcher as launchers
 
     local, engine_set = launchers.LocalProcessLauncher, launchers.LocalEngineSetLauncher
@@ -226,7 +247,7 @@ def _local_launchers(cluster: Any) -> list[Any]:
     for each in cluster.engines.values():
         found.append(each)
         if isinstance(each, engine_set):
-            found.extend(_attribute(each, "launchers", "ipyparallel", "find the engines' processes").values())
+            found.extend(required_attribute(each, "launchers", "ipyparallel", "find the engines' processes").values())
     return [launcher for launcher in found if isinstance(launcher, local)]
 
 
@@ -234,8 +255,8 @@ def cluster_files(cluster: Any) -> list[str]:
     """Glob patterns of the files ipyparallel writes for a cluster on this machine: its cluster file
     and the controller's connection files (in the profile's ``security``), its processes' logs and
     the hub's engine-state file ``engines<cluster_id>.json`` (in its ``log``), which a stop leaves."""
-    cluster_id = str(_attribute(cluster, "cluster_id", "ipyparallel", "find the files a cluster writes"))
-    profile = str(_attribute(cluster, "profile_dir", "ipyparallel", "find the files a cluster writes"))
+    cluster_id = str(required_attribute(cluster, "cluster_id", "ipyparallel", "find the files a cluster writes"))
+    profile = str(required_attribute(cluster, "profile_dir", "ipyparallel", "find the files a cluster writes"))
     if not cluster_id:
         return []
     return [os.path.join(profile, folder, f"*{glob.escape(cluster_id)}*") for folder in ("log", "security")]
@@ -248,7 +269,7 @@ def launcher_pids(cluster: Any) -> list[int]:
     """
     pids = []
     for launcher in _local_launchers(cluster):
-        pid = _attribute(launcher, "pid", "ipyparallel", "find the processes a cluster started")
+        pid = required_attribute(launcher, "pid", "ipyparallel", "find the processes a cluster started")
         if isinstance(pid, int) and pid > 0:
             pids.append(pid)
     return pids
@@ -269,17 +290,18 @@ def engine_states(cluster: Any, sets: Iterable[str]) -> list[tuple[int, int | No
         engine_set = cluster.engines.get(name)
         if not isinstance(engine_set, launchers.LocalEngineSetLauncher):
             continue
-        running = _attribute(engine_set, "launchers", "ipyparallel", "find the engines' processes")
+        running = required_attribute(engine_set, "launchers", "ipyparallel", "find the engines' processes")
         for launcher in list(running.values()):
-            path = str(_attribute(launcher, "output_file", "ipyparallel", "find an engine's output"))
+            path = str(required_attribute(launcher, "output_file", "ipyparallel", "find an engine's output"))
             try:
                 with open(path, errors="replace") as f:
                     output = f.read()
             except OSError:
                 output = ""
             found.append((int(launcher.pid or 0), None, output))
-        outputs = _attribute(engine_set, "outputs", "ipyparallel", "find an ended engine's output")
-        ended = _attribute(engine_set, "stop_data", "ipyparallel", "find how an engine ended").get("engines", {})
+        outputs = required_attribute(engine_set, "outputs", "ipyparallel", "find an ended engine's output")
+        stopped = required_attribute(engine_set, "stop_data", "ipyparallel", "find how an engine ended")
+        ended = stopped.get("engines", {})
         for identifier, data in list(ended.items()):
             found.append((int(data.get("pid") or 0), data.get("exit_code"), str(outputs.get(identifier, ""))))
     return found
@@ -298,10 +320,10 @@ def patient_connection_file(deadline_s: float = 10.0) -> None:
     a lab start then waited its whole timeout for an engine that had died. The write is one
     ``write`` of a few hundred bytes, so the file is empty or whole: read again until it parses.
     """
-    _package("ipyparallel")
+    checked_package("ipyparallel")
     from ipyparallel.engine.app import IPEngine
 
-    load = _attribute(IPEngine, "load_connection_file", "ipyparallel", "read the controller's connection file")
+    load = required_attribute(IPEngine, "load_connection_file", "ipyparallel", "read the controller's connection file")
     if getattr(load, "_distlab_patient", False):
         return
 
@@ -328,8 +350,9 @@ def on_engine() -> bool:
     module = sys.modules.get("ipyparallel.engine.kernel")
     if module is None:
         return False
-    _package("ipyparallel")
-    kernel_class = _attribute(module, "IPythonParallelKernel", "ipyparallel", "tell an engine from other processes")
+    checked_package("ipyparallel")
+    what = "tell an engine from other processes"
+    kernel_class = required_attribute(module, "IPythonParallelKernel", "ipyparallel", what)
     from IPython import get_ipython
 
     return isinstance(getattr(get_ipython(), "kernel", None), kernel_class)
@@ -348,11 +371,11 @@ def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], d
     kernel = getattr(get_ipython(), "kernel", None)
     if kernel is None:
         return False
-    _package("ipykernel")
-    handlers = _attribute(kernel, "control_handlers", "ipykernel", "answer a control request")
-    session = _attribute(kernel, "session", "ipykernel", "answer a control request")
+    checked_package("ipykernel")
+    handlers = required_attribute(kernel, "control_handlers", "ipykernel", "answer a control request")
+    session = required_attribute(kernel, "session", "ipykernel", "answer a control request")
     if not isinstance(handlers, dict):
-        raise DistlabError(f"ipykernel {_package('ipykernel').__version__}'s control_handlers is no dict: "
+        raise DistlabError(f"ipykernel {checked_package('ipykernel').__version__}'s control_handlers is no dict: "
                            "install ipykernel 7.4.x or report it (see distlab/ipycompat.py)")
 
     def handle(stream: Any, ident: Any, parent: Any) -> None:
@@ -360,35 +383,3 @@ def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], d
 
     handlers[msg_type] = handle
     return True
-
-
-# ------------------------------------------------------------------------------------ ipywidgets
-
-
-class CountedSends:
-    """Mixed into an ipywidgets widget class (before it): counts the messages the widget sends.
-
-    ``Widget._send``: the one call every message after a widget's opening one goes through; no
-    public hook sees them. A class that mixes this in checks, as it is made, that ipywidgets still
-    has it: otherwise nothing would be counted, silently.
-    """
-
-    #: Messages this widget has sent to the front end since its comm opened (the opening one not counted).
-    _messages_sent = 0
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        widgets = _package("ipywidgets")
-        _attribute(widgets.Widget, "_send", "ipywidgets", "count the messages a widget sends")
-
-    def _send(self, msg: Any, buffers: Any = None) -> None:
-        # ipywidgets' own test: nothing goes out before the comm opens, nor on a comm without a kernel.
-        comm = getattr(self, "comm", None)
-        if comm is not None and getattr(comm, "kernel", True) is not None:
-            self._messages_sent += 1
-        super()._send(msg, buffers)  # type: ignore[misc]
-
-
-def widget_messages_sent(widget: Any) -> int:
-    """Messages ``widget`` (a :class:`CountedSends` one) has sent so far."""
-    return int(widget._messages_sent)

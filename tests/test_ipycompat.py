@@ -19,7 +19,7 @@ import pytest
 import tomllib
 import yaml
 
-from distlab import ipycompat
+from distlab import ipycompat, ipycompat_widgets
 from distlab.errors import DistlabError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +91,19 @@ def test_a_client_without_its_iopub_internals_fails_loudly():
 def test_an_ipywidgets_without_send_is_refused_when_a_counted_widget_class_is_made(monkeypatch):
     monkeypatch.delattr(ipywidgets.Widget, "_send")  # as a release that renamed it would be
     with pytest.raises(DistlabError, match=r"^ipywidgets 8\.1\.\S+ has no Widget\._send, which distlab uses to count"):
-        class Counted(ipycompat.CountedSends, ipywidgets.Label):  # made only to be refused
+        class Counted(ipycompat_widgets.CountedSends, ipywidgets.Label):  # made only to be refused
+            pass
+
+
+def test_a_slurm_launcher_is_refused_in_one_line_when_ipyparallel_lacks_its_command_runner(monkeypatch):
+    from ipyparallel.cluster import launcher
+
+    from distlab.ipycompat_launchers import SlurmLauncherHooks
+
+    monkeypatch.delattr(launcher.BatchSystemLauncher, "_run_command")  # as a release that renamed it would be
+    with pytest.raises(DistlabError, match=r"^ipyparallel 9\.2\.\S+ has no SlurmEngineSetLauncher\._run_command, "
+                                           r"which distlab uses to submit to Slurm"):
+        class Slurm(SlurmLauncherHooks):  # made only to be refused
             pass
 
 
@@ -99,15 +111,15 @@ def test_an_ipywidgets_without_send_is_refused_when_a_counted_widget_class_is_ma
 
 
 def test_a_counted_widget_counts_each_message_it_sends():
-    class CountedLabel(ipycompat.CountedSends, ipywidgets.Label):
+    class CountedLabel(ipycompat_widgets.CountedSends, ipywidgets.Label):
         pass
 
     label = CountedLabel(value="a")
-    before = ipycompat.widget_messages_sent(label)
+    before = ipycompat_widgets.widget_messages_sent(label)
     label.value = "b"
     label.value = "c"
     label.value = "c"  # no change: nothing sent
-    assert ipycompat.widget_messages_sent(label) == before + 2
+    assert ipycompat_widgets.widget_messages_sent(label) == before + 2
 
 
 def test_outside_an_engine_and_a_kernel_nothing_is_served_and_no_engine_is_seen():
@@ -136,7 +148,7 @@ def cluster() -> Iterator[tuple[Any, Any]]:
 # Runs on the engine, as distlab's rank code does: serve a control message of our own.
 _SERVE_PING = """
 import os
-from distlab import ipycompat
+from distlab import ipycompat, ipycompat_widgets
 served = ipycompat.serve_control_request("distlab_test_ping", "distlab_test_pong",
                                          lambda: {"status": "ok", "pid": os.getpid()})
 """
@@ -160,6 +172,19 @@ def test_a_control_request_nobody_answers_gives_none_and_an_unknown_engine_too(c
     _, client = cluster
     assert ipycompat.control_request(client, [client.ids[0]], "distlab_nobody_serves_this", {}, 0.5) is None
     assert ipycompat.control_request(client, [max(client.ids) + 100], "distlab_test_ping", {}, 0.5) is None
+
+
+@pytest.mark.cluster
+def test_a_call_sent_straight_to_one_engine_comes_back_with_its_result(cluster):
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    _, client = cluster
+    engine_id = client.ids[0]
+    socket, identity, targets = ipycompat.engine_send_target(client, engine_id)
+    future = client.send_apply_request(socket, os.getpid, (), {}, ident=identity)
+    reply = AsyncResult(client, future, fname="getpid", targets=targets, owner=True)
+    assert targets == [engine_id]
+    assert reply.get(timeout=60) == client[engine_id].apply_sync(os.getpid)
 
 
 @pytest.mark.cluster

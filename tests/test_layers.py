@@ -26,6 +26,8 @@ SHARED = (
     "distlab.theory",
     "distlab.ipycompat",  # ipyparallel's, ipykernel's and ipywidgets' privates: kernel and engines alike
     "distlab.host",  # the machine's id, whether a pid runs: the ranks ask them too
+    "distlab.ipycompat_launchers",  # ipyparallel's launchers' privates (cluster/'s own launchers subclass them)
+    "distlab.ipycompat_widgets",  # ipywidgets' privates (the dashboard's widgets count their messages)
     "distlab.scale.plan",  # a plan and its checks: the notebook makes it, the dry run reads it
     "distlab.scale.models",  # the models' shapes: the notebook names them, the dry run builds them
 )

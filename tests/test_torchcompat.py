@@ -9,7 +9,7 @@ from _single_rank import single_rank_group
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distlab.rank import torchcompat
+from distlab.rank import torchcompat, torchcompat_c10d, torchcompat_torchft
 
 
 @pytest.mark.parametrize("version", ["2.11.0", "2.12.1", "2.13.0+cpu", "2.11.0a0+git1234abc"])
@@ -86,3 +86,48 @@ def test_the_batched_tensor_operations_equal_their_one_by_one_versions():
     assert all(torch.equal(x, e) for x, e in zip(a, expected))
     torchcompat.foreach_copy_(a, b)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_point_to_point_functions_are_replaced_where_torch_looks_them_up_and_restored_after():
+    c10d = dist.distributed_c10d
+    theirs = torchcompat_c10d.point_to_point_functions(("isend", "irecv"))
+    assert theirs == {"isend": dist.isend, "irecv": dist.irecv}
+
+    def isend(*args, **kwargs):
+        return theirs["isend"](*args, **kwargs)
+
+    with torchcompat_c10d.replaced_point_to_point({"isend": isend}):
+        assert dist.isend is isend and c10d.isend is isend
+        assert dist.irecv is theirs["irecv"]  # only what was named
+    assert dist.isend is theirs["isend"] and c10d.isend is theirs["isend"]
+
+
+def test_point_to_point_functions_are_restored_when_the_block_raises():
+    before = dist.send
+    with pytest.raises(KeyError), torchcompat_c10d.replaced_point_to_point({"send": print}):
+        raise KeyError("the grader's own failure")
+    assert dist.send is before and dist.distributed_c10d.send is before
+
+
+@pytest.mark.parametrize("version", ["0.1.1", "0.2.1", "0.3.0"])
+def test_another_torchft_is_refused_in_one_line_that_says_what_to_install(version):
+    problem = torchcompat_torchft.torchft_version_problem(version)
+    assert problem is not None and "\n" not in problem
+    assert f"this is torchft {version}" in problem and "pip install torchft==0.2.0" in problem
+
+
+def test_the_torchft_healing_is_run_with_is_accepted_and_its_ddp_made():
+    pytest.importorskip("torchft")
+    assert torchcompat_torchft.torchft_version_problem("0.2.0") is None
+    healing = torchcompat_torchft.healing_ddp_class()
+    from torchft.ddp import DistributedDataParallel
+
+    assert issubclass(healing, DistributedDataParallel) and "_comm_hook" in vars(healing)
+
+
+def test_a_forwarding_work_says_what_the_work_it_stands_for_says():
+    with single_rank_group():
+        work = dist.barrier(async_op=True)
+        forwarding = torchcompat_c10d.ForwardingWork(work)
+        assert forwarding.wait() is True
+        assert forwarding.is_completed() and forwarding.is_success()

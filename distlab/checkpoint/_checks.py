@@ -16,13 +16,13 @@ from .. import checks
 # ----------------------------------------------------------------------------------------- checks
 
 
-def _rank_world() -> tuple[int, int]:
+def rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def _check_target(path: Any) -> Path:
+def check_target(path: Any) -> Path:
     checks.instance("path", path, (str, os.PathLike), what="a file path (str or Path)", error=TypeError)
     target = Path(path)
     if target.is_dir():
@@ -30,7 +30,7 @@ def _check_target(path: Any) -> Path:
     return target
 
 
-def _check_model(model: Any, verb: str) -> None:
+def check_model(model: Any, verb: str) -> None:
     checks.instance("model", model, nn.Module, what="a torch.nn.Module, plain or DDP-wrapped", error=TypeError)
     if any(c.__name__ == "FullyShardedDataParallel" for c in type(model).__mro__):
         raise TypeError(
@@ -38,23 +38,23 @@ def _check_model(model: Any, verb: str) -> None:
         )
 
 
-def _check_optimizer(optimizer: Any) -> None:
+def check_optimizer(optimizer: Any) -> None:
     if optimizer is not None:
         checks.instance("optimizer", optimizer, torch.optim.Optimizer, what="a torch.optim.Optimizer or None",
                         error=TypeError)
 
 
-def _check_step(step: Any) -> None:
+def check_step(step: Any) -> None:
     checks.whole("step", step, minimum=0, example="the number of optimizer steps taken so far", error=TypeError)
 
 
-def _check_sampler(sampler: Any) -> None:
+def check_sampler(sampler: Any) -> None:
     if sampler is not None and not (hasattr(sampler, "epoch") and callable(getattr(sampler, "set_epoch", None))):
         raise TypeError(
             f"sampler must be a DistributedSampler (or have .epoch and .set_epoch), got {type(sampler).__name__}"
         )
 
 
-def _check_scheduler(scheduler: Any) -> None:
+def check_scheduler(scheduler: Any) -> None:
     if scheduler is not None and not callable(getattr(scheduler, "state_dict", None)):
         raise TypeError(f"scheduler must be an LR scheduler (with state_dict), got {type(scheduler).__name__}")

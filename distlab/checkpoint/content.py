@@ -25,7 +25,7 @@ class CheckpointError(ValueError):
     """A file that is not a usable distlab checkpoint, or one that does not fit what ``load`` was given."""
 
 
-def _sampler_state(sampler: Any) -> dict[str, Any]:
+def sampler_state(sampler: Any) -> dict[str, Any]:
     state: dict[str, Any] = {"epoch": int(sampler.epoch), "type": type(sampler).__name__}
     if isinstance(sampler, torch.utils.data.DistributedSampler):
         state.update(
@@ -39,7 +39,7 @@ def _sampler_state(sampler: Any) -> dict[str, Any]:
     return state
 
 
-def _check_plain(obj: Any, where: str) -> None:
+def check_plain(obj: Any, where: str) -> None:
     """Refuse, naming where, anything torch.load(weights_only=True) would not rebuild."""
     kind = type(obj)
     if kind in _PLAIN_LEAVES or kind in _PLAIN_TENSORS:
@@ -48,11 +48,11 @@ def _check_plain(obj: Any, where: str) -> None:
         for key, value in obj.items():
             if type(key) not in _PLAIN_LEAVES:
                 raise TypeError(f"{where} has a key of type {type(key).__name__}: use strings or numbers as keys")
-            _check_plain(value, f"{where}[{key!r}]")
+            check_plain(value, f"{where}[{key!r}]")
         return
     if kind in (list, tuple, torch.Size):
         for i, value in enumerate(obj):
-            _check_plain(value, f"{where}[{i}]")
+            check_plain(value, f"{where}[{i}]")
         return
     raise TypeError(
         f"{where} is a {kind.__module__}.{kind.__qualname__}: a checkpoint holds plain data (tensors, numbers, "
@@ -64,7 +64,7 @@ def _check_plain(obj: Any, where: str) -> None:
 # ---------------------------------------------------------------------------------------- digest
 
 
-def _digest(payload: Any) -> str:
+def content_digest(payload: Any) -> str:
     h = hashlib.sha256()
     _feed(h, payload)
     return h.hexdigest()

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..host import pid_alive as _pid_alive
-from ._checks import _check_step
+from ._checks import check_step
 
 # path_for / latest: numbered files, so "the last checkpoint" is the highest number, not the newest mtime.
 _NAME = "ckpt-{step:08d}.pt"
@@ -26,7 +26,7 @@ _TEMP_TAG = ".tmp-"  # temporary files are ".<final name>.tmp-<host>-<pid>-<rand
 
 def path_for(directory: str | os.PathLike[str], step: int) -> Path:
     """``directory/ckpt-00000120.pt`` for step 120: the names :func:`latest` looks for."""
-    _check_step(step)
+    check_step(step)
     return Path(directory) / _NAME.format(step=step)
 
 
@@ -47,7 +47,7 @@ def latest(directory: str | os.PathLike[str]) -> Path | None:
 # --------------------------------------------------------------------------------------------- write
 
 
-def _write_atomic(target: Path, payload: dict[str, Any]) -> None:
+def write_atomic(target: Path, payload: dict[str, Any]) -> None:
     """Temporary file in the same directory (same filesystem, so the rename is atomic), fsync, rename."""
     directory = target.parent
     directory.mkdir(parents=True, exist_ok=True)

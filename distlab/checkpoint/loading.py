@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from ..rank.models import unwrap
-from ._checks import _check_model, _check_optimizer, _check_sampler, _check_scheduler, _rank_world
-from .content import FORMAT, VERSION, CheckpointError, _digest, _sampler_state
-from .rng import _derived_seed, _reseed, _set_rng_state
+from ._checks import check_model, check_optimizer, check_sampler, check_scheduler, rank_world
+from .content import FORMAT, VERSION, CheckpointError, content_digest, sampler_state
+from .rng import derived_seed, reseed, restore_rng_state
 
 # ---------------------------------------------------------------------------------------------- load
 
@@ -58,7 +58,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{source} has checkpoint format version {version!r}; this distlab reads up to {VERSION}: upgrade distlab"
         )
     stored = payload.pop("digest", None)
-    if stored != _digest(payload):
+    if stored != content_digest(payload):
         raise CheckpointError(f"{source} is damaged: its content does not match the digest stored with it")
     return payload
 
@@ -78,10 +78,10 @@ def load(
     saved without a sampler), ``extra``, ``world_size`` (at save time), ``rng`` ("restored" or
     "reseeded") and ``path``. Needs no other rank: it is not collective.
     """
-    _check_model(model, "load")
-    _check_optimizer(optimizer)
-    _check_sampler(sampler)
-    _check_scheduler(scheduler)
+    check_model(model, "load")
+    check_optimizer(optimizer)
+    check_sampler(sampler)
+    check_scheduler(scheduler)
     source = Path(path)
     payload = read(source)
     bare = unwrap(model)
@@ -101,13 +101,13 @@ def load(
     epoch = None if payload["sampler"] is None else payload["sampler"]["epoch"]
     if sampler is not None:
         sampler.set_epoch(epoch)
-    rank, _ = _rank_world()
+    rank, _ = rank_world()
     states = payload["rng"]
     if rank < len(states):
-        _set_rng_state(states[rank])
+        restore_rng_state(states[rank])
         how = "restored"
     else:
-        _reseed(_derived_seed(payload["step"], rank))
+        reseed(derived_seed(payload["step"], rank))
         how = "reseeded"
     return {
         "step": payload["step"],
@@ -161,7 +161,7 @@ def _check_sampler_fits(saved: Mapping[str, Any] | None, sampler: Any, source: P
         raise CheckpointError(f"{source} holds no sampler epoch (saved without sampler=): load without it")
     if not isinstance(sampler, torch.utils.data.DistributedSampler) or "seed" not in saved:
         return
-    now = _sampler_state(sampler)
+    now = sampler_state(sampler)
     # num_replicas may differ (that is the re-sharding); these decide the order of the whole epoch.
     for field, how in (("dataset_len", "dataset length"), ("seed", "seed"), ("shuffle", "shuffle"),
                        ("drop_last", "drop_last")):

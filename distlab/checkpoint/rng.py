@@ -14,7 +14,7 @@ import torch
 # ----------------------------------------------------------------------------------------------- rng
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     """This process's RNG states, as plain data (tensors, ints, floats, strings)."""
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
@@ -32,7 +32,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: Mapping[str, Any]) -> None:
+def restore_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss_next"]))
@@ -50,12 +50,12 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
                              s["cached_gaussian"]))
 
 
-def _derived_seed(step: int, rank: int) -> int:
+def derived_seed(step: int, rank: int) -> int:
     """A seed for a rank the checkpoint has no RNG state for: the same (step, rank) gives the same seed."""
     return int.from_bytes(hashlib.sha256(f"distlab:{step}:{rank}".encode()).digest()[:8], "little") >> 1
 
 
-def _reseed(seed: int) -> None:
+def reseed(seed: int) -> None:
     torch.manual_seed(seed)  # also every CUDA device
     random.seed(seed)
     np = sys.modules.get("numpy")

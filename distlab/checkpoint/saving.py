@@ -14,17 +14,17 @@ from torch import nn
 
 from ..rank.models import is_zero_optimizer, unwrap
 from ._checks import (
-    _check_model,
-    _check_optimizer,
-    _check_sampler,
-    _check_scheduler,
-    _check_step,
-    _check_target,
-    _rank_world,
+    check_model,
+    check_optimizer,
+    check_sampler,
+    check_scheduler,
+    check_step,
+    check_target,
+    rank_world,
 )
-from .content import FORMAT, VERSION, _check_plain, _digest, _sampler_state
-from .files import _write_atomic
-from .rng import _rng_state
+from .content import FORMAT, VERSION, check_plain, content_digest, sampler_state
+from .files import write_atomic
+from .rng import rng_state
 
 # ---------------------------------------------------------------------------------------------- save
 
@@ -45,17 +45,17 @@ def save(
     sampler with ``epoch`` and ``set_epoch``) contributes its epoch. ``extra`` is returned by ``load``
     as it was given; it must be plain data. Rank 0 writes; every rank returns once the file is there.
     """
-    target = _check_target(path)
-    _check_model(model, "save")
-    _check_optimizer(optimizer)
-    _check_step(step)
-    _check_sampler(sampler)
-    _check_scheduler(scheduler)
-    rank, world = _rank_world()
+    target = check_target(path)
+    check_model(model, "save")
+    check_optimizer(optimizer)
+    check_step(step)
+    check_sampler(sampler)
+    check_scheduler(scheduler)
+    rank, world = rank_world()
     if is_zero_optimizer(optimizer):
         # ZeRO shards optimizer state across ranks; this collective brings it whole onto rank 0.
         optimizer.consolidate_state_dict(to=0)
-    mine = {"step": step, "path": str(target), "rng": _rng_state()}
+    mine = {"step": step, "path": str(target), "rng": rng_state()}
     gathered = _gather_to_zero(mine, rank, world)
     failure: BaseException | None = None
     if rank == 0:
@@ -63,7 +63,7 @@ def save(
         try:
             _check_agreement(gathered)
             payload = _payload(model, optimizer, step, sampler, scheduler, extra, world, [g["rng"] for g in gathered])
-            _write_atomic(target, payload)
+            write_atomic(target, payload)
         except Exception as exc:  # noqa: BLE001 - told to every rank below: none waits for a file that won't come
             failure = exc
     if world > 1:
@@ -95,14 +95,14 @@ def _payload(
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "optimizer_type": None if optimizer is None else type(optimizer).__name__,
         "scheduler": None if scheduler is None else scheduler.state_dict(),
-        "sampler": None if sampler is None else _sampler_state(sampler),
+        "sampler": None if sampler is None else sampler_state(sampler),
         "rng": rng,
         "extra": extra,
         "saved_by": {"torch": str(torch.__version__), "distlab": _distlab_version(), "time": time.time()},
     }
     for key, value in payload.items():
-        _check_plain(value, key)
-    payload["digest"] = _digest(payload)
+        check_plain(value, key)
+    payload["digest"] = content_digest(payload)
     return payload
 
 

@@ -21,6 +21,7 @@ instructor's browser stop a lab. A token-authenticated POST needs none (no brows
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -88,7 +89,11 @@ def make_app(ends: Endpoints, prefix: str) -> Any:
 
         def write_error(self, status_code: int, **kwargs: Any) -> None:
             reason = kwargs.get("exc_info", (None, None))[1]
-            message = getattr(reason, "log_message", None) or self._reason
+            # tornado's reason phrase, as its send_error sets it: an HTTPError's own, else the one it
+            # was given, else the status's (tornado's httputil.responses is http.client's).
+            phrase = (reason.reason if isinstance(reason, web.HTTPError) else None) or kwargs.get("reason")
+            message = getattr(reason, "log_message", None) or phrase or \
+                http.client.responses.get(status_code, "Unknown")
             if status_code == 403:
                 message = (f"{message}: the instructor's view is for the class's instructors "
                            "(log in to the hub as one, or send an instructor's API token)")

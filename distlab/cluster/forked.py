@@ -20,6 +20,7 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Float
 
+from ..ipycompat_launchers import start_waiting
 from . import warm
 
 __all__ = ["ForkedControllerLauncher", "ForkedEngineSetLauncher"]
@@ -42,7 +43,7 @@ class _Forked(LocalProcessLauncher):
         self.pid = warm.current(env).fork(self.entry, argv, env, cwd, self.output_file)
         self.process = psutil.Process(self.pid)
         self.notify_start(self.pid)
-        self._start_waiting()
+        start_waiting(self)
 
     def _command(self) -> list[str]:
         raise NotImplementedError

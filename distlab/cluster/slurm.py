@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ipyparallel.cluster import launcher as ipp_launcher
 from traitlets import Float, List
 
 from ..errors import DistlabError, LabUsageError
+from ..ipycompat_launchers import SlurmLauncherHooks
 
 __all__ = ["SlurmEngineSetLauncher"]
 
@@ -58,7 +58,7 @@ class JobState:
     partition: str
 
 
-class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):  # type: ignore[misc]
+class SlurmEngineSetLauncher(SlurmLauncherHooks):
     """ipyparallel's ``SlurmEngineSetLauncher`` (configured by the same names), as the module says."""
 
     query_command = List(["squeue"], config=True, help="How the job's state is asked ['squeue']")
@@ -77,10 +77,9 @@ class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):  # type: igno
         self.batch_file = os.path.join(self._script_dir, self.batch_file_name)
         super().write_batch_script(n)
 
-    def _insert_job_array_in_script(self) -> None:
+    def script_array_inserted(self) -> None:
         # The options go in after ipyparallel has looked for a task count of the user's own: its
         # pattern takes --ntasks-per-node or --nodes for one, and would leave out ``--ntasks={n}``.
-        super()._insert_job_array_in_script()
         options = self.options.strip()
         if options:  # sbatch reads several options from one #SBATCH line, quoted as in a shell
             template: str = self.batch_template  # type: ignore[has-type]  # a trait mypy cannot type (.tag())
@@ -88,7 +87,7 @@ class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):  # type: igno
             escaped = options.replace("{", "{{").replace("}", "}}")  # the template is formatted next
             self.batch_template = f"{first}\n#SBATCH {escaped}\n{rest}"
 
-    def _run_command(self, command: list[str], **kwargs: Any) -> str:
+    def run_command(self, command: list[str], **kwargs: Any) -> str:
         """ipyparallel's, with a deadline, and sbatch's or scancel's error kept for the message."""
         self.log.debug("Running command: %s", " ".join(command))
         done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True,
@@ -141,7 +140,7 @@ class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):  # type: igno
         if now - self._asked >= _QUERY_EVERY_S:
             self._asked = now
             try:
-                said = self._run_command([*self.query_command, "--noheader", "--states=all", f"--jobs={self.job_id}",
+                said = self.run_command([*self.query_command, "--noheader", "--states=all", f"--jobs={self.job_id}",
                                           "--format=%T|%r|%P"])
             except (OSError, subprocess.SubprocessError):
                 return self._state

@@ -13,14 +13,14 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import ipycompat
+from .. import ipycompat_widgets
 
 __all__ = ["MessageWindow", "Metered", "MeteredHTML", "MeteredLabel", "sent"]
 
 
-class Metered(ipycompat.CountedSends):
+class Metered(ipycompat_widgets.CountedSends):
     """Mixed into a widget class (before it): counts the messages the widget sends (at ipywidgets'
-    private ``_send``, which ``ipycompat`` checks this ipywidgets has).
+    private ``_send``, which ``ipycompat_widgets`` checks this ipywidgets has).
 
     plotly is not imported here: the progress bars (``progress_view``) count theirs too.
     """
@@ -36,7 +36,7 @@ class MeteredHTML(Metered, widgets.HTML):  # type: ignore[misc]  # ipywidgets sh
 
 def sent(widget: Any) -> int:
     """Messages ``widget`` (a metered one) has sent so far."""
-    return ipycompat.widget_messages_sent(widget)
+    return ipycompat_widgets.widget_messages_sent(widget)
 
 
 class MessageWindow:

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..quiz.model import Attempt, CheckResult, LabLike, Option, Question, _unreadable
+from ..quiz.model import Attempt, CheckResult, LabLike, Option, Question, unreadable_answer
 from ..quiz.numeric import Tolerance, read_number
 from .round_states import RoundStates, checksum_text, values_text
 
@@ -37,13 +37,13 @@ class TableQuestion(Question):
         if self.options:
             ids = {o.id: o for o in self.options}
             if not isinstance(answer, str) or answer not in ids:
-                return _unreadable(f"Pick the option you think is right (ids: {', '.join(ids)}).")
+                return unreadable_answer(f"Pick the option you think is right (ids: {', '.join(ids)}).")
             picked = ids[answer]
             return CheckResult(picked.correct, ("Right. " if picked.correct else "Not quite. ") + picked.feedback)
         try:
             given = _numbers(answer)
         except ValueError as error:
-            return _unreadable(str(error))
+            return unreadable_answer(str(error))
         if len(given) != len(self.expected):
             return CheckResult(
                 False, f"Not quite: the table holds {len(self.expected)} number(s) here; you gave {len(given)}."

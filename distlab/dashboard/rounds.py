@@ -51,6 +51,7 @@ __all__ = [
     "Tracker",
     "checksum_text",
     "round_table",
+    "values_text",
 ]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import Attempt, CheckResult, LabLike, Option, Question, _sentence, _unreadable
+from .model import Attempt, CheckResult, LabLike, Option, Question, as_sentence, unreadable_answer
 from .numeric import Tolerance, read_number
 from .params import ParamSpec, Value, draw_params, format_quantity, show_params
 
@@ -164,7 +164,7 @@ class LiveQuestion(Question):
         if self.response == "choice":
             ids = [option.id for option in self.options]
             if not isinstance(answer, str) or answer not in ids:
-                return _unreadable(f"Pick the option you think is right (ids: {', '.join(ids)}).")
+                return unreadable_answer(f"Pick the option you think is right (ids: {', '.join(ids)}).")
             picked = next(option for option in self.options if option.id == answer)
             correct = picked.id == self._option_for(attempt).id
             return CheckResult(correct, ("Right. " if correct else "Not quite. ") + picked.feedback)
@@ -172,7 +172,7 @@ class LiveQuestion(Question):
         try:
             given = self._read(answer)
         except ValueError as error:
-            return _unreadable(_sentence(str(error)))
+            return unreadable_answer(as_sentence(str(error)))
         expected = _numbers(self.observed(attempt))
         if expected is None:
             raise RuntimeError(f"question {self.id!r}: the lab returned {self.observed(attempt)!r}, not numbers")

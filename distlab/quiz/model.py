@@ -22,6 +22,8 @@ __all__ = [
     "Option",
     "OrderingQuestion",
     "Question",
+    "as_sentence",
+    "unreadable_answer",
 ]
 
 
@@ -49,11 +51,11 @@ class CheckResult:
     counted: bool = True
 
 
-def _unreadable(feedback: str) -> CheckResult:
+def unreadable_answer(feedback: str) -> CheckResult:
     return CheckResult(correct=False, feedback=feedback, counted=False)
 
 
-def _sentence(text: str) -> str:
+def as_sentence(text: str) -> str:
     """An error message as feedback: capitalised, ending with a full stop."""
     text = text.strip()
     return text[:1].upper() + text[1:] + ("" if text.endswith((".", "?", "!")) else ".")
@@ -201,10 +203,10 @@ class ChoiceQuestion(Question):
         picked = _option_ids(answer)
         if picked is None or not picked or any(item not in options for item in picked):
             what = "the option you think is right" if self.kind == "single" else "every option you think is right"
-            return _unreadable(f"Pick {what} (ids: {', '.join(options)}).")
+            return unreadable_answer(f"Pick {what} (ids: {', '.join(options)}).")
         if self.kind == "single":
             if len(picked) != 1:
-                return _unreadable("Pick exactly one option.")
+                return unreadable_answer("Pick exactly one option.")
             option = options[picked[0]]
             return CheckResult(option.correct, ("Right. " if option.correct else "Not quite. ") + option.feedback)
 
@@ -249,7 +251,7 @@ class OrderingQuestion(Question):
         ids = [item.id for item in self.items]
         if given is None or sorted(given) != sorted(ids):
             # Ids sorted by name: listed in their own order they would give the answer away.
-            return _unreadable(f"Give all {len(ids)} items in order, each once (ids: {', '.join(sorted(ids))}).")
+            return unreadable_answer(f"Give all {len(ids)} items in order, each once (ids: {', '.join(sorted(ids))}).")
         if given == ids:
             return CheckResult(True, "Right: that is the order.")
         in_place = sum(g == i for g, i in zip(given, ids))

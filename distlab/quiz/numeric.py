@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import theory
-from .model import Attempt, CheckResult, LabLike, Question, _sentence, _unreadable
+from .model import Attempt, CheckResult, LabLike, Question, as_sentence, unreadable_answer
 from .params import ParamSpec, Value, draw_params, format_quantity, show_params
 
 __all__ = ["Mistake", "NumericQuestion", "Tolerance", "read_number", "theory_function"]
@@ -121,7 +121,7 @@ class NumericQuestion(Question):
         try:
             given = read_number(answer, self.unit)
         except ValueError as error:
-            return _unreadable(_sentence(str(error)))
+            return unreadable_answer(as_sentence(str(error)))
         expected = self._answer(attempt)
         if self.tolerance.accepts(given, expected):
             return CheckResult(True, f"Right: {self._answer_text(attempt)}.")

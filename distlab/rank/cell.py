@@ -19,7 +19,7 @@ from . import children, heal, hooks, postmortem
 from .namespace import LAB_NAMES, restore_lab_names, user_namespace
 from .script import as_script
 
-__all__ = ["run_cell", "run_script"]
+__all__ = ["run_cell", "run_prepared", "run_script"]
 
 # distlab's stand-ins for torch's init_process_group and destroy_process_group (``rank.torchrun``),
 # and the forwarding function torch's names now hold (``rank.torchcompat``).
@@ -85,7 +85,7 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
 
         return run
 
-    return _handle(filename, prepare, want)
+    return run_prepared(filename, prepare, want)
 
 
 def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
@@ -123,10 +123,10 @@ def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
 
         return run
 
-    return _handle(path, prepare, "value")
+    return run_prepared(path, prepare, "value")
 
 
-def _handle(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) -> CellReply:
+def run_prepared(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) -> CellReply:
     """Run what ``prepare`` makes ready, stoppable by SIGINT, and pack its reply.
 
     ``prepare`` (reading, compiling) runs before the code starts; the function it returns is the

@@ -36,7 +36,6 @@ import json
 import multiprocessing
 import sys
 import time
-from collections import Counter
 from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
@@ -48,69 +47,18 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-from torch.utils.flop_counter import flop_registry
 
 from ..nn.llama import TransformerStage, stage_modules, tensor_parallel_plan
 from ..theory import in_flight_micro_batches
-from . import torchcompat
-from .torchcompat_dispatch import DispatchMode, collective_group, op_name
+from . import torchcompat_fake
+from .dryrun_counts import Collectives, LocalFlops
 
 __all__ = [
-    "FLOPS", "MESH", "LocalFlops", "backward", "dry_run", "main", "mesh_dims", "micro_batch", "micro_batches",
+    "MESH", "backward", "dry_run", "main", "mesh_dims", "micro_batch", "micro_batches",
     "parallelize", "tracked_step",
 ]
 
 MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-_OPS = {  # the dispatcher's collective ops -> the names a report uses
-    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
-    "all_gather_into_tensor_out": "all_gather",
-    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
-    "all_reduce_coalesced": "all_reduce", "broadcast_": "broadcast", "broadcast": "broadcast",
-    "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all", "send": "send", "recv_": "recv",
-}
-# Ops whose first argument is where the result goes, the input second.
-_OUTPUT_FIRST = {"_allgather_base_", "_reduce_scatter_base_", "allgather_", "reduce_scatter_",
-                 "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_"}
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-class Collectives(DispatchMode):
-    """Counts every collective op of the step: (op, mesh dimension, group size, bytes in, phase) -> calls."""
-
-    def __init__(self, dims_of: dict[str, str]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.dims_of, self.phase, self.calls = dims_of, "forward", Counter[tuple[str, str, int, int, str]]()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func.namespace in ("c10d", "_c10d_functional") and op_name(func) in _OPS:
-            name = op_name(func)
-            group = collective_group(func, args, kwargs)
-            size = int(group.size()) if group is not None else 1
-            dim = self.dims_of.get(group.group_name, f"group of {size}") if group is not None else "world"
-            payload = _nbytes(args[1] if name in _OUTPUT_FIRST else args[0])
-            self.calls[(_OPS[name], dim, size, payload, self.phase)] += 1
-        return func(*args, **kwargs)
-
-    def report(self) -> list[dict[str, Any]]:
-        return [
-            {"op": op, "dim": dim, "group_size": size, "bytes": payload, "calls_per_micro_batch": calls, "phase": phase}
-            for (op, dim, size, payload, phase), calls in sorted(self.calls.items())
-            if size > 1  # a group of one moves nothing (FSDP2 still calls it when the dimension is 1)
-        ]
-
-
 def _kinds(plan: dict[str, Any]) -> list[tuple[str, int, int, int | None]]:
     """(name, ranks of this kind, the rank run, its stage) for each distinct kind of rank."""
     world, pp = plan["gpus"], plan["pp"]
@@ -185,51 +133,16 @@ def backward(losses: list[Any], tp: bool) -> None:
             out.backward(grad)
 
 
-_ATEN = torch.ops.aten
-# CPU's fused attention has torch's formulas for the GPU kernels (same arguments first): the dry run
-# runs CPU kernels, the step it stands for runs flash attention.
-FLOPS = {
-    **flop_registry,
-    _ATEN._scaled_dot_product_flash_attention_for_cpu: flop_registry[_ATEN._scaled_dot_product_flash_attention],
-    _ATEN._scaled_dot_product_flash_attention_for_cpu_backward:
-        flop_registry[_ATEN._scaled_dot_product_flash_attention_backward],
-}
-
-
-class LocalFlops(DispatchMode):
-    """This rank's FLOPs, by torch's formulas (``torch.utils.flop_counter``: matmuls and attention).
-
-    ``FlopCounterMode`` counts a DTensor op at its global shape, once for the whole tensor-parallel
-    group; this mode lets DTensor first turn the op into this rank's local ops (as torch's MemTracker
-    does) and counts those: what this GPU computes."""
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.flops = 0
-        self.fake_mode = torchcompat.active_fake_mode()  # made inside the step's FakeTensorMode
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if any(t is DTensor for t in types):
-            return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        formula = FLOPS.get(func.overloadpacket)
-        # Not an op another fake mode runs. DTensor's propagation under this step's own mode looks like
-        # compute here: _run_kind fills its cache before the measured micro-batch.
-        if formula is not None and torchcompat.active_fake_mode() is self.fake_mode:
-            self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
-        return out
-
-
 def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, stage: int | None) -> dict[str, Any]:
     dims = {"pp": plan["pp"], **mesh_dims(plan)}
-    dist.init_process_group("fake", store=torchcompat.fake_store(), rank=rank, world_size=plan["gpus"])
+    dist.init_process_group("fake", store=torchcompat_fake.fake_store(), rank=rank, world_size=plan["gpus"])
     try:
         mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
         dims_of = {str(mesh.get_group(d).group_name): d for d in MESH}
         modules = parallelize(plan, cfg, mesh, stage or 0)
         params = [p for m in modules for p in m.parameters()]
         tp = plan["tp"] > 1
-        with torchcompat.fake_tensor_mode():
+        with torchcompat_fake.fake_tensor_mode():
             for m in modules:
                 m.to_empty(device="cpu")
             optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
@@ -298,7 +211,7 @@ def tracked_step(
     dry run runs it under FakeTensor, ``scale.measure`` on a lab's real tensors (``rank.planrun``)."""
     params = [p for m in modules for p in m.parameters()]
     tp = plan["tp"] > 1
-    tracker = torchcompat.memory_tracker(*modules, optimizer)
+    tracker = torchcompat_fake.memory_tracker(*modules, optimizer)
     with tracker, contextlib.ExitStack() as stack:
         # The counter entered last, innermost: it sees each op first, as it did before this was shared
         # (under the FLOP mode first, DTensor's loss_parallel reductions would be counted too).
@@ -309,12 +222,12 @@ def tracked_step(
         if counter is not None:
             counter.phase = "backward"
         backward(losses, tp)
-        forward_backward_peak = torchcompat.tracked_peak_bytes(tracker)
+        forward_backward_peak = torchcompat_fake.tracked_peak_bytes(tracker)
         gradients = _local_bytes(p.grad for p in params)
         if counter is not None:
             counter.phase = "optimizer"
         optimizer.step()
-    peak = torchcompat.tracked_peak_bytes(tracker)
+    peak = torchcompat_fake.tracked_peak_bytes(tracker)
     parameters = _local_bytes(params)
     states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     optimizer_bytes = _local_bytes(states)

@@ -29,7 +29,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..wire import LEARNER_FILE, CellReply
-from .cell import _handle
+from .cell import run_prepared
 from .namespace import LAB_NAMES, user_namespace
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def grade_case(exercise: str, blob: bytes, seed: int, index: int, rank: int) -> 
         learner = Learner(blob)
         return lambda: grader.grade(case, learner)
 
-    return _handle(f"<rank {rank} grader>", prepare, "value")
+    return run_prepared(f"<rank {rank} grader>", prepare, "value")
 
 
 # ---------------------------------------------------------------------------- what a grader returns

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from ..errors import LabUsageError
 from ..wire import HEALING_RANK_ENVIRONMENT
-from . import quorums
+from . import quorums, torchcompat_torchft
 from .hooks import at_cell_end
 from .identity import address_toward
 
@@ -142,7 +142,7 @@ class Healing:
             heartbeat_interval=_HEARTBEAT,
             checkpoint_transport=_recording_transport_class()(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
         )
-        self.ddp: torch.nn.Module = _healing_ddp_class()(self.manager, model)
+        self.ddp: torch.nn.Module = torchcompat_torchft.healing_ddp_class()(self.manager, model)
         self.opt = _healing_optimizer_class()(self.manager, optimizer)
 
     def _state(self) -> dict[str, Any]:
@@ -155,37 +155,6 @@ class Healing:
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
         self.pg.shutdown()
-
-
-@functools.cache
-def _healing_ddp_class() -> Any:
-    from torchft.ddp import DistributedDataParallel
-
-    class HealingDDP(DistributedDataParallel):  # type: ignore[misc]  # torchft ships no type hints
-        """torchft's DDP, with its gradient hook made safe for a peer that dies mid-exchange.
-
-        torchft 0.2.0's hook asserts on the future its manager hands back once it has errored (a
-        plain completed one; upstream issues #295 and #304): the survivor crashed instead of
-        skipping the step. Here the gradient comes back as it is; the step does not commit
-        (``should_commit`` says no), so nothing of it reaches the weights.
-        """
-
-        @staticmethod
-        def _comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            work = state.allreduce(bucket.buffer())
-            work.wait()
-            inner = getattr(work.get_future(), "_fut", None)
-            if inner is not None:
-                return inner  # type: ignore[no-any-return]
-            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            done.set_result(bucket.buffer())
-            return done
-
-    # DDP checks a hook's annotations as objects; this module's are strings (``from __future__``).
-    HealingDDP._comm_hook.__annotations__ = {
-        "state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]
-    }
-    return HealingDDP
 
 
 @functools.cache

@@ -34,7 +34,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..nn.llama import stage_modules
-from .dryrun import MESH, LocalFlops, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
+from .dryrun import MESH, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
+from .dryrun_counts import LocalFlops
 
 __all__ = ["collective_times", "compute_rate", "copy_rate", "run_plan"]
 

@@ -33,7 +33,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+
+from .torchcompat_c10d import ForwardingWork
+from .torchcompat_dispatch import resolve_process_group
 
 __all__ = ["StagedReceive", "needs_staging", "stage_functional_all_gathers", "staged"]
 
@@ -55,27 +57,8 @@ def staged(original: Callable[..., Any], group: Any, op: str, tensors: Sequence[
     return StagedReceive(original(group, buffers, *args), list(tensors), buffers)
 
 
-class StagedSend(dist.Work):
+class StagedSend(ForwardingWork):
     """gloo's send work (which holds the host copy it sends), as torch's callers use it."""
-
-    def __init__(self, work: Any) -> None:
-        super().__init__()
-        self._work = work
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        return bool(self._work.wait(timeout))  # timedelta(0): the group's own timeout, as torch's
-
-    def is_completed(self) -> bool:
-        return bool(self._work.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self._work.is_success())
-
-    def exception(self) -> Any:
-        return self._work.exception()
-
-    def abort(self) -> None:
-        self._work.abort()
 
 
 class StagedReceive(StagedSend):
@@ -96,16 +79,11 @@ class StagedReceive(StagedSend):
             self._buffers = []
         return done
 
-    def _source_rank(self) -> int:
-        """The sender of a receive from any source (``dist.recv(src=None)`` reads it after ``wait``)."""
-        return int(self._work._source_rank())
-
 
 #: The torch.library registrations (kept: a Library's kernels go when it is collected), by dispatch key.
 _functional_kernels: dict[str, Any] = {}
-#: torch's own, untyped: the kernel registry, and the group a functional collective's name stands for.
+#: torch's own, untyped: the kernel registry.
 _Library: Any = torch.library.Library
-_resolve_process_group: Any = c10d._resolve_process_group  # type: ignore[attr-defined]
 
 
 def stage_functional_all_gathers(dispatch_key: str = "CUDA") -> None:
@@ -125,7 +103,7 @@ def stage_functional_all_gathers(dispatch_key: str = "CUDA") -> None:
 
 def _group(group_name: Any) -> Any:
     # torch 2.11 passes the group's registered name; 2.13's schema takes the group itself as well.
-    return group_name if isinstance(group_name, dist.ProcessGroup) else _resolve_process_group(group_name)
+    return group_name if isinstance(group_name, dist.ProcessGroup) else resolve_process_group(group_name)
 
 
 def _all_gather(tensor: torch.Tensor, group_size: int, group_name: Any) -> torch.Tensor:

@@ -4,9 +4,12 @@ distlab reaches into torch where torch offers no public way to do what it needs:
 all-reduces without a communication hook, rebuild a process group after a broken one, read the
 flight recorder in-process. Private APIs change between releases without notice, so each is called
 here and nowhere else, with a comment saying what it does and why no public API does it: a new
-torch release is checked against this file, ``torchcompat_dispatch.py``, which holds those behind
-the watch's view of a step's ops (dispatch modes, collective ops, FSDP2's internals), and
-``torchcompat_compile.py``, which holds those behind torch.compile's wrappers.
+torch release is checked against this file and its siblings, each named for what it wraps:
+``torchcompat_dispatch.py`` (the watch's view of a step's ops: dispatch modes, collective ops,
+FSDP2's internals), ``torchcompat_compile.py`` (torch.compile's wrappers), ``torchcompat_c10d.py``
+(torch.distributed's internal module and ``Work``, as graders and the staged sends use them),
+``torchcompat_fake.py`` (the scale dry run's fake tensors and groups) and ``torchcompat_torchft.py``
+(torchft's DDP, for healing labs).
 
 Importing this module checks the torch it runs on: outside the versions really run (CI and the GPU
 machines), it refuses with one line saying what to install, unless ``DISTLAB_ALLOW_ANY_TORCH=1``.
@@ -32,18 +35,14 @@ from . import staging
 __all__ = [
     "ALLOW_ANY_TORCH",
     "KNOWN_GOOD",
-    "active_fake_mode",
     "check_torch",
     "comm_hook_names",
-    "fake_store",
-    "fake_tensor_mode",
     "flight_recorder_dump",
     "foreach_copy_",
     "foreach_norm",
     "foreach_sub_",
     "forget_process_groups",
     "local_tensor",
-    "memory_tracker",
     "observe_point_to_point",
     "replace_group_functions",
     "reset_group_count",
@@ -51,7 +50,6 @@ __all__ = [
     "storage_id",
     "swappable_reducer",
     "torch_version_problem",
-    "tracked_peak_bytes",
     "tree_leaves",
     "version_counter",
     "work_from_future",
@@ -348,68 +346,3 @@ def flight_recorder_dump() -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
         return None
     return dump if isinstance(dump, dict) else None
-
-
-# ---------------------------------------------------------------------- the scale dry run
-
-
-def fake_store() -> Any:
-    """A store for ``dist.init_process_group("fake", store=..., rank=r, world_size=n)``: torch's fake
-    process-group backend, whose collectives return at once and move nothing, so one process can be any
-    rank of a world of any size (``distlab.rank.dryrun``). ``torch.testing._internal.distributed.fake_pg``
-    is torch's own test utility (torchtitan validates its configurations with it); no public API offers
-    a process group that is not backed by peers."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    return FakeStore()
-
-
-def fake_tensor_mode() -> Any:
-    """``torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)``: tensors with shapes,
-    dtypes and devices but no data, and every op computed from shapes alone. Private module; the
-    documented way (``torch._subclasses``) to run a model without its memory."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def memory_tracker(*tracked: Any) -> Any:
-    """``torch.distributed._tools.mem_tracker.MemTracker`` tracking ``tracked`` (modules, optimizers):
-    a dispatch mode counting the bytes of every tensor alive, FSDP2's storage resizes included, and
-    its peak; it works under FakeTensorMode. Read with :func:`tracked_peak_bytes`.
-
-    ``_update_peak_stats`` runs after every op and, besides the global peak, walks every module seen so
-    far for per-module peaks, which the dry run does not read: at Llama 3's 32 to 126 blocks that walk
-    was half of a dry run's time. Overridden to keep the global peak alone (its snapshot, as torch's)."""
-    from copy import deepcopy
-
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class GlobalPeak(MemTracker):
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = deepcopy(snap)
-
-    tracker = GlobalPeak()
-    tracker.track_external(*tracked)
-    return tracker
-
-
-def tracked_peak_bytes(tracker: Any) -> int:
-    """The most bytes a :func:`memory_tracker` saw alive at once, over all devices (``"Total"``)."""
-    peak = tracker.get_tracker_snapshot("peak")
-    return int(sum(snap.get("Total", 0) for snap in peak.values()))
-
-
-
-def active_fake_mode() -> Any:
-    """The FakeTensorMode active now, or None (``torch._guards.active_fake_mode``). DTensor propagates
-    shardings by running each new op signature at its global shape under a FakeTensorMode: a new one
-    where none is active, else the active one. A mode that counts what a rank computes (the dry run's
-    FLOPs) skips ops run under another mode than its own, as torch's MemTracker does; under its own
-    mode that cannot tell them apart (the dry run fills DTensor's cache first)."""
-    from torch._guards import active_fake_mode as active
-
-    return active()

@@ -32,6 +32,7 @@ __all__ = [
     "op_returns_alias",
     "pop_dispatch_mode",
     "push_dispatch_mode",
+    "resolve_process_group",
     "wait_functional",
     "wait_work",
     "watch_storage_resizes",
@@ -98,12 +99,23 @@ def dispatch_mode(mode: Any) -> Any:
         pop_dispatch_mode(mode)
 
 
+def resolve_process_group(group_name: str) -> Any:
+    """The ``ProcessGroup`` registered under ``group_name``: what a functional collective (``_c10d_functional``
+    ops, DTensor's and FSDP2's) receives in place of its group.
+
+    ``torch._C._distributed_c10d._resolve_process_group`` (``distributed_c10d`` imports it from the
+    C++ module): torch's own lookup for these ops, with no public equivalent. ``GroupName`` is a str
+    at run time.
+    """
+    return torch._C._distributed_c10d._resolve_process_group(dist.distributed_c10d.GroupName(group_name))
+
+
 def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
     """How many ranks a collective op (seen by a dispatch mode) runs over.
 
     A ``c10d`` op receives its group as a TorchScript object, turned back into the
     ``ProcessGroup`` by ``ProcessGroup.unbox``; a functional collective names its group, resolved
-    by ``distributed_c10d._resolve_process_group``. Neither has a public equivalent: the ops are the
+    by :func:`resolve_process_group`. Neither has a public equivalent: the ops are the
     dispatcher's, not an API.
     """
     # An op whose arguments this torch lays out otherwise counts as the whole world.
@@ -116,9 +128,7 @@ def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, A
             names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
                      ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
             if names:
-                # distributed_c10d imports it from the C++ module; GroupName is a str at run time.
-                group_name = dist.distributed_c10d.GroupName(names[-1])
-                return int(torch._C._distributed_c10d._resolve_process_group(group_name).size())
+                return int(resolve_process_group(names[-1]).size())
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -126,7 +136,7 @@ def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     """The ``ProcessGroup`` a collective op (seen by a dispatch mode) runs over, or None.
 
     As :func:`collective_group_size`: a ``c10d`` op's group is a TorchScript object (``ProcessGroup.unbox``),
-    a functional collective's is a name (``_resolve_process_group``); neither is a public API.
+    a functional collective's is a name (:func:`resolve_process_group`); neither is a public API.
     """
     with contextlib.suppress(Exception):
         if func.namespace == "c10d":
@@ -137,7 +147,7 @@ def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) 
             names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
                      ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")]
             if names:
-                return torch._C._distributed_c10d._resolve_process_group(dist.distributed_c10d.GroupName(names[-1]))
+                return resolve_process_group(names[-1])
     return None
 
 

@@ -17,14 +17,14 @@ from .. import checks
 # --------------------------------------------------------------------------------------------------
 
 _TEXT = "convert text first, e.g. parse_quantity('400 MB', 'B')"
-_number = partial(checks.number, text=_TEXT)
-_non_negative = partial(checks.non_negative, text=_TEXT)
-_positive = partial(checks.positive, text=_TEXT)
-_fraction = partial(checks.fraction, text=_TEXT)
-_count = partial(checks.whole, minimum=1, integral_floats=True)
+checked_number = partial(checks.number, text=_TEXT)
+checked_non_negative = partial(checks.non_negative, text=_TEXT)
+checked_positive = partial(checks.positive, text=_TEXT)
+checked_fraction = partial(checks.fraction, text=_TEXT)
+checked_count = partial(checks.whole, minimum=1, integral_floats=True)
 
 
-def _sequence(name: str, value: object) -> Sequence[object]:
+def checked_sequence(name: str, value: object) -> Sequence[object]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
         raise ValueError(f"{name} must be a non-empty list of numbers, got {value!r}")
     return value

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from .. import checks
-from ._checks import _count, _non_negative, _number, _positive, _sequence
+from ._checks import checked_count, checked_non_negative, checked_number, checked_positive, checked_sequence
 
 # --------------------------------------------------------------------------------------------------
 # Global batch and learning rate
@@ -17,9 +17,9 @@ from ._checks import _count, _non_negative, _number, _positive, _sequence
 def global_batch_size(per_device_batch: int, devices: int, accumulation_steps: int = 1) -> int:
     """Samples behind one optimizer step: per-device batch * devices * accumulation steps."""
     return (
-        _count("per_device_batch", per_device_batch)
-        * _count("devices", devices)
-        * _count("accumulation_steps", accumulation_steps)
+        checked_count("per_device_batch", per_device_batch)
+        * checked_count("devices", devices)
+        * checked_count("accumulation_steps", accumulation_steps)
     )
 
 
@@ -33,13 +33,13 @@ def scaled_learning_rate(base_lr: float, base_batch: int, new_batch: int, rule: 
     multiplies by sqrt(k), a gentler rule often used with Adam. Either is a starting point, then tune.
     """
     checks.choice("rule", rule, _LR_RULES)
-    k = _count("new_batch", new_batch) / _count("base_batch", base_batch)
-    return _positive("base_lr", base_lr) * (k if rule == "linear" else math.sqrt(k))
+    k = checked_count("new_batch", new_batch) / checked_count("base_batch", base_batch)
+    return checked_positive("base_lr", base_lr) * (k if rule == "linear" else math.sqrt(k))
 
 
 def accumulation_steps_for(target_global_batch: int, per_device_batch: int, devices: int) -> int:
     """Accumulation steps that make ``per_device_batch * devices`` reach ``target_global_batch`` exactly."""
-    target = _count("target_global_batch", target_global_batch)
+    target = checked_count("target_global_batch", target_global_batch)
     per_step = global_batch_size(per_device_batch, devices)
     if target % per_step:
         raise ValueError(
@@ -51,7 +51,7 @@ def accumulation_steps_for(target_global_batch: int, per_device_batch: int, devi
 
 def steps_per_epoch(dataset_size: int, global_batch: int, drop_last: bool = False) -> int:
     """Optimizer steps in one pass over ``dataset_size`` samples (a last partial batch counts unless dropped)."""
-    size, batch = _count("dataset_size", dataset_size, minimum=0), _count("global_batch", global_batch)
+    size, batch = checked_count("dataset_size", dataset_size, minimum=0), checked_count("global_batch", global_batch)
     return size // batch if drop_last else -(-size // batch)
 
 
@@ -61,7 +61,7 @@ def samples_per_rank(dataset_size: int, world_size: int, drop_last: bool = False
     Without ``drop_last`` the sampler pads by repeating samples so every rank gets ceil(size / ranks);
     with it, the tail is dropped so every rank gets floor(size / ranks).
     """
-    size, ranks = _count("dataset_size", dataset_size, minimum=0), _count("world_size", world_size)
+    size, ranks = checked_count("dataset_size", dataset_size, minimum=0), checked_count("world_size", world_size)
     return size // ranks if drop_last else -(-size // ranks)
 
 
@@ -77,16 +77,16 @@ def sampler_padding_samples(dataset_size: int, world_size: int) -> int:
 
 def world_size(nodes: int, processes_per_node: int) -> int:
     """Ranks in the job, as torchrun counts them: nodes * processes per node."""
-    return _count("nodes", nodes) * _count("processes_per_node", processes_per_node)
+    return checked_count("nodes", nodes) * checked_count("processes_per_node", processes_per_node)
 
 
 def global_rank(node_rank: int, local_rank: int, processes_per_node: int) -> int:
     """torchrun's RANK of a process: node_rank * processes_per_node + local_rank."""
-    per_node = _count("processes_per_node", processes_per_node)
-    local = _count("local_rank", local_rank, minimum=0)
+    per_node = checked_count("processes_per_node", processes_per_node)
+    local = checked_count("local_rank", local_rank, minimum=0)
     if local >= per_node:
         raise ValueError(f"local_rank must be below processes_per_node ({per_node}), got {local}")
-    return _count("node_rank", node_rank, minimum=0) * per_node + local
+    return checked_count("node_rank", node_rank, minimum=0) * per_node + local
 
 
 def global_mean(sums: Sequence[float], counts: Sequence[float]) -> float:
@@ -94,8 +94,8 @@ def global_mean(sums: Sequence[float], counts: Sequence[float]) -> float:
 
     Averaging the per-rank means instead is wrong when ranks saw different numbers of samples.
     """
-    total_sum = sum(_number("sums", s) for s in _sequence("sums", sums))
-    count_values = [_non_negative("counts", c) for c in _sequence("counts", counts)]
+    total_sum = sum(checked_number("sums", s) for s in checked_sequence("sums", sums))
+    count_values = [checked_non_negative("counts", c) for c in checked_sequence("counts", counts)]
     if len(count_values) != len(sums):
         raise ValueError(f"give one count per sum: {len(sums)} sums, {len(count_values)} counts")
     total_count = sum(count_values)

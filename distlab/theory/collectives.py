@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import checks
-from ._checks import _count, _non_negative, _positive
+from ._checks import checked_count, checked_non_negative, checked_positive
 
 # --------------------------------------------------------------------------------------------------
 # Bytes per rank
@@ -30,7 +30,8 @@ class CollectiveBytes:
     received_bytes: float
 
 
-def _bus_factor(op: str, n: int) -> float:
+def busiest_rank_share(op: str, n: int) -> float:
+    """The share of the buffer the busiest rank sends for ``op`` over ``n`` ranks (checked by the caller)."""
     # nccl-tests' busbw factors, which are also the share of S the busiest rank sends on a ring:
     # all-reduce is a reduce-scatter then an all-gather, each (N-1)/N * S; a chain broadcast
     # forwards the whole buffer once.
@@ -41,14 +42,15 @@ def _bus_factor(op: str, n: int) -> float:
     return (n - 1) / n
 
 
-def _steps(op: str, n: int) -> int:
+def latency_steps(op: str, n: int) -> int:
+    """How many times ``op`` over ``n`` ranks pays the link's latency (checked by the caller)."""
     # A ring phase is N-1 steps; all-reduce has two phases. All-to-all is N-1 pairwise exchanges.
     # A pipelined chain broadcast pays the latency of its N-1 hops once, while its chunks stream.
     return 2 * (n - 1) if op == "all_reduce" else n - 1
 
 
 def _rank_in(name: str, value: int, world: int) -> int:
-    index = _count(name, value, minimum=0)
+    index = checked_count(name, value, minimum=0)
     if index >= world:
         raise ValueError(f"{name} must be below world_size ({world}), got {value!r}")
     return index
@@ -68,8 +70,8 @@ def collective_bytes(op: str, size_bytes: float, world_size: int, rank: int = 0,
     ``rank`` and ``root`` matter only for broadcast. One rank moves nothing.
     """
     checks.choice("op", op, COLLECTIVES)
-    size = _non_negative("size_bytes", size_bytes)
-    n = _count("world_size", world_size)
+    size = checked_non_negative("size_bytes", size_bytes)
+    n = checked_count("world_size", world_size)
     me = _rank_in("rank", rank, n)
     source = _rank_in("root", root, n)
     if n == 1:
@@ -79,7 +81,7 @@ def collective_bytes(op: str, size_bytes: float, world_size: int, rank: int = 0,
         sent = size if position < n - 1 else 0.0
         received = size if position > 0 else 0.0
         return CollectiveBytes(sent, received)
-    each_way = _bus_factor(op, n) * size
+    each_way = busiest_rank_share(op, n) * size
     return CollectiveBytes(each_way, each_way)
 
 
@@ -96,16 +98,16 @@ def collective_time_s(
     reduce-scatter then an all-gather (Thakur, Rabenseifner and Gropp 2005).
     """
     checks.choice("op", op, COLLECTIVES)
-    n = _count("world_size", world_size)
-    size = _non_negative("size_bytes", size_bytes)
-    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
-    latency = _non_negative("latency_s", latency_s)
-    busiest_sent_bytes = _bus_factor(op, n) * size if n > 1 else 0.0
-    return _steps(op, n) * latency + busiest_sent_bytes / bandwidth
+    n = checked_count("world_size", world_size)
+    size = checked_non_negative("size_bytes", size_bytes)
+    bandwidth = checked_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    latency = checked_non_negative("latency_s", latency_s)
+    busiest_sent_bytes = busiest_rank_share(op, n) * size if n > 1 else 0.0
+    return latency_steps(op, n) * latency + busiest_sent_bytes / bandwidth
 
 
 def bus_bandwidth_factor(op: str, world_size: int) -> float:
     """busbw / algbw for ``op`` (nccl-tests, doc/PERFORMANCE.md): 2(N-1)/N for all-reduce; (N-1)/N for
     reduce-scatter, all-gather and all-to-all; 1 for broadcast (whatever N, as nccl-tests reports it)."""
     checks.choice("op", op, COLLECTIVES)
-    return _bus_factor(op, _count("world_size", world_size))
+    return busiest_rank_share(op, checked_count("world_size", world_size))

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .. import checks
-from ._checks import _count, _non_negative, _positive, _sequence
-from .collectives import COLLECTIVES, _bus_factor, _steps
+from ._checks import checked_count, checked_non_negative, checked_positive, checked_sequence
+from .collectives import COLLECTIVES, busiest_rank_share, latency_steps
 
 # --------------------------------------------------------------------------------------------------
 # Communication
@@ -20,12 +20,12 @@ from .collectives import COLLECTIVES, _bus_factor, _steps
 
 
 def _ring_factor(workers: int) -> float:
-    return _bus_factor("all_reduce", _count("workers", workers))
+    return busiest_rank_share("all_reduce", checked_count("workers", workers))
 
 
 def _ring_steps(workers: int) -> int:
     # The reduce-scatter's N-1 steps, then the all-gather's N-1: each pays the latency once.
-    return _steps("all_reduce", _count("workers", workers))
+    return latency_steps("all_reduce", checked_count("workers", workers))
 
 
 def ring_allreduce_time_s(
@@ -38,16 +38,16 @@ def ring_allreduce_time_s(
     ``bandwidth_bytes_per_s``, and each of the 2(N-1) steps pays ``latency_s``. The same model as
     :func:`collective_time_s` for ``"all_reduce"``. One worker has nothing to do: 0 s.
     """
-    n = _count("workers", workers)
-    size = _non_negative("size_bytes", size_bytes)
-    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
-    latency = _non_negative("latency_s", latency_s)
+    n = checked_count("workers", workers)
+    size = checked_non_negative("size_bytes", size_bytes)
+    bandwidth = checked_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    latency = checked_non_negative("latency_s", latency_s)
     return _ring_factor(n) * size / bandwidth + _ring_steps(n) * latency
 
 
 def ring_allreduce_sent_bytes(size_bytes: float, workers: int) -> float:
     """Bytes each worker sends (and receives) in a ring all-reduce of ``size_bytes``: 2(N-1)/N * S."""
-    return _ring_factor(workers) * _non_negative("size_bytes", size_bytes)
+    return _ring_factor(workers) * checked_non_negative("size_bytes", size_bytes)
 
 
 def bucketed_allreduce_time_s(
@@ -64,8 +64,8 @@ def bucketed_allreduce_time_s(
     the bucket size.
     """
     bandwidth_term_s = ring_allreduce_time_s(size_bytes, workers, bandwidth_bytes_per_s)
-    buckets = math.ceil(size_bytes / _positive("bucket_bytes", bucket_bytes))
-    return bandwidth_term_s + buckets * _ring_steps(workers) * _non_negative("latency_s", latency_s)
+    buckets = math.ceil(size_bytes / checked_positive("bucket_bytes", bucket_bytes))
+    return bandwidth_term_s + buckets * _ring_steps(workers) * checked_non_negative("latency_s", latency_s)
 
 
 #: The size DDP and torch.compile give the first bucket (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``):
@@ -86,9 +86,9 @@ def compiled_ddp_graph_bytes(
     ``op_param_bytes``: the bytes of the parameters each op uses, in forward order (a linear layer's
     weight and bias together, one entry). One graph when the cap exceeds the model.
     """
-    sizes = [_positive("op_param_bytes", b) for b in _sequence("op_param_bytes", op_param_bytes)]
-    cap = _positive("bucket_cap_bytes", bucket_cap_bytes)
-    first = _positive("first_bucket_bytes", first_bucket_bytes)
+    sizes = [checked_positive("op_param_bytes", b) for b in checked_sequence("op_param_bytes", op_param_bytes)]
+    cap = checked_positive("bucket_cap_bytes", bucket_cap_bytes)
+    first = checked_positive("first_bucket_bytes", first_bucket_bytes)
     if first > cap:
         raise ValueError(f"first_bucket_bytes ({first:g}) is larger than bucket_cap_bytes ({cap:g}): DDP's first "
                          f"bucket is the smaller one; pass a first_bucket_bytes at most the cap")
@@ -124,8 +124,8 @@ def overlapped_backward_time_s(
     bucket's all-reduce, or, if the link is the slower, the first bucket's wait plus all of them.
     The exposed communication is this time minus ``backward_s``.
     """
-    backward = _non_negative("backward_s", backward_s)
-    sizes = [_non_negative("bucket_bytes", b) for b in _sequence("bucket_bytes", bucket_bytes)]
+    backward = checked_non_negative("backward_s", backward_s)
+    sizes = [checked_non_negative("bucket_bytes", b) for b in checked_sequence("bucket_bytes", bucket_bytes)]
     total = sum(sizes)
     produced, link_free = 0.0, 0.0
     for size in sizes:
@@ -137,14 +137,14 @@ def overlapped_backward_time_s(
 
 def algbw_bytes_per_s(size_bytes: float, time_s: float) -> float:
     """Algorithm bandwidth of a collective: the buffer size over the time it took (nccl-tests' algbw)."""
-    return _non_negative("size_bytes", size_bytes) / _positive("time_s", time_s)
+    return checked_non_negative("size_bytes", size_bytes) / checked_positive("time_s", time_s)
 
 
 def busbw_bytes_per_s(size_bytes: float, time_s: float, workers: int, op: str = "all_reduce") -> float:
     """Bus bandwidth of a collective: algbw times :func:`bus_bandwidth_factor` (2(N-1)/N for an all-reduce),
     comparable with the link's speed whatever N is. ``size_bytes`` as nccl-tests counts it for ``op``."""
     checks.choice("op", op, COLLECTIVES)
-    return algbw_bytes_per_s(size_bytes, time_s) * _bus_factor(op, _count("workers", workers))
+    return algbw_bytes_per_s(size_bytes, time_s) * busiest_rank_share(op, checked_count("workers", workers))
 
 
 def parameter_server_received_bytes(size_bytes: float, workers: int, servers: int = 1) -> float:
@@ -152,26 +152,27 @@ def parameter_server_received_bytes(size_bytes: float, workers: int, servers: in
 
     With ``servers`` shards each takes 1/servers of every push; it sends as many bytes back (fresh weights).
     """
-    return _count("workers", workers) * _non_negative("size_bytes", size_bytes) / _count("servers", servers)
+    n = checked_count("workers", workers)
+    return n * checked_non_negative("size_bytes", size_bytes) / checked_count("servers", servers)
 
 
 def parameter_server_time_s(size_bytes: float, workers: int, bandwidth_bytes_per_s: float, servers: int = 1) -> float:
     """Communication time of a parameter-server step, bound by the server's link (full duplex: push and
     pull overlap). Grows with the number of workers, unlike a ring all-reduce."""
     received = parameter_server_received_bytes(size_bytes, workers, servers)
-    return received / _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    return received / checked_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
 
 
 def synchronous_step_time_s(worker_times_s: Sequence[float]) -> float:
     """A synchronous step ends when the slowest worker is done: the maximum of the workers' times."""
-    times = [_non_negative("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
+    times = [checked_non_negative("worker_times_s", t) for t in checked_sequence("worker_times_s", worker_times_s)]
     return max(times)
 
 
 def synchronous_run_time_s(updates: int, worker_times_s: Sequence[float]) -> float:
     """Time of ``updates`` synchronous updates, each needing one gradient from every worker, when
     worker i takes ``worker_times_s[i]`` per gradient: every update waits for the slowest."""
-    return _count("updates", updates, minimum=0) * synchronous_step_time_s(worker_times_s)
+    return checked_count("updates", updates, minimum=0) * synchronous_step_time_s(worker_times_s)
 
 
 def asynchronous_run_time_s(updates: int, worker_times_s: Sequence[float]) -> float:
@@ -181,8 +182,8 @@ def asynchronous_run_time_s(updates: int, worker_times_s: Sequence[float]) -> fl
     Worker i's k-th gradient arrives at k * t_i; the answer is the arrival time of the updates-th
     gradient of all the workers together.
     """
-    times = [_positive("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
-    wanted = _count("updates", updates, minimum=0)
+    times = [checked_positive("worker_times_s", t) for t in checked_sequence("worker_times_s", worker_times_s)]
+    wanted = checked_count("updates", updates, minimum=0)
     arrival, next_k = 0.0, [(t, i, 1) for i, t in enumerate(times)]  # (time, worker, its k-th gradient)
     heapq.heapify(next_k)
     for _ in range(wanted):
@@ -199,14 +200,14 @@ def worker_staleness_updates(worker_times_s: Sequence[float]) -> list[float]:
     staler (t_slow / t_fast for two workers), a fast worker's fresher. The mean over all updates stays
     N-1: every update lands inside one computation of each other worker.
     """
-    times = [_positive("worker_times_s", t) for t in _sequence("worker_times_s", worker_times_s)]
+    times = [checked_positive("worker_times_s", t) for t in checked_sequence("worker_times_s", worker_times_s)]
     return [sum(t_i / t_j for j, t_j in enumerate(times) if j != i) for i, t_i in enumerate(times)]
 
 
 def expected_staleness_updates(workers: int) -> int:
     """Updates that land between a worker reading the weights and its own update arriving, for
     ``workers`` equally fast asynchronous workers: the N-1 others each update once."""
-    return _count("workers", workers) - 1
+    return checked_count("workers", workers) - 1
 
 
 @dataclass(frozen=True)
@@ -235,16 +236,16 @@ def fit_latency_bandwidth(
     checks.choice("op", op, COLLECTIVES)
     rows: list[tuple[float, float, float]] = []  # (x_bandwidth, x_latency, time)
     for index, item in enumerate(measurements):
-        values = list(_sequence(f"measurements[{index}]", item))
+        values = list(checked_sequence(f"measurements[{index}]", item))
         if len(values) == 2 and workers is not None:
             values = [workers, *values]
         if len(values) != 3:
             shape = "(size_bytes, time_s)" if workers is not None else "(workers, size_bytes, time_s)"
             raise ValueError(f"measurements[{index}] must be {shape}, got {item!r}")
-        n = _count(f"workers of measurements[{index}]", values[0], minimum=2)
-        size = _non_negative(f"size_bytes of measurements[{index}]", values[1])
-        time = _positive(f"time_s of measurements[{index}]", values[2])
-        rows.append((_bus_factor(op, n) * size, float(_steps(op, n)), time))
+        n = checked_count(f"workers of measurements[{index}]", values[0], minimum=2)
+        size = checked_non_negative(f"size_bytes of measurements[{index}]", values[1])
+        time = checked_positive(f"time_s of measurements[{index}]", values[2])
+        rows.append((busiest_rank_share(op, n) * size, float(latency_steps(op, n)), time))
     if len({(x, y) for x, y, _ in rows}) < 2:
         raise ValueError("need measurements at two or more different sizes to separate latency from bandwidth")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import checks
-from ._checks import _count, _non_negative
+from ._checks import checked_count, checked_non_negative
 
 # --------------------------------------------------------------------------------------------------
 # Memory
@@ -88,9 +88,9 @@ def memory_breakdown(
     Stage 1 shards optimizer states over ``devices``, stage 2 gradients too, stage 3 (FSDP) the weights
     too. ``activation_bytes`` (activations and buffers of one device) are not sharded.
     """
-    count = _non_negative("parameters", parameters)
-    shards = _count("devices", devices)
-    stage = _count("zero_stage", zero_stage, minimum=0)
+    count = checked_non_negative("parameters", parameters)
+    shards = checked_count("devices", devices)
+    stage = checked_count("zero_stage", zero_stage, minimum=0)
     if stage > 3:
         raise ValueError(f"zero_stage must be 0 (plain DDP), 1, 2 or 3, got {zero_stage!r}")
     per = state_bytes_per_parameter(precision, optimizer)
@@ -103,7 +103,7 @@ def memory_breakdown(
         weights_bytes=share(per.weights, 3),
         gradients_bytes=share(per.gradients, 2),
         optimizer_states_bytes=share(per.optimizer_states, 1),
-        activation_bytes=_non_negative("activation_bytes", activation_bytes),
+        activation_bytes=checked_non_negative("activation_bytes", activation_bytes),
     )
 
 
@@ -123,8 +123,8 @@ def activation_bytes(micro_batch: int, sequence_length: int, hidden_size: int, b
     """Bytes of one [micro_batch, sequence_length, hidden_size] activation, the tensor a pipeline stage
     sends to the next (forward) and gets back as a gradient (backward)."""
     return (
-        _count("micro_batch", micro_batch)
-        * _count("sequence_length", sequence_length)
-        * _count("hidden_size", hidden_size)
-        * _count("bytes_per_element", bytes_per_element)
+        checked_count("micro_batch", micro_batch)
+        * checked_count("sequence_length", sequence_length)
+        * checked_count("hidden_size", hidden_size)
+        * checked_count("bytes_per_element", bytes_per_element)
     )

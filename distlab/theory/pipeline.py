@@ -12,15 +12,15 @@ Megatron-LM" (interleaved 1F1B).
 from __future__ import annotations
 
 from .. import checks
-from ._checks import _count, _non_negative
+from ._checks import checked_count, checked_non_negative
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def _shape(stages: int, micro_batches: int, schedule: str, chunks: int) -> tuple[int, int, int]:
-    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    p, m = checked_count("stages", stages), checked_count("micro_batches", micro_batches)
     checks.choice("schedule", schedule, SCHEDULES)
-    v = _count("chunks", chunks)
+    v = checked_count("chunks", chunks)
     if v != 1 and schedule != "interleaved":
         raise ValueError(f"chunks={chunks!r} applies to schedule='interleaved' only: leave chunks=1 for {schedule}")
     return p, m, v
@@ -77,7 +77,7 @@ def in_flight_micro_batches(
       ``v * m``. More than 1F1B's: the price of the shorter bubble.
     """
     p, m, v = _shape(stages, micro_batches, schedule, chunks)
-    s = _count("stage", stage, minimum=0)
+    s = checked_count("stage", stage, minimum=0)
     if s >= p:
         raise ValueError(f"stage must be below stages ({p}), got {stage!r}")
     if schedule == "gpipe":
@@ -95,7 +95,7 @@ def pipeline_step_time_s(
     1F1B, ``(m + (p-1)/v) * (f + b)`` interleaved, where f and b are one stage's forward and backward
     of one micro-batch (each chunk takes 1/v of them; interleaved needs m >= p)."""
     p, m, v = _timed_shape(stages, micro_batches, schedule, chunks)
-    per_micro_batch = _non_negative("forward_s", forward_s) + _non_negative("backward_s", backward_s)
+    per_micro_batch = checked_non_negative("forward_s", forward_s) + checked_non_negative("backward_s", backward_s)
     return (m + (p - 1) / v) * per_micro_batch
 
 
@@ -191,8 +191,8 @@ def pipeline_timeline(
     :func:`pipeline_step_time_s`; the gaps are the bubble.
     """
     p, m, v = _shape(stages, micro_batches, schedule, chunks)
-    forward = _non_negative("forward_s", forward_s) / v
-    backward = _non_negative("backward_s", backward_s) / v
+    forward = checked_non_negative("forward_s", forward_s) / v
+    backward = checked_non_negative("backward_s", backward_s) / v
     orders = pipeline_schedule(p, m, schedule, v)
     interleaved = schedule == "interleaved"
     last_stage = p * v - 1

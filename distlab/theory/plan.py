@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import checks
-from ._checks import _count, _fraction, _positive
+from ._checks import checked_count, checked_fraction, checked_positive
 from .batch import global_batch_size, scaled_learning_rate
 from .collectives import collective_time_s
 from .communication import ring_allreduce_time_s
@@ -126,7 +126,7 @@ def communication_per_step_s(
     every micro-batch: ``1.5 A`` all-reduces.
     """
     stage = _stage(parallelism)
-    a = _count("accumulation_steps", accumulation_steps)
+    a = checked_count("accumulation_steps", accumulation_steps)
     allreduce = ring_allreduce_time_s(gradient_bytes, devices, bandwidth_bytes_per_s, latency_s)
     if stage == 0:
         return allreduce
@@ -157,11 +157,11 @@ def check_plan(
     """
     job = job or TrainingJob()
     stage = _stage(parallelism)
-    per_device = _count("per_device_batch", per_device_batch)
-    accumulation = _count("accumulation_steps", accumulation_steps)
-    rate = _positive("lr", lr)
-    devices = _count("devices", job.devices)
-    headroom = _fraction("memory_headroom_fraction", job.memory_headroom_fraction)
+    per_device = checked_count("per_device_batch", per_device_batch)
+    accumulation = checked_count("accumulation_steps", accumulation_steps)
+    rate = checked_positive("lr", lr)
+    devices = checked_count("devices", job.devices)
+    headroom = checked_fraction("memory_headroom_fraction", job.memory_headroom_fraction)
     found: list[PlanCheck] = []
     GB = 1e9
 
@@ -180,7 +180,7 @@ def check_plan(
 
     # Time: compute per optimizer step, then the communication the stage needs, not overlapped.
     batch = global_batch_size(per_device, devices, accumulation)
-    compute = per_device * accumulation / _positive("samples_per_s_per_device", job.samples_per_s_per_device)
+    compute = per_device * accumulation / checked_positive("samples_per_s_per_device", job.samples_per_s_per_device)
     gradient_bytes = job.parameters * state_bytes_per_parameter(job.precision, job.optimizer).gradients
     comm = communication_per_step_s(
         parallelism, accumulation, gradient_bytes, devices, job.bandwidth_bytes_per_s, job.latency_s

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from .. import checks
-from ._checks import _count, _positive
+from ._checks import checked_count, checked_positive
 
 __all__ = ["causal_load_imbalance", "expert_capacity", "ring_attention_pairs"]
 
@@ -45,7 +45,7 @@ def ring_attention_pairs(sequence_length: int, ranks: int, layout: str = "contig
     its own (the diagonal) included: ``contiguous`` gives rank r ``(r + 1) (L/N)^2``; ``zigzag`` gives
     every rank ``(2N + 1) (L/2N)^2``.
     """
-    length, n = _count("sequence_length", sequence_length), _count("ranks", ranks)
+    length, n = checked_count("sequence_length", sequence_length), checked_count("ranks", ranks)
     chunks = _chunks(length, n, layout)
     size = length // sum(len(c) for c in chunks)
     return [sum(c + 1 for c in mine) * size * size for mine in chunks]
@@ -54,7 +54,7 @@ def ring_attention_pairs(sequence_length: int, ranks: int, layout: str = "contig
 def causal_load_imbalance(ranks: int, layout: str = "contiguous") -> float:
     """The busiest rank's work over the mean, in causal ring attention: ``2N/(N+1)`` for contiguous
     chunks (towards 2 as N grows), exactly 1 for zigzag."""
-    n = _count("ranks", ranks)
+    n = checked_count("ranks", ranks)
     pairs = ring_attention_pairs(2 * n, n, layout)
     return max(pairs) / (sum(pairs) / n)
 
@@ -62,5 +62,5 @@ def causal_load_imbalance(ranks: int, layout: str = "contiguous") -> float:
 def expert_capacity(tokens: int, experts: int, capacity_factor: float = 1.0) -> int:
     """Slots each expert has for a batch of ``tokens``: ``floor(capacity_factor * tokens / experts)``
     (GShard). At a factor of 1 a perfectly even router fills every slot; any imbalance drops tokens."""
-    t, e = _count("tokens", tokens), _count("experts", experts)
-    return math.floor(_positive("capacity_factor", capacity_factor) * t / e)
+    t, e = checked_count("tokens", tokens), checked_count("experts", experts)
+    return math.floor(checked_positive("capacity_factor", capacity_factor) * t / e)

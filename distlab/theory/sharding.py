@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import checks
-from ._checks import _count, _non_negative
+from ._checks import checked_count, checked_non_negative
 from .collectives import collective_bytes
 from .memory import activation_bytes, memory_breakdown, state_bytes_per_parameter
 
@@ -80,9 +80,10 @@ def sharded_memory(
     and optimizer states live in host memory; the device keeps only the gathered units.
     """
     stage = STRATEGIES[checks.choice("strategy", strategy, tuple(STRATEGIES))]
-    n = _count("data_parallel", data_parallel)
-    model_split = _count("tensor_parallel", tensor_parallel) * _count("pipeline_parallel", pipeline_parallel)
-    local = _non_negative("parameters", parameters) / model_split
+    n = checked_count("data_parallel", data_parallel)
+    tp = checked_count("tensor_parallel", tensor_parallel)
+    model_split = tp * checked_count("pipeline_parallel", pipeline_parallel)
+    local = checked_non_negative("parameters", parameters) / model_split
     checks.flag("reshard_after_forward", reshard_after_forward)
     checks.flag("cpu_offload", cpu_offload)
     if cpu_offload and stage < 3:
@@ -94,7 +95,7 @@ def sharded_memory(
     if stage == 3:
         whole = local  # parameters of this device's part of the model
         if reshard_after_forward and largest_unit_parameters is not None:
-            unit = _non_negative("largest_unit_parameters", largest_unit_parameters) / model_split
+            unit = checked_non_negative("largest_unit_parameters", largest_unit_parameters) / model_split
             whole = min(2 * unit, local)  # the unit computing and the one prefetched
         peak_extra = whole * state_bytes_per_parameter(precision, optimizer).weights
     if cpu_offload:
@@ -110,10 +111,10 @@ def sharded_memory(
 def _activation(micro_batch: int, seq_len: int, hidden: int, bytes_per_element: int) -> int:
     # memory.activation_bytes, with the arguments checked under this module's names.
     return activation_bytes(
-        _count("micro_batch", micro_batch),
-        _count("seq_len", seq_len),
-        _count("hidden", hidden),
-        _count("bytes_per_element", bytes_per_element),
+        checked_count("micro_batch", micro_batch),
+        checked_count("seq_len", seq_len),
+        checked_count("hidden", hidden),
+        checked_count("bytes_per_element", bytes_per_element),
     )
 
 
@@ -129,7 +130,7 @@ def local_sgd_bytes_per_step(parameters_bytes: float, world_size: int, interval:
     """Bytes each rank sends per step when the models are averaged every ``interval`` steps (local SGD,
     DiLoCo): one ring all-reduce of the parameters every H steps, ``2(N-1)/N * Psi / H``. At H = 1
     it is DDP's (parameters and gradients have the same size)."""
-    return ddp_bytes_per_step(parameters_bytes, world_size) / _count("interval", interval)
+    return ddp_bytes_per_step(parameters_bytes, world_size) / checked_count("interval", interval)
 
 
 def fsdp_bytes_per_step(parameters_bytes: float, world_size: int, reshard_after_forward: bool = True) -> float:
@@ -159,8 +160,8 @@ def tensor_parallel_bytes_per_step(
     Full recomputation repeats the forward's two all-reduces."""
     checks.flag("sequence_parallel", sequence_parallel)
     activation = _activation(micro_batch, seq_len, hidden, bytes_per_element)
-    n_layers = _count("layers", layers)
-    tensor_parallel = _count("tensor_parallel", tensor_parallel)
+    n_layers = checked_count("layers", layers)
+    tensor_parallel = checked_count("tensor_parallel", tensor_parallel)
     if sequence_parallel:
         one = (
             collective_bytes("all_gather", activation, tensor_parallel).sent_bytes
@@ -178,4 +179,4 @@ def pipeline_bytes_per_step(
     forward and its gradient backward, ``2 * m * bsh * bytes_per_element``. A middle stage sends (and
     receives) this much; the first and last stages half of it."""
     activation = _activation(micro_batch, seq_len, hidden, bytes_per_element)
-    return 2 * _count("micro_batches", micro_batches) * activation
+    return 2 * checked_count("micro_batches", micro_batches) * activation

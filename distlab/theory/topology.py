@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from .. import checks
-from ._checks import _count, _non_negative, _positive
+from ._checks import checked_count, checked_non_negative, checked_positive
 from .communication import ring_allreduce_time_s
 
 __all__ = ["fsdp_uplink_bytes_per_step", "ring_edge_bandwidths", "ring_uplink_crossings", "tiered_allreduce_time_s"]
@@ -69,8 +69,8 @@ def ring_edge_bandwidths(
     ``uplink_bytes_per_s`` None: uplinks as fast as the links.
     """
     node_of, rack_of = _placement(nodes, racks)
-    link = _positive("link_bytes_per_s", link_bytes_per_s)
-    uplink = link if uplink_bytes_per_s is None else _positive("uplink_bytes_per_s", uplink_bytes_per_s)
+    link = checked_positive("link_bytes_per_s", link_bytes_per_s)
+    uplink = link if uplink_bytes_per_s is None else checked_positive("uplink_bytes_per_s", uplink_bytes_per_s)
     n = len(node_of)
     edges = [(i, (i + 1) % n) for i in range(n) if n > 1]
     crossing = [(a, b) for a, b in edges if node_of[a] != node_of[b]]
@@ -97,7 +97,7 @@ def tiered_allreduce_time_s(
     """A ring all-reduce's time on two tiers: ``2(N-1)/N * S / B_slowest + 2(N-1) * a``, where
     B_slowest is the slowest edge's rate (:func:`ring_edge_bandwidths`). On a star of equal links
     with one rank per node this is :func:`ring_allreduce_time_s` at the link's rate."""
-    size = _non_negative("size_bytes", size_bytes)
+    size = checked_non_negative("size_bytes", size_bytes)
     rates = ring_edge_bandwidths(nodes, link_bytes_per_s, racks, uplink_bytes_per_s)
     slowest = min(rates, default=math.inf)
     n = len(nodes)
@@ -129,8 +129,8 @@ def fsdp_uplink_bytes_per_step(
 
     ``reduce_scatter="all_reduce"``: a reduce-scatter that moves an all-reduce's bytes (gloo's).
     """
-    size = _non_negative("parameters_bytes", parameters_bytes)
-    r, k = _count("racks", racks), _count("ranks_per_rack", ranks_per_rack)
+    size = checked_non_negative("parameters_bytes", parameters_bytes)
+    r, k = checked_count("racks", racks), checked_count("ranks_per_rack", ranks_per_rack)
     checks.choice("layout", layout, LAYOUTS, error=ValueError)
     checks.choice("reduce_scatter", reduce_scatter, REDUCE_SCATTERS, error=ValueError)
     checks.flag("reshard_after_forward", reshard_after_forward)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import checks
-from ._checks import _count, _non_negative, _positive
+from ._checks import checked_count, checked_non_negative, checked_positive
 
 # --------------------------------------------------------------------------------------------------
 # The model
@@ -42,10 +42,10 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
-            object.__setattr__(self, name, _count(name, getattr(self, name)))
+            object.__setattr__(self, name, checked_count(name, getattr(self, name)))
         checks.flag("tied_embeddings", self.tied_embeddings)
         checks.flag("learned_positions", self.learned_positions)
-        ffn = 4 * self.hidden if self.ffn_hidden is None else _count("ffn_hidden", self.ffn_hidden)
+        ffn = 4 * self.hidden if self.ffn_hidden is None else checked_count("ffn_hidden", self.ffn_hidden)
         object.__setattr__(self, "ffn_hidden", ffn)
         if self.head_dim is None:
             if self.hidden % self.heads:
@@ -55,7 +55,7 @@ class TransformerShape:
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         else:
-            object.__setattr__(self, "head_dim", _count("head_dim", self.head_dim))
+            object.__setattr__(self, "head_dim", checked_count("head_dim", self.head_dim))
 
     @property
     def attention_width(self) -> int:
@@ -107,7 +107,7 @@ def training_flops_per_token(
         n -= shape.seq_len * shape.hidden if shape.learned_positions else 0
         n -= 0 if shape.tied_embeddings else shape.vocab * shape.hidden
     else:
-        n = _positive("parameters", parameters)
+        n = checked_positive("parameters", parameters)
     scores = 12 * shape.layers * shape.attention_width * shape.seq_len if attention else 0
     return 6 * n + scores
 
@@ -116,8 +116,9 @@ def model_flops_utilization(tokens_per_s: float, flops_per_token: float, peak_fl
     """Model FLOPs utilisation: the model FLOPs achieved per second (tokens per second times
     :func:`training_flops_per_token`) over the hardware's peak. Recomputed forwards do not count (that
     is hardware FLOPs utilisation)."""
-    achieved = _non_negative("tokens_per_s", tokens_per_s) * _non_negative("flops_per_token", flops_per_token)
-    return achieved / _positive("peak_flops_per_s", peak_flops_per_s)
+    tokens = checked_non_negative("tokens_per_s", tokens_per_s)
+    achieved = tokens * checked_non_negative("flops_per_token", flops_per_token)
+    return achieved / checked_positive("peak_flops_per_s", peak_flops_per_s)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -152,12 +153,12 @@ def activation_bytes_per_layer(
     The numbers assume 16-bit activations and 1-byte dropout masks, as the paper does.
     ``bytes_per_element`` resizes the activations (4 for fp32); the masks stay 1 byte each.
     """
-    s, b = _count("seq_len", seq_len), _count("micro_batch", micro_batch)
-    h, a = _count("hidden", hidden), _count("heads", heads)
-    t = _count("tensor_parallel", tensor_parallel)
+    s, b = checked_count("seq_len", seq_len), checked_count("micro_batch", micro_batch)
+    h, a = checked_count("hidden", hidden), checked_count("heads", heads)
+    t = checked_count("tensor_parallel", tensor_parallel)
     checks.flag("sequence_parallel", sequence_parallel)
     checks.choice("recompute", recompute, RECOMPUTE)
-    e = _count("bytes_per_element", bytes_per_element)
+    e = checked_count("bytes_per_element", bytes_per_element)
     sbh = s * b * h
     if recompute == "full":
         return e * sbh / (t if sequence_parallel else 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ._checks import _number
+from ._checks import checked_number
 
 # --------------------------------------------------------------------------------------------------
 # Units
@@ -70,13 +70,13 @@ def unit_dimension(unit: str) -> str:
 def to_base_units(value: float, unit: str) -> float:
     """``value`` given in ``unit``, in base units (seconds, bytes, bytes/s, plain numbers)."""
     unit_dimension(unit)  # raises with the list of units
-    return _number("value", value) * UNITS[unit][1]
+    return checked_number("value", value) * UNITS[unit][1]
 
 
 def from_base_units(value: float, unit: str) -> float:
     """``value`` given in base units, expressed in ``unit``."""
     unit_dimension(unit)
-    return _number("value", value) / UNITS[unit][1]
+    return checked_number("value", value) / UNITS[unit][1]
 
 
 def dimension_of(name: str) -> str:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch import nn
+
+from ...rank.torchcompat_c10d import point_to_point_functions, replaced_point_to_point
 
 __all__ = ["NO_GRAD_INPUT", "Layout", "Recorder", "laid_out", "late_send"]
 
@@ -69,19 +69,14 @@ class Recorder:
         backwards = torch.Tensor.backward, torch.autograd.backward
         torch.Tensor.backward = self._timed(backwards[0])  # type: ignore[method-assign]
         torch.autograd.backward = self._timed(backwards[1])
-        p2p = {name: getattr(c10d, name) for name in _P2P}
-        for name, wrapped in self._p2p(p2p).items():
-            # Both names: P2POp checks its op against c10d's own isend and irecv.
-            setattr(dist, name, wrapped)
-            setattr(c10d, name, wrapped)
+        # Where torch looks them up itself too: P2POp checks its op against c10d's own isend and irecv.
+        replaced = replaced_point_to_point(self._p2p(point_to_point_functions(_P2P)))
         try:
-            yield
+            with replaced:
+                yield
         finally:
             del self.stage.forward
             torch.Tensor.backward, torch.autograd.backward = backwards  # type: ignore[method-assign]
-            for name, original in p2p.items():
-                setattr(dist, name, original)
-                setattr(c10d, name, original)
 
     def _forward(self, module_forward: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:

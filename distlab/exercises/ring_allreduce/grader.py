@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from ...rank.exercise import Learner, Tolerance, failed, first_difference, passed
+from ...rank.torchcompat_c10d import point_to_point_functions, replaced_point_to_point
 from ...theory import ring_allreduce_sent_bytes
 
 # The collectives a learner could reach for instead of building the ring (those this torch has).
@@ -110,24 +110,21 @@ class _Watch:
 
     @contextmanager
     def watching(self) -> Iterator[None]:
-        saved: list[tuple[Any, str, Any]] = []
+        # The sends counted where torch looks them up itself too: batch_isend_irecv checks a P2POp's op
+        # against distributed_c10d's own isend, and dist.send calls that isend.
+        counted = {name: self._counted(real) for name, real in point_to_point_functions(_SENDS).items()}
+        saved: list[tuple[str, Any]] = []
         try:
             for name in _COLLECTIVES:
                 real = getattr(dist, name, None)
                 if real is not None:
-                    saved.append((dist, name, real))
+                    saved.append((name, real))
                     setattr(dist, name, self._recorded(name, real))
-            for name in _SENDS:
-                # The same function in both places: batch_isend_irecv checks a P2POp's op against
-                # distributed_c10d's own isend, and dist.send calls that isend.
-                counted = self._counted(getattr(c10d, name))
-                for module in (dist, c10d):
-                    saved.append((module, name, getattr(module, name)))
-                    setattr(module, name, counted)
-            yield
+            with replaced_point_to_point(counted):
+                yield
         finally:
-            for module, name, real in reversed(saved):
-                setattr(module, name, real)
+            for name, real in reversed(saved):
+                setattr(dist, name, real)
 
     def _recorded(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(real)

@@ -1,0 +1,95 @@
+"""What the scale dry run (``rank/dryrun.py``) counts on a rank's step, as dispatch modes around it:
+every collective op (:class:`Collectives`: op, mesh dimension, group size, bytes in, phase) and this
+rank's FLOPs (:class:`LocalFlops`, by torch's formulas on its local ops).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.utils.flop_counter import flop_registry
+
+from . import torchcompat_fake
+from .torchcompat_dispatch import DispatchMode, collective_group, op_name
+
+__all__ = ["FLOPS", "Collectives", "LocalFlops"]
+
+_OPS = {  # the dispatcher's collective ops -> the names a report uses
+    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce", "broadcast_": "broadcast", "broadcast": "broadcast",
+    "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all", "send": "send", "recv_": "recv",
+}
+# Ops whose first argument is where the result goes, the input second.
+_OUTPUT_FIRST = {"_allgather_base_", "_reduce_scatter_base_", "allgather_", "reduce_scatter_",
+                 "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_"}
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class Collectives(DispatchMode):
+    """Counts every collective op of the step: (op, mesh dimension, group size, bytes in, phase) -> calls."""
+
+    def __init__(self, dims_of: dict[str, str]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dims_of, self.phase, self.calls = dims_of, "forward", Counter[tuple[str, str, int, int, str]]()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.namespace in ("c10d", "_c10d_functional") and op_name(func) in _OPS:
+            name = op_name(func)
+            group = collective_group(func, args, kwargs)
+            size = int(group.size()) if group is not None else 1
+            dim = self.dims_of.get(group.group_name, f"group of {size}") if group is not None else "world"
+            payload = _nbytes(args[1] if name in _OUTPUT_FIRST else args[0])
+            self.calls[(_OPS[name], dim, size, payload, self.phase)] += 1
+        return func(*args, **kwargs)
+
+    def report(self) -> list[dict[str, Any]]:
+        return [
+            {"op": op, "dim": dim, "group_size": size, "bytes": payload, "calls_per_micro_batch": calls, "phase": phase}
+            for (op, dim, size, payload, phase), calls in sorted(self.calls.items())
+            if size > 1  # a group of one moves nothing (FSDP2 still calls it when the dimension is 1)
+        ]
+
+
+#: torch's FLOP formulas by op; CPU's fused attention counted as the flash attention it stands for.
+FLOPS = {**flop_registry, **torchcompat_fake.cpu_attention_flop_formulas(flop_registry)}
+
+
+class LocalFlops(DispatchMode):
+    """This rank's FLOPs, by torch's formulas (``torch.utils.flop_counter``: matmuls and attention).
+
+    ``FlopCounterMode`` counts a DTensor op at its global shape, once for the whole tensor-parallel
+    group; this mode lets DTensor first turn the op into this rank's local ops (as torch's MemTracker
+    does) and counts those: what this GPU computes."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.flops = 0
+        self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        formula = FLOPS.get(func.overloadpacket)
+        # Not an op another fake mode runs. DTensor's propagation under this step's own mode looks like
+        # compute here: _run_kind fills its cache before the measured micro-batch.
+        if formula is not None and torchcompat_fake.active_fake_mode() is self.fake_mode:
+            self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+        return out

@@ -1,0 +1,103 @@
+"""The private torch APIs behind the scale dry run (``rank/dryrun.py``): fake tensors, a fake process
+group, a memory tracker, and the FLOP formulas of the attention kernels it runs.
+
+``rank/torchcompat.py``'s rule holds here: each private API is called in this module and nowhere else,
+with what it does and why no public API does it. Importing it imports ``torchcompat`` first, so the
+torch release is checked before any of these are touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+
+__all__ = [
+    "active_fake_mode",
+    "cpu_attention_flop_formulas",
+    "fake_store",
+    "fake_tensor_mode",
+    "memory_tracker",
+    "tracked_peak_bytes",
+]
+
+
+def fake_store() -> Any:
+    """A store for ``dist.init_process_group("fake", store=..., rank=r, world_size=n)``: torch's fake
+    process-group backend, whose collectives return at once and move nothing, so one process can be any
+    rank of a world of any size (``distlab.rank.dryrun``). ``torch.testing._internal.distributed.fake_pg``
+    is torch's own test utility (torchtitan validates its configurations with it); no public API offers
+    a process group that is not backed by peers."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def fake_tensor_mode() -> Any:
+    """``torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)``: tensors with shapes,
+    dtypes and devices but no data, and every op computed from shapes alone. Private module; the
+    documented way (``torch._subclasses``) to run a model without its memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def memory_tracker(*tracked: Any) -> Any:
+    """``torch.distributed._tools.mem_tracker.MemTracker`` tracking ``tracked`` (modules, optimizers):
+    a dispatch mode counting the bytes of every tensor alive, FSDP2's storage resizes included, and
+    its peak; it works under FakeTensorMode. Read with :func:`tracked_peak_bytes`.
+
+    ``_update_peak_stats`` runs after every op and, besides the global peak, walks every module seen so
+    far for per-module peaks, which the dry run does not read: at Llama 3's 32 to 126 blocks that walk
+    was half of a dry run's time. Overridden to keep the global peak alone (its snapshot, as torch's)."""
+    from copy import deepcopy
+
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class GlobalPeak(MemTracker):
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = deepcopy(snap)
+
+    tracker = GlobalPeak()
+    tracker.track_external(*tracked)
+    return tracker
+
+
+def tracked_peak_bytes(tracker: Any) -> int:
+    """The most bytes a :func:`memory_tracker` saw alive at once, over all devices (``"Total"``)."""
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(snap.get("Total", 0) for snap in peak.values()))
+
+
+def active_fake_mode() -> Any:
+    """The FakeTensorMode active now, or None (``torch._guards.active_fake_mode``). DTensor propagates
+    shardings by running each new op signature at its global shape under a FakeTensorMode: a new one
+    where none is active, else the active one. A mode that counts what a rank computes (the dry run's
+    FLOPs) skips ops run under another mode than its own, as torch's MemTracker does; under its own
+    mode that cannot tell them apart (the dry run fills DTensor's cache first)."""
+    from torch._guards import active_fake_mode as active
+
+    return active()
+
+
+def cpu_attention_flop_formulas(registry: Mapping[Any, Callable[..., int]]) -> dict[Any, Callable[..., int]]:
+    """FLOP formulas (``torch.utils.flop_counter``'s ``flop_registry``) for CPU's fused attention ops,
+    each the formula of the GPU flash-attention op it stands for (the same arguments first): the dry
+    run runs CPU kernels, the step it stands for runs flash attention.
+
+    ``aten._scaled_dot_product_flash_attention`` (and ``_for_cpu``, ``_backward``): the ops
+    ``scaled_dot_product_attention`` dispatches to, which the dispatcher sees; torch registers no
+    formula for the CPU ones, and the public op is never seen below autograd.
+    """
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: registry[aten._scaled_dot_product_flash_attention],
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            registry[aten._scaled_dot_product_flash_attention_backward],
+    }
