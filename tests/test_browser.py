@@ -19,14 +19,13 @@ from typing import Any
 
 import psutil
 import pytest
-from _browser import chromium_or_skip, launch_options, press_run
+from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, write_settings
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "00-start-here.ipynb"
-ARTIFACTS = REPO / "test-artifacts" / "browser"
 CELL_DEADLINE_MS = 180_000
 # A wrong option leaves Check enabled, so each option is given this long to close the question; the
 # verdict then has longer (a kernel answering widget messages slowly on a loaded CI machine, not a bug).
@@ -44,17 +43,6 @@ def _clean_copy(src: Path, dst: Path) -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
-def _write_settings(settings_dir: Path) -> None:
-    # Every cell in the DOM (no virtual scrolling), and no news or update pop-ups over the page.
-    for plugin, values in {
-        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        path = settings_dir / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
     chromium_or_skip()
@@ -62,7 +50,7 @@ def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
     root.mkdir()
     sources = _clean_copy(NOTEBOOK, root / NOTEBOOK.name)
     jupyter = JupyterLab(root, tmp_path / "jupyter")
-    _write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
+    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
     try:
         with jupyter:
             yield jupyter, sources
@@ -71,25 +59,7 @@ def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
         (ARTIFACTS / "jupyter.log").write_text(jupyter.log())
 
 
-@pytest.fixture
-def page(server: tuple[JupyterLab, list[str]]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(**launch_options())
-        context = browser.new_context(viewport={"width": 1500, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(60_000)
-        page.js_errors = []  # type: ignore[attr-defined]
-        page.on("console", lambda m: m.type == "error" and page.js_errors.append(f"console: {m.text}"))
-        page.on("pageerror", lambda e: page.js_errors.append(f"uncaught: {e}"))
-        try:
-            yield page
-        finally:
-            page.screenshot(path=str(ARTIFACTS / "last.png"))
-            context.close()
-            browser.close()
+page = browser_page("last.png")
 
 
 class Notebook:
@@ -120,12 +90,6 @@ class Notebook:
 
     def run_all_but_last(self) -> dict[int, Any]:
         return {i: self.run(i) for i in range(len(self.sources) - 1)}
-
-
-def _kernel_idle(jupyter: JupyterLab, path: str) -> bool:
-    sessions = jupyter.request("GET", "/api/sessions")[1] or []
-    kernel = next((s["kernel"] for s in sessions if s["path"] == path and s.get("kernel")), None)
-    return kernel is not None and jupyter.request("GET", f"/api/kernels/{kernel['id']}")[1]["execution_state"] == "idle"
 
 
 def _alive(pid: int) -> bool:
@@ -207,7 +171,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     page.goto(f"{jupyter.url}/lab/tree/{NOTEBOOK.name}?token={jupyter.token}")
     page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for()
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-    wait_for(lambda: _kernel_idle(jupyter, NOTEBOOK.name), 90, "the notebook's kernel to be ready")
+    wait_for(lambda: jupyter.kernel_idle(NOTEBOOK.name), 90, "the notebook's kernel to be ready")
     nb = Notebook(page, sources)
 
     outputs = nb.run_all_but_last()
@@ -301,4 +265,4 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert stop.returncode == 0, stop.stderr[-2000:]
     page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
 
-    assert page.js_errors == []  # type: ignore[attr-defined]
+    assert page.js_errors == [] and page.console_errors == []

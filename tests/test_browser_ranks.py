@@ -17,14 +17,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from _browser import chromium_or_skip, launch_options, press_run
+from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, write_settings
 from _jupyter import JupyterLab, wait_for
-from test_browser import _kernel_idle, _write_settings
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
-ARTIFACTS = REPO / "test-artifacts" / "browser"
 NAME = "ranks-show.ipynb"
 SEEN = "dashboard-seen"  # made in the notebooks' folder once the live plot is seen: the training cell may end
 CELL_DEADLINE_MS = 180_000
@@ -110,7 +107,7 @@ def server(tmp_path: Path) -> Iterator[JupyterLab]:
     )
     nbformat.write(notebook, root / NAME)
     jupyter = JupyterLab(root, tmp_path / "jupyter")
-    _write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
+    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
     try:
         with jupyter:
             yield jupyter
@@ -119,24 +116,7 @@ def server(tmp_path: Path) -> Iterator[JupyterLab]:
         (ARTIFACTS / "jupyter-ranks.log").write_text(jupyter.log())
 
 
-@pytest.fixture
-def page(server: JupyterLab) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(**launch_options())
-        context = browser.new_context(viewport={"width": 1500, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(60_000)
-        page.js_errors = []  # type: ignore[attr-defined]
-        page.on("pageerror", lambda e: page.js_errors.append(f"uncaught: {e}"))
-        try:
-            yield page
-        finally:
-            page.screenshot(path=str(ARTIFACTS / "ranks-last.png"))
-            context.close()
-            browser.close()
+page = browser_page("ranks-last.png")
 
 
 class Cells:
@@ -176,7 +156,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     page.goto(f"{jupyter.url}/lab/tree/{NAME}?token={jupyter.token}")
     page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for()
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-    wait_for(lambda: _kernel_idle(jupyter, NAME), 90, "the notebook's kernel to be ready")
+    wait_for(lambda: jupyter.kernel_idle(NAME), 90, "the notebook's kernel to be ready")
     cells = Cells(page)
     assert "2 ranks ready" in cells.run(0).inner_text()
 
