@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 __all__ = ["ARTIFACTS", "CHROMIUM", "browser_page", "chromium_or_skip", "launch_options", "press_run",
-           "write_settings"]
+           "shot", "write_settings"]
 
 CHROMIUM = os.environ.get("DISTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 #: The browser tests' screenshots and servers' logs.
@@ -47,6 +47,11 @@ def press_run(page: Any, prompt: Any) -> None:
             return
         except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
             continue
+
+
+def shot(page: Any, name: str) -> None:
+    """A screenshot of ``page`` as ARTIFACTS / ``name``.png."""
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
 def write_settings(settings_dir: Path) -> None:

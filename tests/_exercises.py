@@ -87,6 +87,13 @@ class Harness:
         kwargs.setdefault("seed", self.seed)
         return exercises.check(self.name, lab, record=False, **kwargs)
 
+    def warm(self, lab: Lab) -> None:
+        """Check the reference once, as a learner's earlier checks would have, before a test that stops a case
+        at a short deadline: stopped while its ranks still import what a first case needs (torch's, past
+        5 s on a loaded machine), a case leaves a module half imported there, and later cases fail on it."""
+        result = self.check(lab, self.solution)
+        assert result.passed, result.feedback
+
     def graded_only_at(self, monkeypatch: pytest.MonkeyPatch, *sizes: int) -> None:
         """Grade the exercise in worlds of ``sizes`` alone for this test (fewer restarts of the grader's lab)."""
         monkeypatch.setitem(catalog.EXERCISES, self.name, replace(catalog.EXERCISES[self.name], world_sizes=sizes))

@@ -228,3 +228,13 @@ def distlab_processes() -> list[psutil.Process]:
                                    "ipengine", "ipcontroller")) and ours(proc):
             found.append(proc)
     return found
+
+
+def spawned_since(before: set[int]) -> list[str]:
+    """The command lines of the kernels, ipyparallel and distlab processes this test run started that are
+    not among the pids ``before``: what a test that ends them expects to see gone."""
+    return [
+        " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["pid", "cmdline"])
+        if p.pid not in before and ours(p)
+        and any(k in " ".join(p.info["cmdline"] or []) for k in ("ipyparallel", "distlab", "ipykernel"))
+    ]

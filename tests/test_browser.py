@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, write_settings
+from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, shot, write_settings
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -97,10 +97,6 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
 def _answer_quiz(quiz: Any) -> list[str]:
@@ -192,7 +188,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
     assert "Error displaying widget" not in training.inner_text()
     training.scroll_into_view_if_needed()
-    _shot(page, "1-dashboard")
+    shot(page, "1-dashboard")
 
     # A failed rank is named in the error a person reads.
     failure = outputs[nb.index("corrupt shard")].inner_text()
@@ -205,7 +201,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert any(v.startswith("✔") for v in verdicts), verdicts  # a right answer, graded in Python
     assert re.search(r"\d+ of \d+ right at the first try", quiz.inner_text())
     quiz.scroll_into_view_if_needed()
-    _shot(page, "2-quiz")
+    shot(page, "2-quiz")
 
     # The Distributed side panel and the status bar show this notebook's lab.
     page.locator(".jp-SideBar .lm-TabBar-tab[data-id='distlab-panel']").click()
@@ -218,7 +214,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert [(r["rank"], r["device"], r["health"]) for r in ranks] == [("0", "cpu", "ok"), ("1", "cpu", "ok")]
     status_item = page.locator(".distlab-status")
     assert status_item.inner_text() == "distlab: 2 ranks · ok"
-    _shot(page, "3-side-panel")
+    shot(page, "3-side-panel")
 
     # The panel's Stacks button: every rank's live frames, read by the server (between cells: idle).
     lab.locator("button.distlab-stacks-button").click()
@@ -241,7 +237,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert "lab stopped" in stopped, stopped
     page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
     page.locator(".distlab-status").wait_for(state="hidden", timeout=10_000)
-    _shot(page, "4-stopped")
+    shot(page, "4-stopped")
 
     # Start again (the first cell) and stop from the panel's Stop button this time.
     nb.run(0)
@@ -259,7 +255,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     waiting.wait_for(timeout=30_000)
     assert re.search(rf"2 ranks · gloo · ends in (59|60) min unless attached: %dist attach {kept_id}",
                      waiting.inner_text()), waiting.inner_text()
-    _shot(page, "5-kept")
+    shot(page, "5-kept")
     stop = subprocess.run([sys.executable, "-c", f"import distlab\ndistlab.attach({kept_id!r}).stop()"],
                           env=jupyter.env, capture_output=True, text=True, timeout=120, check=False)
     assert stop.returncode == 0, stop.stderr[-2000:]

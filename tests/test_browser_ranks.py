@@ -17,7 +17,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, write_settings
+from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, shot, write_settings
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -147,10 +147,6 @@ class Cells:
         return self.finish(i)
 
 
-def _shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-
-
 def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: JupyterLab, page: Any) -> None:
     jupyter = server
     page.goto(f"{jupyter.url}/lab/tree/{NAME}?token={jupyter.token}")
@@ -178,7 +174,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     slider = cells.run(3).locator(".widget-slider")
     slider.wait_for()
     slider.locator(".widget-readout").filter(has_text=re.compile(r"^\s*10\s*$")).wait_for(timeout=30_000)
-    _shot(page, "ranks-1-displays")
+    shot(page, "ranks-1-displays")
 
     # The live dashboard (plotly in the page, data plotted) while the cell trains; its picture after.
     training = cells.start(4)
@@ -200,7 +196,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
         )
         raise AssertionError(f"no line drawn in the live dashboard: (title, path lengths) {drawn}; "
                              f"page errors {page.js_errors}") from e  # type: ignore[attr-defined]
-    _shot(page, "ranks-2-dashboard-live")
+    shot(page, "ranks-2-dashboard-live")
     (server.root / SEEN).touch()
     training = cells.finish(4)
     picture = training.locator(".jp-RenderedImage img")
@@ -212,7 +208,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     debug = cells.run(6).inner_text()
     assert "rank 1" in debug and "scale" in debug and "weights" in debug, debug
     assert re.search(r"\(3, 4\).*float32|float32.*\(3, 4\)", debug), debug
-    _shot(page, "ranks-3-debug")
+    shot(page, "ranks-3-debug")
     assert "lab stopped" in cells.run(7).inner_text()
 
     # Saved, the notebook keeps what was shown, with no widget needed for the bars or the dashboard.
@@ -248,5 +244,5 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     picture.wait_for(timeout=60_000)
     assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
     assert "Error displaying widget" not in reopened.inner_text()
-    _shot(page, "ranks-4-reopened")
+    shot(page, "ranks-4-reopened")
     assert page.js_errors == []  # type: ignore[attr-defined]

@@ -92,6 +92,7 @@ MISTAKES = {
 
 
 def test_a_deadlock_is_stopped_named_and_both_labs_work_afterwards(lab):
+    harness.warm(lab)
     deadlock = """
 def average_gradients(model):
     for p in model.parameters():

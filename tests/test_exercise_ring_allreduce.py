@@ -107,6 +107,7 @@ def test_the_grader_puts_torch_distributed_back_after_a_failing_check(lab, three
 
 
 def test_a_deadlock_is_stopped_named_and_both_labs_work_afterwards(lab, three_ranks_only):
+    harness.warm(lab)
     deadlock = """
 def ring_all_reduce(tensor):
     for step in range(world_size - 1):
