@@ -1,14 +1,23 @@
-"""Debian's chromium, driven by Playwright (whose own browser download is not used)."""
+"""Debian's chromium, driven by Playwright (whose own browser download is not used), and what the browser
+tests share: their page, JupyterLab's settings for them, where their screenshots go."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CHROMIUM", "chromium_or_skip", "launch_options"]
+import pytest
+
+__all__ = ["ARTIFACTS", "CHROMIUM", "browser_page", "chromium_or_skip", "launch_options", "press_run",
+           "shot", "write_settings"]
 
 CHROMIUM = os.environ.get("DISTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+#: The browser tests' screenshots and servers' logs.
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 
 
 def launch_options() -> dict[str, Any]:
@@ -21,8 +30,6 @@ def launch_options() -> dict[str, Any]:
 
 def chromium_or_skip() -> None:
     """Skip (with the fix) where chromium is missing; `make system-deps` installs it."""
-    import pytest
-
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no chromium at {CHROMIUM}: run `make system-deps` (Debian: apt-get install chromium)")
 
@@ -40,3 +47,48 @@ def press_run(page: Any, prompt: Any) -> None:
             return
         except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
             continue
+
+
+def shot(page: Any, name: str) -> None:
+    """A screenshot of ``page`` as ARTIFACTS / ``name``.png."""
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def write_settings(settings_dir: Path) -> None:
+    """JupyterLab's settings for a test: every cell in the DOM (no virtual scrolling), and no news or
+    update pop-ups over the page."""
+    for plugin, values in {
+        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    }.items():
+        path = settings_dir / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+def browser_page(last_shot: str) -> Callable[..., Any]:
+    """A fixture, ``page``: a Chromium page (1500 x 1000, 60 s per action) opened once the test module's
+    ``server`` fixture is up. It keeps the page's uncaught errors in ``page.js_errors`` and its console's
+    errors in ``page.console_errors``; its last state is saved as ARTIFACTS / ``last_shot``, pass or fail."""
+
+    @pytest.fixture
+    def page(server: object) -> Iterator[Any]:
+        from playwright.sync_api import sync_playwright
+
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(**launch_options())
+            context = browser.new_context(viewport={"width": 1500, "height": 1000})
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            page.js_errors, page.console_errors = [], []
+            page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+            page.on("pageerror", lambda e: page.js_errors.append(f"uncaught: {e}"))
+            try:
+                yield page
+            finally:
+                page.screenshot(path=str(ARTIFACTS / last_shot))
+                context.close()
+                browser.close()
+
+    return page

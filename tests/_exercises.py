@@ -1,44 +1,68 @@
-"""The harness the exercise tests share: a learner's lab per module, and one exercise's checks of a cell's code.
+"""What the exercise tests share: the learner's lab, one exercise's checks of a cell's code, and the
+contract each exercise's own test file keeps.
 
-Each ``test_exercise_<module>.py`` says::
+Every exercise is graded by the same two tests, in ``test_exercises_graded.py``, parametrized over
+the catalog: its reference solution passes in every world it is graded in, and each mistake learners
+make fails with feedback naming it. What is particular to an exercise is in its own file,
+``test_exercise_<module>.py``, under these names (the two tests read them)::
 
-    harness = Harness("ring-allreduce")
-    lab = learners_lab()           # the module's learner lab, a fixture
+    harness = Harness("ring-allreduce")   # its reference solution, changed, checked
+    lab = learners_lab()                  # the shared learner's lab, as a fixture, for its own tests
 
-    def test_...(lab):
-        result = harness.check(lab, harness.changed("n - 1", "n - 2"))
+    MISTAKES = {"reduce-scatter-a-step-short": (harness.changed("n - 1", "n - 2", 1), "not fully reduced")}
+
+and, where it needs them, ``reference_measures(result)`` (asserts what the reference's passing result
+must also have measured), ``MISTAKES_GRADED_AT = (3,)`` (the worlds its mistakes are graded in, when
+fewer than the exercise's) and ``leftovers()`` (what a check must not leave behind: a list, empty).
 
 A check runs the code as the learner's ``%%ddp`` cell on the lab, then grades it as ``%exercise check``
-does (on the grader's own lab), with a fixed seed so that a failure can be drawn again, and without
+does (on the grader's own labs), with a fixed seed so that a failure can be drawn again, and without
 recording it in the learner's progress.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
+from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import whole
 
-import distlab
 from distlab import exercises
 from distlab.exercises import catalog
+from distlab.exercises.model import Exercise
 from distlab.exercises.results import ExerciseResult
 from distlab.notebook.lab import Lab
 
-__all__ = ["Harness", "learners_lab"]
+__all__ = ["ALL", "Harness", "each_exercise", "exercise_tests", "learners_lab"]
+
+#: Every exercise of the catalog, in course order.
+ALL: list[Exercise] = list(catalog.EXERCISES.values())
+#: A test's parametrization over the catalog, each case named after its exercise.
+each_exercise = pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])
 
 
 def learners_lab() -> Callable[..., Any]:
-    """A fixture, ``lab``: a learner's 2-rank lab kept for the module's tests, stopped after the last."""
+    """A fixture, ``lab``: the learner's 2-rank lab all exercise tests share (conftest's ``_learners_lab``).
 
-    @pytest.fixture(scope="module")
-    def lab() -> Iterator[Lab]:
-        with distlab.start(ranks=2) as lab:
-            yield lab
+    One for the whole run, not one per file: the grader's labs it keeps, one per world size, are
+    started by the first check at that size and serve every exercise's checks after it. A test that
+    left it with a dead rank gives the next one a whole world again.
+    """
+
+    @pytest.fixture
+    def lab(_learners_lab: Lab) -> Lab:
+        return whole(_learners_lab)
 
     return lab
+
+
+def exercise_tests(exercise: Exercise) -> ModuleType:
+    """The exercise's own test file, ``test_exercise_<module>.py``: an exercise without one fails its tests."""
+    return import_module(f"test_exercise_{exercise.module}")
 
 
 class Harness:
@@ -62,6 +86,13 @@ class Harness:
         lab.run(code, stream=False)
         kwargs.setdefault("seed", self.seed)
         return exercises.check(self.name, lab, record=False, **kwargs)
+
+    def warm(self, lab: Lab) -> None:
+        """Check the reference once, as a learner's earlier checks would have, before a test that stops a case
+        at a short deadline: stopped while its ranks still import what a first case needs (torch's, past
+        5 s on a loaded machine), a case leaves a module half imported there, and later cases fail on it."""
+        result = self.check(lab, self.solution)
+        assert result.passed, result.feedback
 
     def graded_only_at(self, monkeypatch: pytest.MonkeyPatch, *sizes: int) -> None:
         """Grade the exercise in worlds of ``sizes`` alone for this test (fewer restarts of the grader's lab)."""

@@ -158,6 +158,14 @@ class JupyterLab:
         assert status == 200, (status, body)
         return list(body["labs"])
 
+    def kernel_idle(self, path: str) -> bool:
+        """Whether the notebook at ``path`` (relative to the root) has a kernel, and it is idle."""
+        sessions = self.request("GET", "/api/sessions")[1] or []
+        kernel = next((s["kernel"] for s in sessions if s["path"] == path and s.get("kernel")), None)
+        if kernel is None:
+            return False
+        return bool(self.request("GET", f"/api/kernels/{kernel['id']}")[1]["execution_state"] == "idle")
+
     def new_session(self, path: str) -> dict[str, Any]:
         status, body = self.request(
             "POST", "/api/sessions", {"path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}}

@@ -42,7 +42,7 @@ if "DISTLAB_QUIZ_PROGRESS" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["DISTLAB_QUIZ_PROGRESS"], ignore_errors=True)
 
 # Fixtures that start processes: a test using one is in the cluster tier.
-_PROCESS_FIXTURES = {"lab", "_shared_lab", "lab_factory", "ipython", "jupyter"}
+_PROCESS_FIXTURES = {"lab", "_shared_lab", "_learners_lab", "lab_factory", "ipython", "jupyter"}
 # Test modules that are end-to-end runs as a whole.
 _E2E_MODULES = {"test_browser.py", "test_browser_ranks.py", "test_binder.py", "test_soak.py"}
 
@@ -144,16 +144,32 @@ def _shared_lab() -> Iterator[Lab]:
         shared.stop()
 
 
-@pytest.fixture
-def lab(_shared_lab: Lab) -> Lab:
-    """One 2-rank gloo lab shared by tests that leave it as they found it.
+def whole(shared: Lab) -> Lab:
+    """``shared``, a 2-rank lab kept across tests, with 2 healthy ranks again if it lost them.
 
     A test that failed half-way may leave a rank dead or the group broken: the next test gets a
     fresh world instead of failing for the same cause.
     """
-    if _shared_lab.world_size != 2 or any(row.health != "ok" for row in _shared_lab.status()):
-        _shared_lab.restart(ranks=2)
-    return _shared_lab
+    if shared.world_size != 2 or any(row.health != "ok" for row in shared.status()):
+        shared.restart(ranks=2)
+    return shared
+
+
+@pytest.fixture
+def lab(_shared_lab: Lab) -> Lab:
+    """One 2-rank gloo lab shared by tests that leave it as they found it."""
+    return whole(_shared_lab)
+
+
+@pytest.fixture(scope="session")
+def _learners_lab() -> Iterator[Lab]:
+    """The learner's 2-rank lab the exercise tests share (tests/_exercises.py), apart from ``lab``:
+    the grader's labs it keeps (one per world size) live as long as it does."""
+    shared = distlab.start(ranks=2)
+    try:
+        yield shared
+    finally:
+        shared.stop()
 
 
 @pytest.fixture
@@ -212,3 +228,13 @@ def distlab_processes() -> list[psutil.Process]:
                                    "ipengine", "ipcontroller")) and ours(proc):
             found.append(proc)
     return found
+
+
+def spawned_since(before: set[int]) -> list[str]:
+    """The command lines of the kernels, ipyparallel and distlab processes this test run started that are
+    not among the pids ``before``: what a test that ends them expects to see gone."""
+    return [
+        " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["pid", "cmdline"])
+        if p.pid not in before and ours(p)
+        and any(k in " ".join(p.info["cmdline"] or []) for k in ("ipyparallel", "distlab", "ipykernel"))
+    ]

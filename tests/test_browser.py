@@ -19,14 +19,13 @@ from typing import Any
 
 import psutil
 import pytest
-from _browser import chromium_or_skip, launch_options, press_run
+from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, shot, write_settings
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "00-start-here.ipynb"
-ARTIFACTS = REPO / "test-artifacts" / "browser"
 CELL_DEADLINE_MS = 180_000
 # A wrong option leaves Check enabled, so each option is given this long to close the question; the
 # verdict then has longer (a kernel answering widget messages slowly on a loaded CI machine, not a bug).
@@ -44,17 +43,6 @@ def _clean_copy(src: Path, dst: Path) -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
-def _write_settings(settings_dir: Path) -> None:
-    # Every cell in the DOM (no virtual scrolling), and no news or update pop-ups over the page.
-    for plugin, values in {
-        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        path = settings_dir / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
     chromium_or_skip()
@@ -62,7 +50,7 @@ def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
     root.mkdir()
     sources = _clean_copy(NOTEBOOK, root / NOTEBOOK.name)
     jupyter = JupyterLab(root, tmp_path / "jupyter")
-    _write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
+    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
     try:
         with jupyter:
             yield jupyter, sources
@@ -71,25 +59,7 @@ def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
         (ARTIFACTS / "jupyter.log").write_text(jupyter.log())
 
 
-@pytest.fixture
-def page(server: tuple[JupyterLab, list[str]]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(**launch_options())
-        context = browser.new_context(viewport={"width": 1500, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(60_000)
-        page.js_errors = []  # type: ignore[attr-defined]
-        page.on("console", lambda m: m.type == "error" and page.js_errors.append(f"console: {m.text}"))
-        page.on("pageerror", lambda e: page.js_errors.append(f"uncaught: {e}"))
-        try:
-            yield page
-        finally:
-            page.screenshot(path=str(ARTIFACTS / "last.png"))
-            context.close()
-            browser.close()
+page = browser_page("last.png")
 
 
 class Notebook:
@@ -122,21 +92,11 @@ class Notebook:
         return {i: self.run(i) for i in range(len(self.sources) - 1)}
 
 
-def _kernel_idle(jupyter: JupyterLab, path: str) -> bool:
-    sessions = jupyter.request("GET", "/api/sessions")[1] or []
-    kernel = next((s["kernel"] for s in sessions if s["path"] == path and s.get("kernel")), None)
-    return kernel is not None and jupyter.request("GET", f"/api/kernels/{kernel['id']}")[1]["execution_state"] == "idle"
-
-
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
 def _answer_quiz(quiz: Any) -> list[str]:
@@ -207,7 +167,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     page.goto(f"{jupyter.url}/lab/tree/{NOTEBOOK.name}?token={jupyter.token}")
     page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for()
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-    wait_for(lambda: _kernel_idle(jupyter, NOTEBOOK.name), 90, "the notebook's kernel to be ready")
+    wait_for(lambda: jupyter.kernel_idle(NOTEBOOK.name), 90, "the notebook's kernel to be ready")
     nb = Notebook(page, sources)
 
     outputs = nb.run_all_but_last()
@@ -228,7 +188,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
     assert "Error displaying widget" not in training.inner_text()
     training.scroll_into_view_if_needed()
-    _shot(page, "1-dashboard")
+    shot(page, "1-dashboard")
 
     # A failed rank is named in the error a person reads.
     failure = outputs[nb.index("corrupt shard")].inner_text()
@@ -241,7 +201,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert any(v.startswith("✔") for v in verdicts), verdicts  # a right answer, graded in Python
     assert re.search(r"\d+ of \d+ right at the first try", quiz.inner_text())
     quiz.scroll_into_view_if_needed()
-    _shot(page, "2-quiz")
+    shot(page, "2-quiz")
 
     # The Distributed side panel and the status bar show this notebook's lab.
     page.locator(".jp-SideBar .lm-TabBar-tab[data-id='distlab-panel']").click()
@@ -254,7 +214,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert [(r["rank"], r["device"], r["health"]) for r in ranks] == [("0", "cpu", "ok"), ("1", "cpu", "ok")]
     status_item = page.locator(".distlab-status")
     assert status_item.inner_text() == "distlab: 2 ranks · ok"
-    _shot(page, "3-side-panel")
+    shot(page, "3-side-panel")
 
     # The panel's Stacks button: every rank's live frames, read by the server (between cells: idle).
     lab.locator("button.distlab-stacks-button").click()
@@ -277,7 +237,7 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     assert "lab stopped" in stopped, stopped
     page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
     page.locator(".distlab-status").wait_for(state="hidden", timeout=10_000)
-    _shot(page, "4-stopped")
+    shot(page, "4-stopped")
 
     # Start again (the first cell) and stop from the panel's Stop button this time.
     nb.run(0)
@@ -295,10 +255,10 @@ def test_start_here_notebook_runs_in_chromium_and_the_side_panel_follows_its_lab
     waiting.wait_for(timeout=30_000)
     assert re.search(rf"2 ranks · gloo · ends in (59|60) min unless attached: %dist attach {kept_id}",
                      waiting.inner_text()), waiting.inner_text()
-    _shot(page, "5-kept")
+    shot(page, "5-kept")
     stop = subprocess.run([sys.executable, "-c", f"import distlab\ndistlab.attach({kept_id!r}).stop()"],
                           env=jupyter.env, capture_output=True, text=True, timeout=120, check=False)
     assert stop.returncode == 0, stop.stderr[-2000:]
     page.locator("#distlab-panel .distlab-empty").wait_for(timeout=30_000)
 
-    assert page.js_errors == []  # type: ignore[attr-defined]
+    assert page.js_errors == [] and page.console_errors == []

@@ -17,14 +17,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from _browser import chromium_or_skip, launch_options, press_run
+from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, shot, write_settings
 from _jupyter import JupyterLab, wait_for
-from test_browser import _kernel_idle, _write_settings
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
-ARTIFACTS = REPO / "test-artifacts" / "browser"
 NAME = "ranks-show.ipynb"
 SEEN = "dashboard-seen"  # made in the notebooks' folder once the live plot is seen: the training cell may end
 CELL_DEADLINE_MS = 180_000
@@ -110,7 +107,7 @@ def server(tmp_path: Path) -> Iterator[JupyterLab]:
     )
     nbformat.write(notebook, root / NAME)
     jupyter = JupyterLab(root, tmp_path / "jupyter")
-    _write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
+    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
     try:
         with jupyter:
             yield jupyter
@@ -119,24 +116,7 @@ def server(tmp_path: Path) -> Iterator[JupyterLab]:
         (ARTIFACTS / "jupyter-ranks.log").write_text(jupyter.log())
 
 
-@pytest.fixture
-def page(server: JupyterLab) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(**launch_options())
-        context = browser.new_context(viewport={"width": 1500, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(60_000)
-        page.js_errors = []  # type: ignore[attr-defined]
-        page.on("pageerror", lambda e: page.js_errors.append(f"uncaught: {e}"))
-        try:
-            yield page
-        finally:
-            page.screenshot(path=str(ARTIFACTS / "ranks-last.png"))
-            context.close()
-            browser.close()
+page = browser_page("ranks-last.png")
 
 
 class Cells:
@@ -167,16 +147,12 @@ class Cells:
         return self.finish(i)
 
 
-def _shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-
-
 def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: JupyterLab, page: Any) -> None:
     jupyter = server
     page.goto(f"{jupyter.url}/lab/tree/{NAME}?token={jupyter.token}")
     page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for()
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-    wait_for(lambda: _kernel_idle(jupyter, NAME), 90, "the notebook's kernel to be ready")
+    wait_for(lambda: jupyter.kernel_idle(NAME), 90, "the notebook's kernel to be ready")
     cells = Cells(page)
     assert "2 ranks ready" in cells.run(0).inner_text()
 
@@ -198,7 +174,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     slider = cells.run(3).locator(".widget-slider")
     slider.wait_for()
     slider.locator(".widget-readout").filter(has_text=re.compile(r"^\s*10\s*$")).wait_for(timeout=30_000)
-    _shot(page, "ranks-1-displays")
+    shot(page, "ranks-1-displays")
 
     # The live dashboard (plotly in the page, data plotted) while the cell trains; its picture after.
     training = cells.start(4)
@@ -220,7 +196,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
         )
         raise AssertionError(f"no line drawn in the live dashboard: (title, path lengths) {drawn}; "
                              f"page errors {page.js_errors}") from e  # type: ignore[attr-defined]
-    _shot(page, "ranks-2-dashboard-live")
+    shot(page, "ranks-2-dashboard-live")
     (server.root / SEEN).touch()
     training = cells.finish(4)
     picture = training.locator(".jp-RenderedImage img")
@@ -232,7 +208,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     debug = cells.run(6).inner_text()
     assert "rank 1" in debug and "scale" in debug and "weights" in debug, debug
     assert re.search(r"\(3, 4\).*float32|float32.*\(3, 4\)", debug), debug
-    _shot(page, "ranks-3-debug")
+    shot(page, "ranks-3-debug")
     assert "lab stopped" in cells.run(7).inner_text()
 
     # Saved, the notebook keeps what was shown, with no widget needed for the bars or the dashboard.
@@ -268,5 +244,5 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
     picture.wait_for(timeout=60_000)
     assert picture.evaluate("img => img.complete && img.naturalWidth") == 880  # the dashboard's picture
     assert "Error displaying widget" not in reopened.inner_text()
-    _shot(page, "ranks-4-reopened")
+    shot(page, "ranks-4-reopened")
     assert page.js_errors == []  # type: ignore[attr-defined]

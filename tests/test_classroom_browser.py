@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import chromium_or_skip, launch_options, press_run
+from _browser import chromium_or_skip, launch_options, press_run, write_settings
 from _hub import USER_PASSWORD, Hub
 from _jupyter import wait_for
-from test_browser import _write_settings
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +42,7 @@ def _clean_copy(folder: Path) -> list[str]:
 
 def _settings(home: str, uid: int, gid: int) -> None:
     """Every cell in the DOM (no virtual scrolling), no news pop-ups: the learner's own JupyterLab settings."""
-    _write_settings(Path(home, ".jupyter", "lab", "user-settings"))
+    write_settings(Path(home, ".jupyter", "lab", "user-settings"))
     for folder, dirs, files in os.walk(Path(home, ".jupyter")):
         for name in [".", *dirs, *files]:
             os.chown(os.path.join(folder, name), uid, gid)

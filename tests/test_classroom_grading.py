@@ -28,7 +28,7 @@ import psutil
 import pytest
 from _hub import Hub, as_learner, namespaces_of
 from _jupyter import wait_for
-from conftest import ours
+from conftest import spawned_since
 from test_classroom_nbgrader import SUMS_ONLY, _solutions, _text, config_text, nbgrader
 
 from distlab.classroom.assignment import write_assignment
@@ -75,14 +75,6 @@ def _netns_of(hub: Hub, name: str) -> str:
 def _pids_of(uid: int) -> set[int]:
     out = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, text=True, check=False).stdout
     return {int(p) for p in out.split()}
-
-
-def _spawned(before: set[int]) -> list[str]:
-    return [
-        " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["pid", "cmdline"])
-        if p.pid not in before and ours(p)
-        and any(k in " ".join(p.info["cmdline"] or []) for k in ("ipyparallel", "distlab", "ipykernel"))
-    ]
 
 
 def test_learners_fetch_submit_and_read_their_own_feedback_graded_on_live_ranks_and_nothing_of_each_other(
@@ -209,7 +201,7 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
 
     # Nothing of the grading outlived it: the autograde kernels and their labs (by the notebook's last
     # cell, or distlab's reaper where nbclient killed a kernel still stopping them: hence a wait)...
-    wait_for(lambda: not _spawned(before), 120, "the autograde kernels and their labs to end")
+    wait_for(lambda: not spawned_since(before), 120, "the autograde kernels and their labs to end")
     assert not list(instructor.rglob("lab-*.json"))
     # ...and each learner's nbgrader: the server is all they run, and with it stopped, nothing.
     for name in LEARNERS:

@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from conftest import ours
+from conftest import spawned_since
 
 from distlab.classroom.assignment import main_assignment, write_assignment
 from distlab.quiz import bank
@@ -92,14 +92,6 @@ def _fill(notebook: Path, answers: dict[str, str]) -> None:
     nbformat.write(nb, notebook)
 
 
-def _spawned(before: set[int]) -> list[str]:
-    return [
-        " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["pid", "cmdline"])
-        if p.pid not in before and ours(p)
-        and any(k in " ".join(p.info["cmdline"] or []) for k in ("ipyparallel", "distlab", "ipykernel"))
-    ]
-
-
 @pytest.mark.e2e
 def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_feedback_fetched(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
@@ -165,9 +157,9 @@ def test_an_assignment_is_released_submitted_autograded_on_live_ranks_and_its_fe
     # Every kernel ended with its autograde, and its labs with it: by the kernel's exit, or, where
     # nbclient killed a kernel still stopping them, by distlab's reaper (hence a wait).
     deadline = time.monotonic() + 120
-    while _spawned(before) and time.monotonic() < deadline:
+    while spawned_since(before) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _spawned(before)
+    assert not spawned_since(before)
     # The notebook's last cell stopped the labs before nbclient ended its kernel: no lab's state file
     # stayed behind for the instructor's panel to find.
     assert not list(instructor.rglob("lab-*.json"))

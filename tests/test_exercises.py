@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _exercises import ALL, each_exercise, exercise_tests
 
 from distlab import exercises
 from distlab.errors import RankFailure
@@ -20,7 +21,6 @@ from distlab.quiz.progress import Progress
 from distlab.quiz.session import summary
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = list(exercises.EXERCISES.values())
 
 
 def test_the_catalog_has_the_exercises_in_course_order():
@@ -64,7 +64,7 @@ def test_a_rank_that_imports_a_grader_loads_no_notebook_side_and_no_task():
     assert sorted(set(loaded) - allowed) == []
 
 
-@pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])
+@each_exercise
 def test_the_last_hint_names_the_idea_and_leaves_the_code_to_the_learner(exercise):
     # Hints go from the tool to the idea; the last must not be the solution in prose: none of its code
     # spans is a statement (an assignment, a loop, a return, two statements on a line), and none of
@@ -77,7 +77,7 @@ def test_the_last_hint_names_the_idea_and_leaves_the_code_to_the_learner(exercis
         assert len(code) < 20 or code not in last, code
 
 
-@pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])
+@each_exercise
 def test_each_exercise_reads_whole_and_its_solution_defines_what_it_asks(exercise):
     assert exercise.title and len(exercise.task) > 200 and exercise.hints
     assert exercise.starter.startswith("%%ddp\n")
@@ -91,7 +91,7 @@ def test_each_exercise_reads_whole_and_its_solution_defines_what_it_asks(exercis
         assert name in exercise.task, f"the task never names {name}"
 
 
-@pytest.mark.parametrize("exercise", ALL, ids=[e.name for e in ALL])
+@each_exercise
 def test_each_grader_draws_the_same_cases_from_a_seed_and_other_cases_from_another(exercise):
     from importlib import import_module
 
@@ -251,3 +251,12 @@ def test_definitions_unpacked_on_a_rank_see_that_ranks_names_and_are_named_as_th
     assert learner["f"].__code__.co_filename == "<your code>"
     assert "other" not in learner["f"].__globals__
     assert pickle.loads(blob)["f"]() == 40  # the blob itself is as it was packed
+
+
+@each_exercise
+def test_each_exercise_has_a_test_file_naming_the_mistakes_its_grader_must_catch(exercise):
+    tests = exercise_tests(exercise)  # test_exercise_<module>.py, read by test_exercises_graded.py
+    assert tests.harness.name == exercise.name
+    assert tests.MISTAKES, f"{exercise.name} has no mistake to grade"
+    for code, named in tests.MISTAKES.values():
+        assert named and code.strip() and code != exercise.solution()

@@ -1,17 +1,17 @@
 """The import layers, read from the source with ``ast`` (nothing is imported, no process starts).
 
 The notebook's kernel must never load torch (CUDA would start in a process that holds no rank) nor
-the rank side; a rank must never load the notebook side. Every import counts, at module level or
-inside a function, except those under ``if TYPE_CHECKING:``, which never run.
+the rank side; a rank must never load the notebook side. Every import that runs counts, at module
+level or inside a function (tests/_imports.py says which run).
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _imports import imports, modules
 
 import distlab
 
@@ -55,11 +55,28 @@ NOTEBOOK = (
 #: The package itself: ``import distlab`` is lazy (PEP 562), and its magics are the notebook's.
 ROOT = "distlab"
 #: An exercise's grader runs on the ranks: ``exercises/<name>/grader.py``, and the modules of its own
-#: folder it imports (atomic-checkpoint's saving process and states). The older layout,
-#: ``rank/graders/<name>.py``, is rank side by its prefix.
+#: folder it imports (atomic-checkpoint's saving process and states).
 EXERCISES, GRADER = "distlab.exercises", "grader"
 #: Third-party packages the notebook side must not load.
 NOTEBOOK_NEVER_LOADS = ("torch",)
+
+#: Each package directly under distlab, and its side; a package inside one is of its side. A module of
+#: a package can be another side's only by a prefix above naming it (the glue, a grader, the shared).
+PACKAGES = {
+    "distlab.checkpoint": "rank",
+    "distlab.classroom": "notebook",
+    "distlab.cluster": "notebook",
+    "distlab.dashboard": "notebook",
+    "distlab.exercises": "notebook",
+    "distlab.nn": "rank",
+    "distlab.notebook": "notebook",
+    "distlab.quiz": "notebook",
+    "distlab.rank": "rank",
+    "distlab.scale": "notebook",
+    "distlab.server": "notebook",
+    "distlab.telemetry": "rank",
+    "distlab.theory": "shared",
+}
 
 # Who may import whom: a layer -> the layers (and third-party packages) it must not import.
 FORBIDDEN = {
@@ -81,52 +98,6 @@ class Violation:
         return f"{self.module}:{self.line} imports {self.imported} ({self.why})"
 
 
-def _modules(package_dir: Path) -> dict[str, Path]:
-    """Every module under ``package_dir``, by dotted name (a package by its ``__init__``)."""
-    root = package_dir.name
-    found = {}
-    for path in sorted(package_dir.rglob("*.py")):
-        parts = [root, *path.relative_to(package_dir).with_suffix("").parts]
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
-    return found
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[int, str]]:
-    """``(line, dotted name)`` of each import that runs, resolved against the modules in ``known``:
-    ``from .a import b`` is ``pkg.a.b`` where that is a module, else ``pkg.a``."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: list[tuple[int, str]] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:  # the TYPE_CHECKING branch never runs; its else does
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([node.module] if node.module else [])])
-            for alias in node.names:
-                name = f"{base}.{alias.name}"
-                found.append((node.lineno, name if name in known else base))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text(), filename=str(path)))
-    return found
-
-
 def _prefixed(name: str, prefixes: tuple[str, ...] | str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
 
@@ -141,7 +112,7 @@ def _grader_modules(known: dict[str, Path]) -> set[str]:
             continue
         found.add(module)
         folder = module.rpartition(".")[0]
-        todo += [name for _, name in _imports(module, known[module], known)
+        todo += [name for _, name in imports(module, known[module], known)
                  if name in known and name.rpartition(".")[0] == folder]
     return found
 
@@ -162,7 +133,7 @@ def layer_of(module: str, graders: set[str]) -> str | None:
 
 def violations(package_dir: Path) -> list[Violation]:
     """Every import in ``package_dir`` that crosses a layer it must not, and every module no rule names."""
-    known = _modules(package_dir)
+    known = modules(package_dir)
     graders = _grader_modules(known)
     found = []
     for module, path in known.items():
@@ -170,7 +141,7 @@ def violations(package_dir: Path) -> list[Violation]:
         if mine == "unknown":
             found.append(Violation(module, 1, "-", "no layer names it: add its prefix to tests/test_layers.py"))
             continue
-        for line, name in _imports(module, path, known):
+        for line, name in imports(module, path, known):
             if name == ROOT:
                 continue  # `import distlab`: the lazy package, which every submodule's import runs anyway
             theirs = layer_of(name, graders)
@@ -191,10 +162,50 @@ def test_the_notebook_side_never_imports_torch_or_the_rank_side_and_the_rank_sid
 
 def test_every_rule_names_a_module_that_exists():
     # A prefix left behind by a move would silently stop checking anything.
-    known = _modules(Path(distlab.__file__).parent)
+    known = modules(Path(distlab.__file__).parent)
     stale = [p for p in (*SHARED, *RANK, *GLUE, *NOTEBOOK, EXERCISES) if not any(_prefixed(m, p) for m in known)]
     assert not stale, f"rules naming no module: {stale}"
-    assert _grader_modules(known) or any(_prefixed(m, "distlab.rank.graders") for m in known), "no grader found"
+    assert _grader_modules(known), "no grader found"
+
+
+def _package_of(module: str) -> str | None:
+    """The package directly under distlab that holds ``module``; None for a module of distlab itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or f"{parts[0]}.{parts[-1]}" in PACKAGES else None
+
+
+def test_each_package_has_its_side_and_the_prefixes_agree():
+    known = modules(Path(distlab.__file__).parent)
+    packages = {module for module, path in known.items() if path.name == "__init__.py" and module.count(".") == 1}
+    assert sorted(packages - set(PACKAGES)) == [], "give each new package its side in PACKAGES and the prefixes"
+    assert sorted(set(PACKAGES) - packages) == [], "PACKAGES names packages that are gone"
+    graders = _grader_modules(known)
+    assert {package: layer_of(package, graders) for package in PACKAGES} == PACKAGES
+
+
+def package_crossings(package_dir: Path) -> list[str]:
+    """Each package that imports a package of a side its own must not import: counted from the modules
+    that are of their package's side (a grader, the glue, a shared module inside a package cross by
+    design, and the module check holds them)."""
+    known = modules(package_dir)
+    graders = _grader_modules(known)
+    found = set()
+    for module, path in known.items():
+        package = _package_of(module)
+        if package not in PACKAGES or layer_of(module, graders) != PACKAGES[package]:
+            continue  # a module of distlab itself, a package with no side yet (the test above says so)
+        for _, name in imports(module, path, known):
+            theirs = _package_of(name) if _prefixed(name, ROOT) else None
+            if theirs not in PACKAGES or theirs == package or layer_of(name, graders) != PACKAGES[theirs]:
+                continue
+            if PACKAGES[theirs] in FORBIDDEN[PACKAGES[package]]:
+                found.add(f"{package} ({PACKAGES[package]}) imports {theirs} ({PACKAGES[theirs]}) in {module}")
+    return sorted(found)
+
+
+def test_no_package_imports_a_package_of_a_side_it_must_not():
+    found = package_crossings(Path(distlab.__file__).parent)
+    assert not found, "packages across the sides:\n" + "\n".join(found)
 
 
 def _plant(root: Path, files: dict[str, str]) -> Path:
@@ -220,11 +231,10 @@ _CLEAN = {
     "exercises/ring/grader.py": "import torch\nfrom . import states\nfrom ...rank import group\n",
     "exercises/ring/states.py": "import torch\n",
     "exercises/ring/task.py": "TEXT = 'import torch'\n",
-    "rank/graders/old.py": "import torch\n",
 }
 
 
-def test_the_checker_passes_a_clean_package_with_both_grader_layouts(tmp_path):
+def test_the_checker_passes_a_clean_package(tmp_path):
     assert violations(_plant(tmp_path, _CLEAN)) == []
 
 
@@ -242,7 +252,6 @@ def test_the_checker_passes_a_clean_package_with_both_grader_layouts(tmp_path):
         ("exercises/ring/task.py", "import torch\n", "distlab.exercises.ring.task:1 imports torch"),
         ("exercises/ring/grader.py", "from ...notebook import lab\n", "distlab.exercises.ring.grader:1 imports"),
         ("exercises/ring/states.py", "from .. import grading\n", "imports distlab.exercises.grading (the rank side"),
-        ("rank/graders/old.py", "from ...quiz import model\n", "distlab.rank.graders.old:1 imports distlab.quiz"),
         ("newpart.py", "", "distlab.newpart:1 imports - (no layer names it"),
     ],
 )
@@ -253,3 +262,11 @@ def test_the_checker_finds_a_planted_violation(tmp_path, name, text, expected):
         files["exercises/grading.py"] = ""
     found = [str(v) for v in violations(_plant(tmp_path, files))]
     assert len(found) == 1 and expected in found[0], found
+
+
+def test_the_package_check_finds_a_planted_crossing_and_passes_a_clean_package(tmp_path):
+    assert package_crossings(_plant(tmp_path / "clean", _CLEAN)) == []
+    files = {**_CLEAN, "dashboard/view.py": "def f():\n    from ..telemetry import watch\n", "telemetry/watch.py": ""}
+    assert package_crossings(_plant(tmp_path / "crossing", files)) == [
+        "distlab.dashboard (notebook) imports distlab.telemetry (rank) in distlab.dashboard.view"
+    ]
