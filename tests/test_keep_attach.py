@@ -22,7 +22,7 @@ import pytest
 import distlab
 from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import LabUsageError
-from distlab.notebook.magics import _start_parser
+from distlab.notebook.magics import start_parser
 
 pytestmark = pytest.mark.cluster
 
@@ -135,6 +135,6 @@ def test_keep_and_attach_refuse_what_they_cannot_do_in_one_line(
 
 
 def test_the_magic_reads_keep_with_or_without_seconds() -> None:
-    assert _start_parser().parse_args(["-n", "2"]).keep is False
-    assert _start_parser().parse_args(["--keep"]).keep is True
-    assert _start_parser().parse_args(["--keep", "600"]).keep == 600
+    assert start_parser().parse_args(["-n", "2"]).keep is False
+    assert start_parser().parse_args(["--keep"]).keep is True
+    assert start_parser().parse_args(["--keep", "600"]).keep == 600

@@ -3,12 +3,12 @@ and the defects found reading it (each test here failed before its fix)."""
 
 from __future__ import annotations
 
-import ast
 import stat
 import sys
 from pathlib import Path
 
 import pytest
+from _imports import imports, modules
 from conftest import distlab_processes
 
 import distlab
@@ -34,18 +34,11 @@ NOT_VIEWS = {"distlab.dashboard.units", "distlab.dashboard.units.size"}
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module the file imports, anywhere in it, relative imports resolved."""
-    package = "distlab." + ".".join(path.relative_to(PACKAGE).parts[:-1])
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            module = f"{base}.{node.module}" if base and node.module else (node.module or base)
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
+    """Every module the file names in an import, anywhere in it, ``TYPE_CHECKING`` ones too (a view named
+    even for a type is a view the core knows)."""
+    known = modules(PACKAGE)
+    module = next(name for name, where in known.items() if where == path)
+    return {name for _, name in imports(module, path, known, type_checking=True)}
 
 
 @pytest.mark.parametrize("module", CORE)

@@ -182,6 +182,11 @@ def test_quiz_magic_shows_questions_of_the_topic_and_a_summary_without_one(ipyth
     assert "Communication cost" in widget.children[0].value and "of 2" in widget.children[0].value
     summary = ipython.run_line_magic("quiz", "")
     assert "communication-cost" in repr(summary)
+    # every exercise of the course, checked or not (none is, in this test's progress file)
+    from distlab.exercises.catalog import EXERCISES
+
+    assert [row.name for row in summary.exercises] == list(EXERCISES)
+    assert f"Exercises: 0 of {len(EXERCISES)} passed" in str(summary)
 
 
 def test_quiz_magic_with_a_seed_asks_the_same_questions_each_time(ipython):

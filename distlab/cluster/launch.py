@@ -91,7 +91,7 @@ def make_cluster(
         engine_timeout=max(1, int(timeout_s)),
         # distlab reports dead ranks itself; ipyparallel's warnings would dump engine logs into
         # the notebook. Its default logger in a kernel is the kernel app's, so pass our own.
-        log=_ipp_log(),
+        log=ipp_log(),
     )
     if network is not None:
         cluster.controller_ip = ""  # the addresses are the ones given above
@@ -241,7 +241,7 @@ def link_client_sockets(cluster: ipp.Cluster, folder: str, timeout_s: float) -> 
             os.symlink(f"{base}-{info[key]}", link)
 
 
-def _ipp_log() -> logging.Logger:
+def ipp_log() -> logging.Logger:
     """ipyparallel's logger for distlab's clusters: errors only, to stderr."""
     log = logging.getLogger("distlab.ipyparallel")
     if not log.handlers:

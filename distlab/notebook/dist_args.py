@@ -15,8 +15,8 @@ from .. import checks
 from ..errors import LabUsageError
 
 __all__ = [
-    "_checked", "_debug_parser", "_export_parser", "_kill_parser", "_link_parser", "_no_args_parser", "_ranks",
-    "_restart_parser", "_run_parser", "_seconds", "_stacks_parser", "_start_parser", "_text",
+    "checked", "debug_parser", "export_parser", "kill_parser", "link_parser", "no_args_parser", "ranks_phrase",
+    "restart_parser", "run_parser", "seconds", "stacks_parser", "start_parser",
 ]
 
 
@@ -31,7 +31,7 @@ def _text(text: str) -> Any:
     return text
 
 
-def _checked(check: Any) -> Any:
+def checked(check: Any) -> Any:
     """An argparse type from a ``checks`` function: its message becomes argparse's."""
 
     def convert(text: str) -> Any:
@@ -43,14 +43,14 @@ def _checked(check: Any) -> Any:
     return convert
 
 
-def _ranks(n: int, adjective: str = "") -> str:
+def ranks_phrase(n: int, adjective: str = "") -> str:
     return f"{n} {adjective}rank{'s' if n != 1 else ''}"
 
 
-_seconds = _checked(lambda v: checks.positive("--timeout", v, example="--timeout 30", kind="a number of seconds"))
+seconds = checked(lambda v: checks.positive("--timeout", v, example="--timeout 30", kind="a number of seconds"))
 
 
-def _start_parser() -> MagicArgumentParser:
+def start_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist start", add_help=False)
     p.add_argument("-n", "--ranks", type=_text, default=2, help="number of ranks")
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
@@ -77,7 +77,7 @@ def _start_parser() -> MagicArgumentParser:
     return p
 
 
-def _link_parser() -> MagicArgumentParser:
+def link_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist link", add_help=False)
     p.add_argument("rate", nargs="?", default=None, help="the new rate, like 100mbit; off: not shaped")
     p.add_argument("--latency", default=None, help="one-way delay between nodes, like 1ms (needs netem)")
@@ -85,37 +85,37 @@ def _link_parser() -> MagicArgumentParser:
     return p
 
 
-def _restart_parser() -> MagicArgumentParser:
+def restart_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist restart", add_help=False)
     p.add_argument("-n", "--ranks", type=_text, default=None, help="a new world size")
     return p
 
 
-def _kill_parser() -> MagicArgumentParser:
+def kill_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist kill", add_help=False)
-    p.add_argument("rank", type=_checked(lambda v: checks.whole("the rank", v, example="%dist kill 1")))
+    p.add_argument("rank", type=checked(lambda v: checks.whole("the rank", v, example="%dist kill 1")))
     return p
 
 
-def _run_parser() -> MagicArgumentParser:
+def run_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist run", add_help=False)
-    p.add_argument("--timeout", type=_seconds, default=None, help="seconds the script may run")
+    p.add_argument("--timeout", type=seconds, default=None, help="seconds the script may run")
     p.add_argument("file", help="the script, as torchrun is given it")
     # Everything after the file is the script's, options too (--epochs 2), as torchrun passes them.
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments: sys.argv[1:] on every rank")
     return p
 
 
-def _debug_parser() -> MagicArgumentParser:
+def debug_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist debug", add_help=False)
     p.add_argument(
         "rank", nargs="?", default=None, help="the rank to look into (default: the first that failed in the last cell)",
-        type=_checked(lambda v: checks.whole("the rank", v, example="%dist debug 1")),
+        type=checked(lambda v: checks.whole("the rank", v, example="%dist debug 1")),
     )
     return p
 
 
-def _stacks_parser() -> MagicArgumentParser:
+def stacks_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist stacks", add_help=False)
     p.add_argument("ranks", nargs="?", default=None, help="the ranks, like 0,2-3 (default: all)")
     p.add_argument("--native", action="store_true", help="with the C and C++ frames (torch's, gloo's)")
@@ -123,11 +123,11 @@ def _stacks_parser() -> MagicArgumentParser:
     return p
 
 
-def _export_parser() -> MagicArgumentParser:
+def export_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="%dist export", add_help=False)
     p.add_argument("file", help="the script to write, like train.py")
     return p
 
 
-def _no_args_parser(sub: str) -> MagicArgumentParser:
+def no_args_parser(sub: str) -> MagicArgumentParser:
     return MagicArgumentParser(prog=f"%dist {sub}", add_help=False)

@@ -29,18 +29,18 @@ from ..errors import LabUsageError
 from . import labs
 from .config import LabConfig
 from .dist_args import (
-    _checked,
-    _debug_parser,
-    _export_parser,
-    _kill_parser,
-    _link_parser,
-    _no_args_parser,
-    _ranks,
-    _restart_parser,
-    _run_parser,
-    _seconds,
-    _stacks_parser,
-    _start_parser,
+    checked,
+    debug_parser,
+    export_parser,
+    kill_parser,
+    link_parser,
+    no_args_parser,
+    ranks_phrase,
+    restart_parser,
+    run_parser,
+    seconds,
+    stacks_parser,
+    start_parser,
 )
 from .profiling import profile_parser, show_after
 
@@ -82,28 +82,28 @@ class DistMagics(Magics):
         if sub not in _SUBCOMMANDS:
             raise UsageError(f"unknown subcommand {sub!r} for %dist: use one of {', '.join(_SUBCOMMANDS)}")
         if sub == "start":
-            return self._start(_start_parser().parse_args(rest))
+            return self._start(start_parser().parse_args(rest))
         if sub == "kill":
-            return self._kill(_kill_parser().parse_args(rest).rank)
+            return self._kill(kill_parser().parse_args(rest).rank)
         if sub == "restart":
-            return self._restart(_restart_parser().parse_args(rest).ranks)
+            return self._restart(restart_parser().parse_args(rest).ranks)
         if sub == "link":
-            return self._link(_link_parser().parse_args(rest))
+            return self._link(link_parser().parse_args(rest))
         if sub == "run":
             if not rest:
                 raise UsageError("%dist run needs a script: %dist run train.py [ARGS...]")
-            return self._run(_run_parser().parse_args(rest))
+            return self._run(run_parser().parse_args(rest))
         if sub == "export":
-            return self._export(_export_parser().parse_args(rest).file)
+            return self._export(export_parser().parse_args(rest).file)
         if sub == "debug":
-            return self._debug(_debug_parser().parse_args(rest).rank)
+            return self._debug(debug_parser().parse_args(rest).rank)
         if sub == "stacks":
-            return self._stacks(_stacks_parser().parse_args(rest))
+            return self._stacks(stacks_parser().parse_args(rest))
         if sub == "profile":
             return self._profile(profile_parser().parse_args(rest))
         if sub == "attach":
             return self._attach(rest)
-        _no_args_parser(sub).parse_args(rest)
+        no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
     def _start(self, args: argparse.Namespace) -> None:
@@ -122,7 +122,7 @@ class DistMagics(Magics):
         self.lab = lab
         labs.set_current(lab, self.shell)  # what %exercise and %quiz find: labs.current()
         print(
-            f"{_ranks(lab.world_size)} ready{config.where()} on {lab.backend} in {lab.timings['ready_s']:.1f} s "
+            f"{ranks_phrase(lab.world_size)} ready{config.where()} on {lab.backend} in {lab.timings['ready_s']:.1f} s "
             f"(launcher {lab.launcher}{', collective checking on' if lab.debug else ''}); "
             "%%ddp cells now run on every rank"
         )
@@ -145,7 +145,7 @@ class DistMagics(Magics):
             raise UsageError(str(exc)) from None
         self.lab = lab
         labs.set_current(lab, self.shell)
-        print(f"attached {_ranks(lab.world_size)} on {lab.backend}, as their cells left them; "
+        print(f"attached {ranks_phrase(lab.world_size)} on {lab.backend}, as their cells left them; "
               "%%ddp cells now run on every rank")
 
     def _running_lab(self) -> Any:
@@ -164,7 +164,7 @@ class DistMagics(Magics):
             lab.restart(ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
-        print(f"{_ranks(lab.world_size, 'fresh ')} ready in {lab.timings['restart_s']:.1f} s")
+        print(f"{ranks_phrase(lab.world_size, 'fresh ')} ready in {lab.timings['restart_s']:.1f} s")
 
     def _link(self, args: argparse.Namespace) -> None:
         lab = self._running_lab()
@@ -270,7 +270,7 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("-r", "--ranks", default=None, help="run on these ranks only, like 0,2-3")
-    @argument("--timeout", type=_seconds, default=None, help="seconds the cell may run")
+    @argument("--timeout", type=seconds, default=None, help="seconds the cell may run")
     @cell_magic
     def ddp(self, line: str, cell: str) -> None:
         """Run this cell on every rank (or -r 0,2-3), output streamed and labelled by rank."""
@@ -293,7 +293,7 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("topic", nargs="?", default=None, help="a topic, e.g. communication-cost")
-    @argument("-n", type=_checked(lambda v: checks.whole("-n", v, minimum=1, example="-n 3")), default=None,
+    @argument("-n", type=checked(lambda v: checks.whole("-n", v, minimum=1, example="-n 3")), default=None,
               help="number of questions")
     @argument("--difficulty", default=None, help="easy, medium or hard")
     @argument("--seed", type=int, default=None, help="the same questions and numbers each time")
@@ -306,7 +306,9 @@ class DistMagics(Magics):
         lab = self.lab if self.lab is not None and self.lab.running else None
         try:
             if args.topic is None:
-                return quiz.summary()
+                from ..exercises.catalog import EXERCISES
+
+                return quiz.summary([(e.name, e.title) for e in EXERCISES.values()])
             return quiz.show(args.topic, n=args.n, difficulty=args.difficulty, lab=lab, seed=args.seed)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -315,7 +317,7 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("words", nargs="*", help="NAME, check NAME or hint NAME; nothing for the list")
-    @argument("--seed", type=_checked(lambda v: checks.whole("--seed", v, minimum=0, example="--seed 1")),
+    @argument("--seed", type=checked(lambda v: checks.whole("--seed", v, minimum=0, example="--seed 1")),
               default=None, help="the same cases as a result that gave this seed")
     @line_magic
     def exercise(self, line: str) -> Any:

@@ -233,10 +233,10 @@ class LabProcesses:
         """Reconnect to a kept lab's controller (``ipyparallel.Cluster.from_file``) and its engines."""
         import ipyparallel as ipp
 
-        from ..cluster.launch import _ipp_log
+        from ..cluster.launch import ipp_log
 
         try:
-            self.cluster = ipp.Cluster.from_file(cluster_file, log=_ipp_log())
+            self.cluster = ipp.Cluster.from_file(cluster_file, log=ipp_log())
         except (OSError, ValueError, KeyError) as exc:
             raise LabUsageError(f"kept lab {lab_id} cannot be reached ({exc}): it has ended") from None
         self.connect_client()

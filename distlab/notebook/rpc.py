@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar, cast
 
+from .. import ipycompat
 from ..rank.dispatch import on_rank
 from ..wire import CellReply, CollectiveEntry, EngineIdentity, GroupSpec, ProfileTrace, RankJoined
 
@@ -101,9 +102,7 @@ class Engine:
     """
 
     def __init__(self, client: Any, engine_id: int) -> None:
-        view = client[engine_id]
-        (self._ident,), self._targets = client._build_targets(engine_id)
-        self._socket = view._socket
+        self._socket, self._ident, self._targets = ipycompat.engine_send_target(client, engine_id)
         self._client = client
         self.engine_id = engine_id
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .. import checks
@@ -80,11 +81,13 @@ def show(
     )
 
 
-def summary() -> Summary:
-    """Mastery per topic and the exercises checked so far, from the saved progress (its text form is tables).
+def summary(exercises: Iterable[tuple[str, str]] | None = None) -> Summary:
+    """Mastery per topic and the exercises, from the saved progress (its text form is tables).
 
-    The exercises are those the progress file holds, by name; ``%exercise``
-    lists every exercise of the course (the quiz sits below the exercises, which grade on a lab).
+    ``exercises``: the course's exercises as ``(name, title)``, each shown whether checked or not
+    (``%quiz`` passes the catalog's: the quiz sits below the exercises, which grade on a lab, so it
+    does not read their catalog itself); by default those the progress file holds, by name.
     """
     progress = Progress()
-    return progress.summary(bank(), [(name, name) for name in sorted(progress.exercises)])
+    listed = list(exercises) if exercises is not None else [(name, name) for name in sorted(progress.exercises)]
+    return progress.summary(bank(), listed)
