@@ -3,7 +3,7 @@ functions replaced where torch itself looks them up (exercise graders and the 1F
 recorder), and a ``Work`` that stands for another (``rank/staging.py``'s host copies).
 
 ``rank/torchcompat.py``'s rule holds here: each private API is used in this module and nowhere else,
-with what it does and why no public API does it. Importing it imports ``torchcompat`` first, so the
+with what it does and why no public API does it. Importing it imports ``torchcompat_release`` first, so the
 torch release is checked before any of these are touched. Exercise graders run on the ranks and may
 import only ``distlab/rank/`` modules: this one is theirs.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
 __all__ = ["ForwardingWork", "point_to_point_functions", "replaced_point_to_point"]
 

@@ -4,7 +4,7 @@ inside a compiled call.
 
 The rest of ``rank/torchcompat.py``'s rule holds here: each private API is called in this module
 and nowhere else, with what it does and why no public API does it. Importing it imports
-``torchcompat`` first, so the torch release is checked before any of these are touched.
+``torchcompat_release`` first, so the torch release is checked before any of these are touched.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
 __all__ = ["compiled_original", "inside_compiled_call", "not_compiled"]
 

@@ -3,7 +3,7 @@ schemas, collective ops and their ``Work``, and FSDP2's internals.
 
 The rest of ``rank/torchcompat.py``'s rule holds here: each private API is called in this module
 and nowhere else, with what it does and why no public API does it. Importing it imports
-``torchcompat`` first, so the torch release is checked before any of these are touched.
+``torchcompat_release`` first, so the torch release is checked before any of these are touched.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.distributed as dist
 # TorchDispatchMode: the class ``__torch_dispatch__``'s documentation builds on, from a private module.
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
 __all__ = [
     "DispatchMode",

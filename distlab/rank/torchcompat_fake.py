@@ -2,7 +2,7 @@
 group, a memory tracker, and the FLOP formulas of the attention kernels it runs.
 
 ``rank/torchcompat.py``'s rule holds here: each private API is called in this module and nowhere else,
-with what it does and why no public API does it. Importing it imports ``torchcompat`` first, so the
+with what it does and why no public API does it. Importing it imports ``torchcompat_release`` first, so the
 torch release is checked before any of these are touched.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
 __all__ = [
     "active_fake_mode",

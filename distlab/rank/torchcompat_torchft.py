@@ -3,7 +3,7 @@
 ``rank/torchcompat.py``'s rule holds here: each private API is used in this module and nowhere else,
 with what it does and why no public API does it. torchft is checked too: each function here refuses,
 in one line, a torchft other than the release healing is run with (``KNOWN_GOOD_TORCHFT``, which
-``pyproject.toml``'s ``heal`` extra pins). Importing it imports ``torchcompat`` first, so the torch
+``pyproject.toml``'s ``heal`` extra pins). Importing it imports ``torchcompat_release`` first, so the torch
 release is checked as well; torchft itself is imported only when a function needs it.
 """
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistlabError
-from . import torchcompat  # noqa: F401 - checks the torch release before anything here is used
+from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
 __all__ = ["KNOWN_GOOD_TORCHFT", "healing_ddp_class", "torchft_version_problem"]
 
