@@ -165,6 +165,10 @@ def _run_case(
         outcomes = world.call(send, timeout=exercise.case_timeout_s)
     except CellTimeout as exc:
         message = _stuck(exc.failures, exercise.case_timeout_s, quote)
+        # A case stopped at its deadline leaves its ranks as the stop found them: an import cut half
+        # way (torch._dynamo, seen under load) broke every later check at this size. Fresh ranks for the
+        # next check (from the lab's spares: about a second).
+        world.restart()
         return CaseResult(*base, passed=False, message=message, rank=min(exc.failures)), True
     except RankError as exc:
         dead = sorted(rank for rank, failure in exc.failures.items() if failure.ename == "EngineError")
