@@ -5,7 +5,8 @@ assignment, releases it, collects, autogrades on live ranks, and releases the fe
 is a system user of their own, in their own network namespace (their server started once by the hub),
 and runs nbgrader's commands as a terminal of their server would (``_hub.as_learner``): fetch the
 assignment into their home, fill it in, submit it through the class's exchange, fetch their feedback.
-One learner submits the reference, the other an average that only sums and a wrong number.
+One learner submits the reference, the other an average that only sums and wrong answers to a numeric
+question and to a live one (graded on the ranks of the submission's kernel).
 
 nbgrader's exchange keeps learners apart by the folders' modes and by names no one can guess, not by
 the submissions' own modes (a submission's folder is 0777, its files 0644, so that the instructor can
@@ -24,12 +25,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
 from _hub import Hub, as_learner, namespaces_of
 from _jupyter import wait_for
 from conftest import spawned_since
-from test_classroom_nbgrader import SUMS_ONLY, _solutions, _text, config_text, nbgrader
+from test_classroom_nbgrader import EXERCISE, QUESTIONS, SUMS_ONLY, _solutions, _text, config_text, nbgrader
 
 from distlab.classroom.assignment import write_assignment
 
@@ -97,7 +99,7 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
     course.mkdir()
     instructor.mkdir()
     (course / "nbgrader_config.py").write_text(config_text(exchange))
-    reference = _solutions(write_assignment(course, NAME, ["average-gradients"], ["batch-and-lr/global-batch"]))
+    reference = _solutions(write_assignment(course, NAME, [EXERCISE], list(QUESTIONS)))
     for step in ("generate_assignment", "release_assignment"):
         nbgrader(course, instructor, step, NAME)
 
@@ -118,7 +120,8 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
         said: dict[str, str] = json.loads(learner(name, "-c", PROBE, stdin=json.dumps(attempts)).splitlines()[-1])
         return said
 
-    answers = {"dlg-ann": reference, "dlg-bob": {"average-gradients-code": SUMS_ONLY, "q1-answer": "answer_1 = 3"}}
+    answers = {"dlg-ann": reference, "dlg-bob": {"average-gradients-code": SUMS_ONLY, "q1-answer": "answer_1 = 3",
+                                           "q2-answer": "answer_2 = -1.0"}}
     submitted: dict[str, str] = {}
     for name in LEARNERS:
         hub.start_server(name)  # their namespace, and their home made theirs alone (0700)
@@ -130,6 +133,12 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
         learner(name, "-m", "nbgrader", "fetch_assignment", NAME)
         fetched = Path(user.pw_dir, COURSE_ID, NAME, f"{NAME}.ipynb")
         assert fetched.stat().st_uid == user.pw_uid  # in their home, theirs
+        # What the learner got: the %%ddp cell is nbgrader's stub, and the reference is nowhere in it.
+        released = {c.metadata.nbgrader["grade_id"]: c.source for c in nbformat.read(fetched, as_version=4).cells}
+        assert released["average-gradients-code"] == "%%ddp\n# YOUR CODE HERE\nraise NotImplementedError()"
+        assert released["q1-answer"] == "# YOUR CODE HERE\nraise NotImplementedError()"
+        written = [text for key, text in released.items() if not key.endswith(("-task", "-prompt", "-intro"))]
+        assert not any("all_reduce" in text or "SOLUTION" in text for text in written)
         learner(name, "-c", FILL, stdin=json.dumps({"path": str(fetched), "answers": answers[name]}))
         said = learner(name, "-m", "nbgrader", "submit", NAME)
         found = re.search(r"Destination: (\S+)", said)
@@ -168,8 +177,8 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
         def score(cell: str, name: str) -> float:
             return float(gradebook.find_grade(cell, NAME, NAME, name).score)
 
-        assert [score(c, "dlg-ann") for c in ("average-gradients-test", "q1-test")] == [5, 1]
-        assert [score(c, "dlg-bob") for c in ("average-gradients-test", "q1-test")] == [0, 0]
+        assert [score(c, "dlg-ann") for c in ("average-gradients-test", "q1-test", "q2-test")] == [5, 1, 1]
+        assert [score(c, "dlg-bob") for c in ("average-gradients-test", "q1-test", "q2-test")] == [0, 0, 0]
 
     pages: dict[str, Path] = {}
     for name in LEARNERS:
@@ -183,7 +192,9 @@ def _grade(hub: Hub, tmp_path: Path, exchange: Path) -> None:
     assert "average-gradients: passed: all 8 cases passed, in worlds of 2 and 3 ranks" in feedback["dlg-ann"]
     assert "Score: 5.0 / 5.0" in feedback["dlg-ann"] and "Score: 1.0 / 1.0" in feedback["dlg-ann"]
     assert "Right: " in feedback["dlg-ann"]  # the quiz's word on the question, with the number
+    assert "Right: rank 1 holds 5." in feedback["dlg-ann"]  # the live question, graded on the ranks
     assert "`0.weight`'s gradient is 2 times DDP's, the sum over the ranks, not the mean" in feedback["dlg-bob"]
+    assert "is 3 times DDP's" in feedback["dlg-bob"]  # the 3-rank world's cases ran too
     assert "Score: 0.0 / 5.0" in feedback["dlg-bob"] and "Not quite. Too low." in feedback["dlg-bob"]
 
     # Bob after ann's feedback: the released pages cannot be listed, ann's fetched page is in her home,
