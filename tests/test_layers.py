@@ -7,6 +7,7 @@ level or inside a function (tests/_imports.py says which run).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,3 +271,42 @@ def test_the_package_check_finds_a_planted_crossing_and_passes_a_clean_package(t
     assert package_crossings(_plant(tmp_path / "crossing", files)) == [
         "distlab.dashboard (notebook) imports distlab.telemetry (rank) in distlab.dashboard.view"
     ]
+
+
+# --- ARCHITECTURE.md's table of packages, held to the tree. ----------------------------------------------
+
+ARCHITECTURE = Path(distlab.__file__).parent.parent / "ARCHITECTURE.md"
+
+
+def architecture_rows(text: str) -> dict[str, str]:
+    """``{'distlab/x/' or 'distlab/y.py': side}`` from the table under "## Every package"."""
+    section = text.split("## Every package", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`distlab/"):
+            for name in re.findall(r"`(distlab/[^`]+)`", cells[0]):
+                rows[name] = cells[1]
+    return rows
+
+
+def test_architecture_names_every_package_and_top_level_module_with_its_side():
+    package_dir = Path(distlab.__file__).parent
+    rows = architecture_rows(ARCHITECTURE.read_text())
+    present = {f"distlab/{p.name}/" for p in package_dir.iterdir() if (p / "__init__.py").exists()}
+    present |= {f"distlab/{p.name}" for p in package_dir.glob("*.py")}
+    assert sorted(present - set(rows)) == [], "name each in ARCHITECTURE.md's table, with its side and what it owns"
+    assert sorted(set(rows) - present) == [], "ARCHITECTURE.md's table names what is gone"
+    known = modules(package_dir)
+    graders = _grader_modules(known)
+    for name, side in rows.items():
+        module = name.removesuffix("/").removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        found = layer_of(module, graders)
+        assert found == side, f"{name}: ARCHITECTURE.md says {side}, the layers {found}"
+
+
+def test_the_architecture_reader_sees_a_missing_package():
+    text = ("## Every package\n\n| package | side | owns |\n|---|---|---|\n"
+            "| `distlab/rank/`, `distlab/a.py` | rank | x |\n")
+    assert architecture_rows(text) == {"distlab/rank/": "rank", "distlab/a.py": "rank"}
+    assert "distlab/notebook/" not in architecture_rows(text)
