@@ -80,6 +80,23 @@ def test_a_forked_rank_starts_as_a_fresh_python_would_its_signals_and_random_dra
         assert len({draw[column] for draw in draws}) == 4, draws
 
 
+def test_a_forked_rank_has_torchdynamo_before_its_first_optimizer_and_a_ddp_model_trains_there(lab_factory):
+    # TorchDynamo is what a rank imports at its first optimizer or DDP model: the template imported it once.
+    lab = lab_factory(ranks=2)
+    assert lab.run("import sys; 'torch._dynamo' in sys.modules", stream=False) == {0: True, 1: True}
+    trained = lab.run(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(torch.nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.randn(8, 4) + rank).pow(2).mean().backward()\n"
+        "opt.step()\n"
+        "model.module.weight.sum().item()",
+        stream=False,
+    )
+    assert trained[0] == trained[1]  # the gradients were averaged: the replicas stayed equal
+
+
 def test_a_rank_imports_the_notebooks_own_modules_from_where_the_lab_started(lab_factory, tmp_path, monkeypatch):
     warm.current(os.environ).wait_ready()  # started in another directory
     (tmp_path / "learners_helpers.py").write_text("ANSWER = 42\n")

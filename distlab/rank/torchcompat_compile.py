@@ -18,7 +18,7 @@ import torch
 
 from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
-__all__ = ["compiled_original", "inside_compiled_call", "not_compiled"]
+__all__ = ["compiled_original", "inside_compiled_call", "load_dynamo", "not_compiled"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -29,6 +29,13 @@ def not_compiled(fn: _F) -> _F:
     It imports TorchDynamo (1.2-1.5 s), which torch imports anyway at the first optimizer a process makes
     (``Optimizer.add_param_group`` is wrapped the same way)."""
     return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # torch's is untyped
+
+
+def load_dynamo() -> None:
+    """Import TorchDynamo (``torch._dynamo``) now, as torch does at a process's first optimizer or DDP
+    model: the warm template does, once, for every rank it forks. torch has no public call that only
+    loads it (``torch.compiler``'s functions import it as a side effect)."""
+    import torch._dynamo  # noqa: F401
 
 
 _COMPILED_CALL_FILE = os.path.join("torch", "_dynamo", "eval_frame.py")

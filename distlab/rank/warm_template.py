@@ -46,6 +46,12 @@ def _preload() -> None:
     import distlab.rank.engine_main
     import distlab.rank.group
     import distlab.rank.namespace  # noqa: F401
+    from distlab.rank.torchcompat_compile import load_dynamo
+
+    # TorchDynamo: torch imports it at a process's first optimizer or DDP model, 1.2-1.5 s of CPU
+    # for each rank of every lab here (4 ranks on 2 cores: seconds of a first training cell). Once,
+    # here, it is in every rank forked after; it starts no thread (a fork keeps it whole).
+    load_dynamo()
 
 
 def _preload_more(request: dict[str, object]) -> dict[str, object]:
