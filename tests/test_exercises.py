@@ -49,7 +49,7 @@ def test_a_rank_that_imports_a_grader_loads_no_notebook_side_and_no_task():
     allowed = {"distlab.exercises"} | {f"distlab.exercises.{e.module}" for e in ALL}
     # The modules a grader imports from its own folder: atomic-checkpoint's saving process and states,
     # what ddp-from-hooks watches of backward, pipeline-1f1b's recorded schedule.
-    parts = ("grader", "saver", "states", "watch", "schedule")
+    parts = ("grader", "saver", "states", "backward_watch", "schedule")
     allowed |= {f"distlab.exercises.{e.module}.{part}" for e in ALL for part in parts}
     code = (
         "import sys\n"

@@ -151,6 +151,30 @@ def test_after_a_restart_at_another_size_telemetry_holds_only_the_new_worlds_rec
     assert lab.telemetry.world_size == 1
 
 
+class _Backends(Observer):
+    """What an observer reads of the lab when it is told: the backend, as a view (the panel) shows it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def started(self, lab: LabCore) -> None:
+        self.seen.append(("started", lab.backend))
+
+    def restarted(self, lab: LabCore) -> None:
+        self.seen.append(("restarted", lab.backend))
+
+
+@pytest.mark.cluster
+def test_observers_told_of_a_start_or_a_restart_read_the_new_worlds_backend(request):
+    lab = LabCore(ranks=1, backend="auto")
+    request.addfinalizer(lab.stop)
+    told = _Backends()
+    lab.observe(told)
+    lab.start()
+    lab.restart()
+    assert told.seen == [("started", "gloo"), ("restarted", "gloo")]
+
+
 class _FailsToStop(Observer):
     def stopped(self, lab: LabCore) -> None:
         raise RuntimeError("the companion could not be stopped")

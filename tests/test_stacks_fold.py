@@ -78,6 +78,15 @@ def test_a_rank_with_only_the_engines_frames_is_idle_and_a_thread_with_no_python
               "frames": [_frame("gloo::transport::tcp::Loop::run", "libtorch_cpu.so", 0)]}
     main, other = stacks._threads([native, engine_only], 7, {})
     assert main.idle and main.name == "MainThread"
+    # a warm rank's outer frames: the template it was forked from and the engine's entry point (by path)
+    forked = {"os_thread_id": 9, "thread_name": "MainThread", "active": False, "frames": [
+        _frame("select", "/usr/lib/python3.11/selectors.py", 468),
+        _frame("main", "/repo/distlab/rank/engine_main.py", 41, "distlab/rank/engine_main.py"),
+        _frame("_child", "/repo/distlab/rank/warm_template.py", 112, "distlab/rank/warm_template.py"),
+        _frame("<module>", "/repo/distlab/rank/warm_template.py", 219, "distlab/rank/warm_template.py"),
+    ]}
+    (warm,) = stacks._threads([forked], 9, {})
+    assert warm.idle, warm.frames
     assert [f.name for f in other.frames] == ["gloo::transport::tcp::Loop::run"] and other.active
 
 

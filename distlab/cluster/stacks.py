@@ -33,8 +33,9 @@ __all__ = ["Frame", "Stacks", "Thread", "executable", "fold", "take"]
 
 #: A stack's frames that belong to the engine running the cell, not to the user's code (by file).
 _MACHINERY = re.compile(
-    r"/(ipykernel|ipyparallel|tornado|asyncio|zmq|traitlets|IPython)/|distlab/rank/(cell|script|dispatch)\.py$"
-    r"|distlab/cluster/(engine|template)\.py$|(runpy|threading|selectors)\.py$|^<(frozen runpy|string)>$"
+    r"/(ipykernel|ipyparallel|tornado|asyncio|zmq|traitlets|IPython)/"
+    r"|distlab/rank/(cell|script|dispatch|engine_main|warm_template)\.py$"
+    r"|(runpy|threading|selectors)\.py$|^<(frozen runpy|string)>$"
 )
 #: How a cell's frames are named on the ranks (``wire.CELL_FILE``): one name for every rank's.
 _CELL = re.compile("^" + re.escape(CELL_FILE).replace(r"\{rank\}", r"\d+") + "$")

@@ -40,7 +40,7 @@ from .postmortem import Postmortem
 from .processes import LabProcesses
 from .script import Event
 from .stacks import StacksReader
-from .world import RankInfo, RankTable
+from .world import RankInfo, RankTable, World
 
 __all__ = ["LabCore", "RankInfo", "RankTable", "RunResult", "exclusive"]
 
@@ -133,8 +133,7 @@ class LabCore:
         if self.running:
             raise LabUsageError("this lab is already running: stop it first, or use restart()")
         self.started_at = time.time()
-        world = self.lifecycle.start(self.config, self.timings)
-        self.backend, self.note = world.backend, world.note
+        self.lifecycle.start(self.config, self.timings, self._adopt)
         return self
 
     @exclusive
@@ -147,9 +146,12 @@ class LabCore:
         self._require_running()
         if ranks is not None:
             self.config = self.lifecycle.check_restart(self.config, ranks, self.backend)
-        world = self.lifecycle.restart(self.config, self.timings)
-        self.backend, self.note = world.backend, world.note
+        self.lifecycle.restart(self.config, self.timings, self._adopt)
         return self
+
+    def _adopt(self, world: World) -> None:
+        """The new world's backend (``auto`` resolved) and note, before the observers hear of it."""
+        self.backend, self.note = world.backend, world.note
 
     @exclusive
     def stop(self) -> None:
@@ -193,9 +195,12 @@ class LabCore:
 
     def take_back(self, record: dict[str, Any]) -> None:
         """Reconnect to a kept lab's controller and ranks (``kept.attach``), and hold it from this process."""
-        world = self.lifecycle.take_back(record, self.config)
-        self.backend = world.backend
-        self.started_at = record.get("started") or time.time()
+        started = record.get("started") or time.time()
+
+        def adopt(world: World) -> None:
+            self.backend, self.started_at = world.backend, started
+
+        self.lifecycle.take_back(record, self.config, adopt)
 
     def __enter__(self) -> Any:
         if not self.running:

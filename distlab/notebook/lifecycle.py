@@ -63,8 +63,10 @@ class Lifecycle:
         self._bus = bus
         self._on_failure = on_failure
 
-    def start(self, config: LabConfig, timings: dict[str, float]) -> World:
-        """Start the controller and engines, build the rank table, initialise the process group."""
+    def start(self, config: LabConfig, timings: dict[str, float], adopt: Callable[[World], None]) -> World:
+        """Start the controller and engines, build the rank table, initialise the process group.
+        ``adopt(world)`` runs before the observers are told: what they read of the lab (its backend)
+        is the new world's."""
         if config.launcher == "local":
             check_gpus(config.ranks, config.backend, _local_gpus(config.backend))
         phase = Phases(timings)
@@ -85,6 +87,7 @@ class Lifecycle:
             raise
         phase.total("ready_s")
         self._processes.top_up_spares(config)
+        adopt(world)
         self._bus.tell("started")
         return world
 
@@ -96,7 +99,7 @@ class Lifecycle:
             check_gpus(ranks, backend, _local_gpus(backend))
         return new
 
-    def restart(self, config: LabConfig, timings: dict[str, float]) -> World:
+    def restart(self, config: LabConfig, timings: dict[str, float], adopt: Callable[[World], None]) -> World:
         """A fresh world of ``config.ranks`` ranks: new engine processes, ranks numbered the same way."""
         processes, world = self._processes, self._world
         phase = Phases(timings)
@@ -127,6 +130,7 @@ class Lifecycle:
         phase.total("restart_s")
         processes.top_up_spares(config)
         self._cells.new_world(Restarted(config.ranks))
+        adopt(new)
         self._bus.tell("restarted")
         return new
 
@@ -152,7 +156,7 @@ class Lifecycle:
         labs.remove(self._owner)
         self._bus.tell("stopped")
 
-    def take_back(self, record: dict[str, Any], config: LabConfig) -> World:
+    def take_back(self, record: dict[str, Any], config: LabConfig, adopt: Callable[[World], None]) -> World:
         """Reconnect to a kept lab's controller and ranks, and hold it from this process."""
         labs.add(self._owner)
         try:
@@ -163,6 +167,7 @@ class Lifecycle:
             self._world.clear()
             labs.remove(self._owner)
             raise
+        adopt(world)
         self._bus.tell("started")
         return world
 
