@@ -337,7 +337,7 @@ def patient_connection_file(deadline_s: float = 10.0) -> None:
                     raise
                 time.sleep(0.02)
 
-    patient_load._distlab_patient = True  # type: ignore[attr-defined]
+    vars(patient_load)["_distlab_patient"] = True  # a function's attribute, through its __dict__ (mypy types that)
     IPEngine.load_connection_file = patient_load
 
 

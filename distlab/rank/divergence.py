@@ -23,7 +23,7 @@ import hashlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -82,7 +82,7 @@ class _Recorder(DispatchMode):  # torch's TorchDispatchMode
     """Every op's outputs hashed, with the module it ran in and the cell's line."""
 
     def __init__(self, module_of: Callable[[], str]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.ops: list[_Op] = []
         self._module_of = module_of
 

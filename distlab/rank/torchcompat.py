@@ -256,7 +256,7 @@ def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[to
         observed = _observed(getattr(cls, method), op, observer)
         # functools' convention, for whoever needs torch's own (a benchmark's baseline): the class's
         # attribute as it was (pybind11's method descriptor, which binds ``self``).
-        observed.__wrapped__ = cls.__dict__[method]  # type: ignore[attr-defined]
+        vars(observed)["__wrapped__"] = cls.__dict__[method]  # a function's attribute, through its __dict__
         setattr(cls, method, observed)
     cls._distlab_observed = True
 

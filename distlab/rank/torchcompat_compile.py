@@ -28,7 +28,8 @@ def not_compiled(fn: _F) -> _F:
 
     It imports TorchDynamo (1.2-1.5 s), which torch imports anyway at the first optimizer a process makes
     (``Optimizer.add_param_group`` is wrapped the same way)."""
-    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # torch's is untyped
+    disable: Callable[[_F], object] = torch.compiler.disable  # torch's is unannotated
+    return cast(_F, disable(fn))  # torch's wrapper calls fn with the arguments it is given
 
 
 _COMPILED_CALL_FILE = os.path.join("torch", "_dynamo", "eval_frame.py")

@@ -24,8 +24,9 @@ it, and each can be waited for only once, by its caller.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -155,7 +156,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
     """
 
     def __init__(self, memory: LiveTensors | None = None, timings: list[CollectiveTiming] | None = None) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode's, untyped
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.memory = memory
         self.timings = timings
         self._seen: dict[Any, tuple[str | None, bool]] = {}
