@@ -249,7 +249,7 @@ class CellRun:
             return
         if abort_first:
             outcome.group_aborted |= ctx.releaser.abort_on_free_ranks(ctx.client, ctx.table, running)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # ranks gone meanwhile: the wait below kills what stays
             ctx.client.send_signal(signal.SIGINT, targets=[ctx.table[r].engine_id for r in running], block=True)
         running = self._wait_ranks(running, INTERRUPT_GRACE_S)
         if running:
@@ -294,7 +294,7 @@ class CellRun:
         output_deadline = time.monotonic() + 1.0
         for ar in self.pending.values():
             if ar.ready():
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # late output is shown if it comes; its loss is no failure
                     ar.wait_for_output(timeout=max(0.0, output_deadline - time.monotonic()))
         dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
         for rank, failure in list(outcome.failures.items()):
@@ -323,7 +323,7 @@ class CellRun:
 def _output_in(ar: Any) -> bool:
     """Whether a finished rank's last output came too (its reply can overtake it): a fold of alike
     lines must not give up on a rank whose line is on its way. Never waits."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # any failure to ask: treated as arrived, never waits
         return bool(ar.wait_for_output(timeout=0))
     return True
 

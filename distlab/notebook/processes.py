@@ -190,7 +190,7 @@ class LabProcesses:
         pgids = self.guard.pgids()
         self.close_client()
         terminate(pids)  # all at once: ipyparallel's stop goes one engine at a time
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # engines already killed above: the stop is tidying only
             cluster.stop_cluster_sync()
         self.guard.end_all(pgids, pids)
 
@@ -202,7 +202,7 @@ class LabProcesses:
 
     def close_client(self) -> None:
         if self.client is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a client whose sockets died with the cluster: dropped
                 self.client.close()
         self.client = None
         self.engines = {}

@@ -56,6 +56,6 @@ class Releaser:
         free = [r for r in table if r.rank not in stuck and r.engine_id in alive]
         aborts = [rpc.abort_group(client[r.engine_id]) for r in free]
         for ar in aborts:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a rank gone or slow: the caller kills what stays stuck
                 ar.get(timeout=0.5)
         return bool(free)

@@ -73,7 +73,7 @@ class SparePool:
 
     def adopt_helpers(self) -> None:
         """Each spare's nanny joins the groups the lab ends (it is started just after its engine)."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a spare already gone: the others' helpers still join
             self._guard.adopt_engine_helpers(list(self._pool))
 
     def kill_all(self) -> list[int]:

@@ -113,7 +113,7 @@ class _Reporter:
                 bar = entry.bar()
                 if bar is None or entry.state["closed"] or getattr(bar, "disable", True):
                     continue
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # a user's bar in any state: a failed read skips it
                     state = bar._distlab_state(False)
                     if entry.active or _moved(entry.state, state):
                         entry.state, entry.active = state, True

@@ -188,17 +188,17 @@ def forget_process_groups() -> None:
     the others do: on a broken group any of them may raise.
     """
     c10d = dist.distributed_c10d
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a broken group may raise: each step regardless
         c10d._update_default_pg(None)  # the default group: what init_process_group checks
     world = c10d._world
     for table in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
                   "pg_coalesce_state"):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # as above: each table regardless
             getattr(world, table).clear()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # as above: each step regardless
         # The C++ registry that resolves groups by name (distributed_c10d imports it from there).
         torch._C._distributed_c10d._unregister_all_process_groups()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # as above: each step regardless
         reset_group_count()
 
 
@@ -268,7 +268,7 @@ def _observed(original: Callable[..., Any], op: str, observer: Callable[..., Non
         # gloo cannot send or receive a CUDA tensor as it is (ranks sharing a GPU): rank/staging.py.
         work = staging.staged(original, self, op, tensors, *args) if staging.needs_staging(self, tensors) \
             else original(self, tensors, *args)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the observer's failure never reaches the caller's send
             observer(self, op, int(args[0]) if with_peer else None, list(tensors), work)
         return work
 

@@ -118,7 +118,7 @@ def track(lab: Any) -> None:
                 publish(lab, busy={rank for rank, ar in pending.items() if not ar.ready()}, ask=False)
 
         lab.add_listener(on_poll)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # tidying other kernels' stale files: never stops this lab's publish
         read_labs()  # which removes the files of kernels killed before they could
     publish(lab)
 
