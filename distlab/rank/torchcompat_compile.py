@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TypeVar, cast
 
 import torch
@@ -48,13 +49,13 @@ def inside_compiled_call() -> bool:
     disabling = getattr(frames, "DisableContext", ())
     if compiling is None:
         return False
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.endswith(_COMPILED_CALL_FILE):
             context = frame.f_locals.get("self")
             if isinstance(context, compiling) and not isinstance(context, disabling):
                 return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 

@@ -55,7 +55,7 @@ def healing_ddp_class() -> Any:
     _check_torchft()
     from torchft.ddp import DistributedDataParallel
 
-    class HealingDDP(DistributedDataParallel):  # type: ignore[misc]  # torchft ships no type hints
+    class HealingDDP(DistributedDataParallel):
         """torchft's DDP, with its gradient hook made safe for a peer that dies mid-exchange."""
 
         @staticmethod

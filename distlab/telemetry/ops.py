@@ -211,7 +211,8 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         table = _FUNCTIONAL if functional else _C10D
         where = table[torchcompat_dispatch.op_name(func)][1]
         timing.bytes = _tensor_bytes(out if where == "out" else args[int(where[3:])])
-        self.timings.append(timing)  # type: ignore[union-attr]
+        # A list: __torch_dispatch__ times a collective only while timings is one (None: off).
+        cast("list[CollectiveTiming]", self.timings).append(timing)
         if functional:
             out = torchcompat_dispatch.wait_functional(out)
             self._stamp(timing)
