@@ -29,13 +29,16 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
 from ..notebook import labs
 from ..notebook.labs import id_of
 from ..notebook.observers import Observer
+
+if TYPE_CHECKING:
+    from ..notebook.core import LabCore
 
 __all__ = [
     "ACTIONS", "BUSY_AFTER_S", "LAST_CELL_EVERY_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish",
@@ -73,20 +76,20 @@ class PanelFile(Observer):
     """A lab's observer: its state file, written at start, restart and a change of link, kept
     current while cells run, and removed at stop."""
 
-    def started(self, lab: Any) -> None:
+    def started(self, lab: LabCore) -> None:
         track(lab)
 
-    def restarted(self, lab: Any) -> None:
+    def restarted(self, lab: LabCore) -> None:
         publish(lab)
 
-    def changed(self, lab: Any) -> None:
+    def changed(self, lab: LabCore) -> None:
         publish(lab)
 
-    def stopped(self, lab: Any) -> None:
+    def stopped(self, lab: LabCore) -> None:
         forget(lab)
 
     @contextlib.contextmanager
-    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
         try:
             yield
         finally:  # after the lab noted the cell's end (``last_cell``), which the final poll precedes
