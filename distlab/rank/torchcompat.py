@@ -142,7 +142,7 @@ def set_reducer_group(model: torch.nn.Module, group: Any) -> None:
     to change groups without rebuilding the model, for elastic training. The only public path,
     wrapping the model in DDP again, builds a new reducer and broadcasts the weights once more.
     """
-    model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]
+    model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]  # private, unannotated
 
 
 class _C10dPrivates(Protocol):

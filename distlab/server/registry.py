@@ -38,7 +38,9 @@ from ..notebook.labs import id_of
 from ..notebook.observers import Observer
 
 if TYPE_CHECKING:
+    from ..ipycompat import IppAsyncResult
     from ..notebook.core import LabCore
+    from ..notebook.world import RankInfo
 
 __all__ = [
     "ACTIONS", "BUSY_AFTER_S", "LAST_CELL_EVERY_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish",
@@ -112,7 +114,7 @@ def track(lab: Any) -> None:
     if lab not in _listening:  # a lab started again after a stop keeps its one listener
         _listening.add(lab)
 
-        def on_poll(pending: dict[int, Any], final: bool) -> None:
+        def on_poll(pending: dict[int, IppAsyncResult], final: bool) -> None:
             now = time.monotonic()
             if final:
                 return  # the file is written once the cell's end is known (``PanelFile.cell``)
@@ -201,7 +203,7 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
     }
 
 
-def _row(r: Any) -> dict[str, Any]:
+def _row(r: RankInfo) -> dict[str, Any]:
     return {
         "rank": r.rank, "engine_id": r.engine_id, "host": r.host, "addr": r.addr, "pid": r.pid,
         "device": r.device, "health": r.health, "machine": r.machine,
