@@ -10,8 +10,9 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from .wire import CELL_FILE, CollectiveEntry
+from .wire import CELL_FILE, CollectiveEntry, PointToPointEntry
 
 __all__ = [
     "ABSENT",
@@ -179,7 +180,8 @@ def _diagnose_point_to_point(
     source), as gloo and NCCL match them."""
     # Each rank's count of sends to / receives from each peer, with the latest one (PointToPointEntry).
     posted: dict[int, dict[tuple[str, int], CollectiveEntry]] = {
-        r: {(e["op"], int(e.get("peer", -1))): e for e in t if e.get("p2p")}  # type: ignore[call-overload]
+        # A p2p entry is a PointToPointEntry (its peer): the flight recorder's send or receive.
+        r: {(e["op"], int(cast(PointToPointEntry, e).get("peer", -1))): e for e in t if e.get("p2p")}
         for r, t in traces.items()
     }
 

@@ -30,12 +30,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
 from .errors import DistlabError
 
 __all__ = [
     "KNOWN_GOOD",
+    "IppAsyncResult",
+    "IppClient",
+    "IppCluster",
     "check_version",
     "checked_package",
     "cluster_files",
@@ -62,6 +65,14 @@ KNOWN_GOOD: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
 }
 
 _checked: set[str] = set()
+
+# ipyparallel ships no type hints: its objects stay Any, named here for what they are.
+#: An ``ipyparallel.Client``.
+IppClient: TypeAlias = Any
+#: An ``ipyparallel.Cluster``.
+IppCluster: TypeAlias = Any
+#: An ipyparallel ``AsyncResult``: one call sent to an engine, that the notebook waits on.
+IppAsyncResult: TypeAlias = Any
 
 
 # --------------------------------------------------------------------------------------- versions
@@ -116,7 +127,7 @@ def required_attribute(obj: Any, name: str, package: str, what: str) -> Any:
 # ---------------------------------------------------------------------------- ipyparallel client
 
 
-def control_request(client: Any, targets: list[int], msg_type: str, content: dict[str, Any],
+def control_request(client: IppClient, targets: list[int], msg_type: str, content: dict[str, Any],
                     timeout_s: float) -> list[dict[str, Any]] | None:
     """Send ``msg_type`` on the control channel of the engines ``targets``; their replies, or None
     when not all came within ``timeout_s`` or a target is no longer registered.
@@ -137,7 +148,7 @@ def control_request(client: Any, targets: list[int], msg_type: str, content: dic
         return None  # an engine unregistered since the caller listed the live ones
 
 
-def count_missed_engines(client: Any, timeout_s: float, leaving: Iterable[int] = ()) -> int:
+def count_missed_engines(client: IppClient, timeout_s: float, leaving: Iterable[int] = ()) -> int:
     """Add to ``client.ids`` the engines the hub has registered that the client never heard of
     (``leaving``: engines on their way out, never added back); how many were added (0 also when
     the hub did not answer within ``timeout_s``).
@@ -175,7 +186,7 @@ def count_missed_engines(client: Any, timeout_s: float, leaving: Iterable[int] =
     return len(missed)
 
 
-def engine_send_target(client: Any, engine_id: int) -> tuple[Any, bytes, list[int]]:
+def engine_send_target(client: IppClient, engine_id: int) -> tuple[Any, bytes, list[int]]:
     """``(socket, identity, targets)``: what a DirectView on ``engine_id`` passes to the client's
     documented ``Client.send_apply_request(socket, f, args, kwargs, ident=identity)``, and the target
     list its ``AsyncResult`` is made with.
@@ -191,7 +202,7 @@ def engine_send_target(client: Any, engine_id: int) -> tuple[Any, bytes, list[in
     return socket, identity, list(targets)
 
 
-def wrap_iopub_dispatch(client: Any, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],
+def wrap_iopub_dispatch(client: IppClient, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],
                         timeout_s: float) -> None:
     """Make the client's IOPub stream call ``wrap(ipyparallel's own handler)`` for each message.
 
@@ -219,7 +230,7 @@ def wrap_iopub_dispatch(client: Any, wrap: Callable[[Callable[[Any], None]], Cal
 # --------------------------------------------------------------------------- ipyparallel cluster
 
 
-def controller_connection_file(cluster: Any, kind: str) -> str:
+def controller_connection_file(cluster: IppCluster, kind: str) -> str:
     """The path of the controller's ``kind`` ("client" or "engine") connection file.
 
     ``ControllerLauncher.connection_files``: undocumented; where the controller writes the
@@ -232,7 +243,7 @@ def controller_connection_file(cluster: Any, kind: str) -> str:
     return str(files[kind])
 
 
-def _local_launchers(cluster: Any) -> list[Any]:
+def _local_launchers(cluster: IppCluster) -> list[Any]:
     """The cluster's launchers that started a process on this machine: controller, then engines.
 
     ``LocalEngineSetLauncher.launchers`` (one launcher per engine): ipyparallel keeps its processes
@@ -251,7 +262,7 @@ def _local_launchers(cluster: Any) -> list[Any]:
     return [launcher for launcher in found if isinstance(launcher, local)]
 
 
-def cluster_files(cluster: Any) -> list[str]:
+def cluster_files(cluster: IppCluster) -> list[str]:
     """Glob patterns of the files ipyparallel writes for a cluster on this machine: its cluster file
     and the controller's connection files (in the profile's ``security``), its processes' logs and
     the hub's engine-state file ``engines<cluster_id>.json`` (in its ``log``), which a stop leaves."""
@@ -262,7 +273,7 @@ def cluster_files(cluster: Any) -> list[str]:
     return [os.path.join(profile, folder, f"*{glob.escape(cluster_id)}*") for folder in ("log", "security")]
 
 
-def launcher_pids(cluster: Any) -> list[int]:
+def launcher_pids(cluster: IppCluster) -> list[int]:
     """The pids of every process the cluster's launchers started on this machine (each leads a group).
 
     ``LocalProcessLauncher.pid``; launchers that start nothing here (a batch system's) have none.
@@ -275,7 +286,7 @@ def launcher_pids(cluster: Any) -> list[int]:
     return pids
 
 
-def engine_states(cluster: Any, sets: Iterable[str]) -> list[tuple[int, int | None, str]]:
+def engine_states(cluster: IppCluster, sets: Iterable[str]) -> list[tuple[int, int | None, str]]:
     """``(pid, exit code or None while it runs, output so far)`` of each engine of the cluster's
     engine sets ``sets`` that was started on this machine.
 
@@ -337,7 +348,7 @@ def patient_connection_file(deadline_s: float = 10.0) -> None:
                     raise
                 time.sleep(0.02)
 
-    patient_load._distlab_patient = True  # type: ignore[attr-defined]
+    vars(patient_load)["_distlab_patient"] = True  # a function's attribute, through its __dict__ (mypy types that)
     IPEngine.load_connection_file = patient_load
 
 

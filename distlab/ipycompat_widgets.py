@@ -35,7 +35,7 @@ class CountedSends:
         comm = getattr(self, "comm", None)
         if comm is not None and getattr(comm, "kernel", True) is not None:
             self._messages_sent += 1
-        super()._send(msg, buffers)  # type: ignore[misc]
+        super()._send(msg, buffers)  # type: ignore[misc]  # a mixin: super() is the widget class after it
 
 
 def widget_messages_sent(widget: Any) -> int:

@@ -79,7 +79,7 @@ def make_app(ends: Endpoints, prefix: str) -> Any:
     from tornado import escape, web
     from tornado.log import app_log
 
-    class Handler(HubOAuthenticated, web.RequestHandler):  # type: ignore[misc]  # jupyterhub is untyped
+    class Handler(HubOAuthenticated, web.RequestHandler):
         def check_hub_user(self, model: dict[str, Any]) -> dict[str, Any]:
             # The hub's check first (the service's access scope), then the class's own rule.
             allowed: dict[str, Any] = super().check_hub_user(model)

@@ -35,7 +35,7 @@ from .network import LearnerNetwork
 __all__ = ["ClassroomSpawner"]
 
 
-class ClassroomSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub is untyped
+class ClassroomSpawner(LocalProcessSpawner):
     """A learner's server: their user, their network namespace, their control group, their limits."""
 
     python = Unicode(

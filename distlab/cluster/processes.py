@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from .. import ipycompat
 from ..host import machine_id, pid_alive  # the ranks ask these too: they live below both sides
@@ -89,7 +88,7 @@ class ProcessGuard:
     """The process groups of one lab's cluster, and the watchdog that ends them if the notebook dies."""
 
     def __init__(self) -> None:
-        self._cluster: Any = None
+        self._cluster: ipycompat.IppCluster = None
         self._reaper: subprocess.Popen[bytes] | None = None
         self._pgid_file: str | None = None
         self._files: list[str] = []
@@ -102,7 +101,7 @@ class ProcessGuard:
         self._ending: list[threading.Thread] = []  # old worlds ending in the background
 
     def watch(
-        self, cluster: Any, folders: Iterable[str] = (), namespaces: Iterable[str] = (),
+        self, cluster: ipycompat.IppCluster, folders: Iterable[str] = (), namespaces: Iterable[str] = (),
         keep: tuple[float, str] | None = None,
     ) -> None:
         """Start the watchdog for ``cluster`` (an ``ipyparallel.Cluster`` whose controller is up);

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypedDict
 
 from ..errors import DistlabError, format_ranks
 from ..wire import CELL_FILE
@@ -40,6 +41,30 @@ _MACHINERY = re.compile(
 #: How a cell's frames are named on the ranks (``wire.CELL_FILE``): one name for every rank's.
 _CELL = re.compile("^" + re.escape(CELL_FILE).replace(r"\{rank\}", r"\d+") + "$")
 _PY_SPY_HINT = "pip install py-spy (it reads a rank's stacks from outside its process)"
+
+
+class _PySpyFrame(TypedDict, total=False):
+    """One frame of ``py-spy dump --json``, as read here."""
+
+    name: str
+    filename: str
+    short_filename: str
+    line: int
+
+
+class _PySpyThread(TypedDict, total=False):
+    """One thread of ``py-spy dump --json``, as read here (its frames innermost first)."""
+
+    thread_name: str
+    active: bool
+    os_thread_id: int
+    frames: list[_PySpyFrame]
+
+
+class _PrettyPrinter(Protocol):
+    """What ``_repr_pretty_`` uses of IPython's pretty printer."""
+
+    def text(self, obj: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -93,8 +118,8 @@ class Stacks:
     def __str__(self) -> str:
         return fold(self, all_threads=False)
 
-    def _repr_pretty_(self, p: object, cycle: bool) -> None:
-        p.text(str(self))  # type: ignore[attr-defined]
+    def _repr_pretty_(self, p: _PrettyPrinter, cycle: bool) -> None:
+        p.text(str(self))
 
 
 def fold(stacks: Stacks, all_threads: bool = False) -> str:
@@ -166,10 +191,10 @@ def take(
     return stacks
 
 
-def _threads(dump: list[dict[str, object]], pid: int, sources: Mapping[str, Sequence[str]]) -> tuple[Thread, ...]:
+def _threads(dump: list[_PySpyThread], pid: int, sources: Mapping[str, Sequence[str]]) -> tuple[Thread, ...]:
     threads = []
     for entry in dump:
-        frames = [_frame(f, sources) for f in reversed(entry["frames"])]  # type: ignore[call-overload]
+        frames = [_frame(f, sources) for f in reversed(entry["frames"])]
         # The engine's frames (and the interpreter's native ones around them), outermost first, up
         # to the user's code: a cell's first frame, else the first Python frame not the engine's.
         # A thread with only the engine's Python is idle; one with no Python at all (gloo's) keeps
@@ -186,9 +211,9 @@ def _threads(dump: list[dict[str, object]], pid: int, sources: Mapping[str, Sequ
     return tuple(t for _, t in sorted(threads, key=lambda x: x[0]))
 
 
-def _frame(raw: Mapping[str, object], sources: Mapping[str, Sequence[str]]) -> Frame:
+def _frame(raw: _PySpyFrame, sources: Mapping[str, Sequence[str]]) -> Frame:
     name, filename = str(raw.get("name")), str(raw.get("filename") or "?")
-    line = int(raw.get("line") or 0)  # type: ignore[call-overload]
+    line = int(raw.get("line") or 0)
     if _CELL.match(filename):
         lines = sources.get(filename, ())
         return Frame(name, "<cell>", line, lines[line - 1].strip() if 0 < line <= len(lines) else "")

@@ -10,10 +10,14 @@ import contextlib
 import importlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..notebook.observers import Observer
 from .cell_view import in_kernel
+
+if TYPE_CHECKING:
+    from ..notebook.core import LabCore
+    from ..notebook.lab import Lab
 
 __all__ = ["Prewarm", "autoshow", "prewarm"]
 
@@ -50,7 +54,7 @@ class Prewarm(Observer):
     """A lab's observer: once its ranks are up, import the dashboard's modules in the background
     (``prewarm``); not before, since the import would compete with the ranks' start for the cores."""
 
-    def started(self, lab: Any) -> None:
+    def started(self, lab: LabCore) -> None:
         prewarm()
 
 
@@ -67,7 +71,7 @@ def _ready() -> bool:
 
 
 @contextlib.contextmanager
-def autoshow(lab: Any) -> Iterator[None]:
+def autoshow(lab: Lab) -> Iterator[None]:
     """While the block runs, display ``lab.dashboard()`` at the first poll after new telemetry
     arrived at which its modules are loaded; when it ends, redraw it, then turn the output into its
     still picture and text summary (``static.StaticDashboard``), so the saved notebook shows the

@@ -44,7 +44,7 @@ _OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce"
 TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
 
 
-class MeteredFigure(Metered, go.FigureWidget):  # type: ignore[misc]  # plotly ships no type hints
+class MeteredFigure(Metered, go.FigureWidget):
     """A plotly FigureWidget that counts the widget messages it sends."""
 
 

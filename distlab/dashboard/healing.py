@@ -19,11 +19,14 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..notebook.healing_record import HealingLog, HealingRecord, HealingRecords, render_html, render_text
 from ..notebook.observers import Observer
 from .cell_view import CellView
+
+if TYPE_CHECKING:
+    from ..notebook.core import LabCore
 
 __all__ = ["CellHealing", "HealingConfig", "HealingViews"]
 
@@ -105,7 +108,7 @@ class HealingViews(Observer):
         self._records = records
 
     @contextlib.contextmanager
-    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
         if not stream:
             yield
             return

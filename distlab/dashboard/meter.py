@@ -26,11 +26,11 @@ class Metered(ipycompat_widgets.CountedSends):
     """
 
 
-class MeteredLabel(Metered, widgets.Label):  # type: ignore[misc]  # ipywidgets ships no type hints
+class MeteredLabel(Metered, widgets.Label):
     """An ipywidgets Label that counts the widget messages it sends."""
 
 
-class MeteredHTML(Metered, widgets.HTML):  # type: ignore[misc]  # ipywidgets ships no type hints
+class MeteredHTML(Metered, widgets.HTML):
     """An ipywidgets HTML that counts the widget messages it sends (one per change)."""
 
 

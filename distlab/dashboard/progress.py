@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..notebook.observers import Observer
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
@@ -35,6 +35,10 @@ from .progress_text import (
     rows_of,
     text_line,
 )
+
+if TYPE_CHECKING:
+    from ..ipycompat import IppAsyncResult
+    from ..notebook.core import LabCore
 
 __all__ = [
     "KEY",
@@ -135,7 +139,7 @@ class CellProgress(CellView):
         return {"text/plain": render_text(rows), "text/html": render_html(rows) if rows else ""}
 
 
-def _payload_of(ar: Any) -> ProgressPublish | None:
+def _payload_of(ar: IppAsyncResult) -> ProgressPublish | None:
     try:
         data = ar.data
     except Exception:  # noqa: BLE001 - a dead engine's result may not answer
@@ -149,7 +153,7 @@ class ProgressBars(Observer):
     """A lab's observer: each cell that streams its output shows its ranks' bars (``CellProgress``)."""
 
     @contextlib.contextmanager
-    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
         if not stream:
             yield
             return

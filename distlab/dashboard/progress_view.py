@@ -23,19 +23,19 @@ from .progress_text import ProgressConfig, Row, bar_info, bar_label
 __all__ = ["ProgressView"]
 
 
-class _Label(Metered, widgets.Label):  # type: ignore[misc]  # ipywidgets ships no type hints
+class _Label(Metered, widgets.Label):
     pass
 
 
-class _IntBar(Metered, widgets.IntProgress):  # type: ignore[misc]  # ipywidgets ships no type hints
+class _IntBar(Metered, widgets.IntProgress):
     pass
 
 
-class _FloatBar(Metered, widgets.FloatProgress):  # type: ignore[misc]  # ipywidgets ships no type hints
+class _FloatBar(Metered, widgets.FloatProgress):
     pass
 
 
-class _Box(Metered, widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type hints
+class _Box(Metered, widgets.VBox):
     pass
 
 

@@ -175,7 +175,7 @@ def table_questions(table: RoundStates, rng: random.Random) -> list[Question]:
     losses = [s for s in steps if table.by_step[s][ranks[0]].get("loss") is not None]
     if losses:
         step = rng.choice(losses)
-        loss = float(table.by_step[step][ranks[0]]["loss"])  # type: ignore[arg-type]
+        loss = float(table.by_step[step][ranks[0]]["loss"] or 0.0)  # never None: losses holds logged ones
         out.append(
             _question(
                 "local-loss",

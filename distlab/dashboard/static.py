@@ -88,7 +88,8 @@ def compact_png(fig: Any) -> bytes:
 
 def _series(records: Sequence[StepRecord], rank: int, key: str) -> tuple[list[int], list[float]]:
     mine = [rec for rec in records if rec["rank"] == rank and rec.get(key) is not None]
-    return [rec["step"] for rec in mine], [float(rec[key]) for rec in mine]  # type: ignore[literal-required]
+    steps = [rec["step"] for rec in mine]
+    return steps, [float(rec[key]) for rec in mine]  # type: ignore[literal-required]  # key named at run time
 
 
 def _draw_loss(ax: Any, records: Sequence[StepRecord], ranks: Sequence[int]) -> None:

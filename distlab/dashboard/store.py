@@ -11,9 +11,12 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..records import PUBLISH_KEY, Publish, StepRecord, WatchMeta, record_key
+
+if TYPE_CHECKING:
+    from ..ipycompat import IppAsyncResult
 
 __all__ = ["KEY", "TelemetryStore"]
 
@@ -140,7 +143,7 @@ class TelemetryStore:
                 _warn_once(f"distlab: a telemetry view failed and was detached: {type(exc).__name__}: {exc}")
 
 
-def _payload_of(ar: Any) -> Publish | None:
+def _payload_of(ar: IppAsyncResult) -> Publish | None:
     try:
         data = ar.data
     except Exception:  # noqa: BLE001 - a dead engine's result may not answer

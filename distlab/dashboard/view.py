@@ -88,7 +88,7 @@ class _Snapshot:
         return f"{len(self.ranks)} ranks, step {last}. {self.divergence.message}"
 
 
-class Dashboard(widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type hints
+class Dashboard(widgets.VBox):
     """Loss, collectives timeline, gradient-norm heatmap, replica divergence, busbw vs the ring model,
     memory per rank vs theory, and the step-by-step trace, live while a cell trains. Made by ``lab.dashboard()``."""
 

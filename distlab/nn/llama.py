@@ -80,8 +80,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))  # type: ignore[no-any-return]
-        return self.w2(F.gelu(self.w1(x)))  # type: ignore[no-any-return]
+            hidden: torch.Tensor = F.silu(self.w1(x)) * self.w3(x)
+        else:
+            hidden = F.gelu(self.w1(x))
+        out: torch.Tensor = self.w2(hidden)
+        return out
 
 
 def _norm(config: Any) -> nn.Module:
@@ -123,11 +126,13 @@ def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
 
 def _run(block: nn.Module, x: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "none" or not torch.is_grad_enabled():
-        return block(x)  # type: ignore[no-any-return]
-    if mode == "full":  # keep only the block's input; everything inside is recomputed in backward
-        return checkpoint(block, x, use_reentrant=False)  # type: ignore[no-any-return]
-    contexts = partial(create_selective_checkpoint_contexts, _policy)
-    return checkpoint(block, x, use_reentrant=False, context_fn=contexts)  # type: ignore[no-any-return]
+        out: torch.Tensor = block(x)
+    elif mode == "full":  # keep only the block's input; everything inside is recomputed in backward
+        out = checkpoint(block, x, use_reentrant=False)
+    else:
+        contexts = partial(create_selective_checkpoint_contexts, _policy)
+        out = checkpoint(block, x, use_reentrant=False, context_fn=contexts)
+    return out
 
 
 class TransformerStage(nn.Module):

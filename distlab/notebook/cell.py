@@ -20,13 +20,16 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
 from ..errors import RankFailure, format_ranks
 from .cell_context import CellContext, CellOutcome, RunResult, Send
 from .streams import RankPrinter
+
+if TYPE_CHECKING:
+    from ..ipycompat import IppAsyncResult
 
 __all__ = ["CellContext", "CellOutcome", "CellRun", "RunResult", "Send"]
 
@@ -77,7 +80,7 @@ class CellRun:
         self._printer: RankPrinter | None = None
         self._polled_at = 0.0
 
-    def _sent(self, rank: int, ar: Any) -> None:
+    def _sent(self, rank: int, ar: IppAsyncResult) -> None:
         self.pending[rank] = ar
         # The AsyncResult's own (the client drops its copy once the output is complete).
         self._metadata[rank] = ar.metadata
@@ -201,7 +204,7 @@ class CellRun:
                 self._end_written = True
                 return
 
-    def _stops_the_others(self, ar: Any) -> bool:
+    def _stops_the_others(self, ar: IppAsyncResult) -> bool:
         """Whether a rank's answer means the others cannot finish: a failure; in a lab that heals, one
         that is not a death (the others' quorum goes on without a rank that died)."""
         return _failed(ar) and not (self.ctx.heals and _died(ar))
@@ -249,7 +252,7 @@ class CellRun:
             return
         if abort_first:
             outcome.group_aborted |= ctx.releaser.abort_on_free_ranks(ctx.client, ctx.table, running)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # ranks gone meanwhile: the wait below kills what stays
             ctx.client.send_signal(signal.SIGINT, targets=[ctx.table[r].engine_id for r in running], block=True)
         running = self._wait_ranks(running, INTERRUPT_GRACE_S)
         if running:
@@ -294,7 +297,7 @@ class CellRun:
         output_deadline = time.monotonic() + 1.0
         for ar in self.pending.values():
             if ar.ready():
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # late output is shown if it comes; its loss is no failure
                     ar.wait_for_output(timeout=max(0.0, output_deadline - time.monotonic()))
         dead = [r for r, f in outcome.failures.items() if f.ename == "EngineError"]
         for rank, failure in list(outcome.failures.items()):
@@ -320,10 +323,10 @@ class CellRun:
         return {rank: self._output(rank, name) or "" for rank in self.pending}
 
 
-def _output_in(ar: Any) -> bool:
+def _output_in(ar: IppAsyncResult) -> bool:
     """Whether a finished rank's last output came too (its reply can overtake it): a fold of alike
     lines must not give up on a rank whose line is on its way. Never waits."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # any failure to ask: treated as arrived, never waits
         return bool(ar.wait_for_output(timeout=0))
     return True
 
@@ -335,7 +338,7 @@ class _AsPolled:
 
     __slots__ = ("_ar", "data")
 
-    def __init__(self, ar: Any, data: dict[str, Any] | None) -> None:
+    def __init__(self, ar: IppAsyncResult, data: dict[str, Any] | None) -> None:
         self._ar = ar
         self.data = dict(data or {})
 
@@ -354,7 +357,7 @@ def _cell_line(traceback_text: str, filename: str | None = None) -> str:
     return ""
 
 
-def _failed(ar: Any) -> bool:
+def _failed(ar: IppAsyncResult) -> bool:
     try:
         reply = ar.get(timeout=0)
     except Exception:  # noqa: BLE001 - a remote or engine error is a failure
@@ -362,7 +365,7 @@ def _failed(ar: Any) -> bool:
     return isinstance(reply, dict) and "error" in reply
 
 
-def _died(ar: Any) -> bool:
+def _died(ar: IppAsyncResult) -> bool:
     try:
         ar.get(timeout=0)
     except ipp.error.EngineError:

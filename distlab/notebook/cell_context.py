@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RankFailure
 from . import rpc
 from .observers import Listener
 from .release import Releaser
 from .world import RankInfo
+
+if TYPE_CHECKING:
+    from ..ipycompat import IppClient
 
 __all__ = ["CellContext", "CellOutcome", "RunResult", "Send"]
 
@@ -63,7 +66,7 @@ class CellOutcome:
 class CellContext:
     """What a cell's run needs of its lab."""
 
-    client: Any  # ipyparallel.Client
+    client: IppClient
     table: list[RankInfo]  # the lab's rows when the cell started; a replacement's row is put in
     releaser: Releaser
     kill: Callable[[int], None]

@@ -45,6 +45,8 @@ from .world import RankInfo, RankTable, World
 __all__ = ["LabCore", "RankInfo", "RankTable", "RunResult", "exclusive"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: A lab, as its own type: ``start()`` of a ``Lab`` gives the ``Lab``.
+_L = TypeVar("_L", bound="LabCore")
 Ranks = str | int | Iterable[int] | None
 
 
@@ -102,7 +104,7 @@ class LabCore:
         self.companions: dict[str, LabCore] = {}
 
     @classmethod
-    def from_config(cls, config: LabConfig) -> Any:
+    def from_config(cls: type[_L], config: LabConfig) -> _L:
         """A lab of an already checked configuration (what ``%dist start`` builds)."""
         return cls(config=config)
 
@@ -128,7 +130,7 @@ class LabCore:
         return self.processes.running
 
     @exclusive
-    def start(self) -> Any:
+    def start(self: _L) -> _L:
         """Start the controller and engines, build the rank table, initialise the process group."""
         if self.running:
             raise LabUsageError("this lab is already running: stop it first, or use restart()")
@@ -137,7 +139,7 @@ class LabCore:
         return self
 
     @exclusive
-    def restart(self, ranks: int | None = None) -> Any:
+    def restart(self: _L, ranks: int | None = None) -> _L:
         """A fresh world: new engine processes, ranks numbered the same way.
 
         ``ranks`` changes the world size (elastic training: resume from a checkpoint on more or
@@ -202,7 +204,7 @@ class LabCore:
 
         self.lifecycle.take_back(record, self.config, adopt)
 
-    def __enter__(self) -> Any:
+    def __enter__(self: _L) -> _L:
         if not self.running:
             self.start()
         return self

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
@@ -12,10 +12,13 @@ from ..wire import GroupSpec
 from . import rpc
 from .world import RankInfo, World
 
+if TYPE_CHECKING:
+    from ..ipycompat import IppAsyncResult, IppClient
+
 __all__ = ["form_group", "get", "group_spec"]
 
 
-def get(ar: Any, timeout_s: float, doing: str) -> Any:
+def get(ar: IppAsyncResult, timeout_s: float, doing: str) -> Any:
     """``ar.get`` with a deadline; a failure becomes one DistlabError line saying what was being done."""
     try:
         return ar.get(timeout=timeout_s)
@@ -43,7 +46,7 @@ def group_spec(
 
 
 def form_group(
-    client: Any, world: World, timeout_s: float, debug: bool, rebuild: bool, healing: tuple[str, str] = ("", "")
+    client: IppClient, world: World, timeout_s: float, debug: bool, rebuild: bool, healing: tuple[str, str] = ("", "")
 ) -> None:
     """Rank 0 opens a rendezvous store on a port the OS picks; every rank then joins the group.
 

@@ -25,11 +25,14 @@ import contextlib
 import html
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..dashboard.units import size
 from ..wire import HEALING_KEY, HealingPublish
 from .observers import Observer
+
+if TYPE_CHECKING:
+    from .core import LabCore
 
 __all__ = [
     "KEY",
@@ -230,7 +233,7 @@ class HealingRecords(Observer):
             self._watchers.remove(watcher)
 
     @contextlib.contextmanager
-    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
         log = HealingLog()
 
         def on_poll(pending: dict[int, Any], final: bool) -> None:

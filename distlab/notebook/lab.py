@@ -17,7 +17,7 @@ The core knows none of the views; this module is where they are put together.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cluster.nodes import Link
 from ..cluster.stacks import Stacks
@@ -29,6 +29,13 @@ from . import kept, labs
 from .config import LabConfig
 from .core import LabCore, RankInfo, Ranks, RankTable, RunResult
 from .profiling import Profile, Profiler
+
+if TYPE_CHECKING:
+    from ..classroom.limits import ClassLimits
+    from ..dashboard.store import TelemetryStore
+    from ..dashboard.view import Dashboard
+    from ..ipycompat import IppAsyncResult
+    from .healing_record import HealingRecord
 
 __all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "attach", "current", "start"]
 
@@ -42,7 +49,7 @@ class Lab(LabCore):
 
     def __init__(self, *args: Any, config: LabConfig | None = None, **overrides: Any) -> None:
         super().__init__(*args, config=config, **overrides)
-        self._telemetry: Any = None  # distlab.dashboard.TelemetryStore, made on first use
+        self._telemetry: TelemetryStore | None = None  # made on first use
         self.add_listener(self._feed_telemetry)  # first: the store reads a poll before any other listener
         self.profiler = Profiler(self.processes, self.world, self.config.timeout, labs.id_of(self))
         self.cells.around = self.profiler.around
@@ -50,21 +57,22 @@ class Lab(LabCore):
         self.observe(ProgressBars())  # the ranks' tqdm bars: one widget in a cell's output
         self.observe(HealingViews(self.healer.records))  # a healing cell's quorums and heals, in its output
         self.observe(Prewarm())  # after the ranks are up: the import would compete with their start
-        self.class_limits: Any = None  # classroom.limits.ClassLimits, in a class
+        self.class_limits: ClassLimits | None = None  # in a class
         # The name is classroom.limits.ENV_VAR's, written here so that a lab outside a class imports nothing of it.
         if os.environ.get("DISTLAB_LIMITS", "").strip():
             from ..classroom.limits import ClassLimits
 
             self.class_limits = ClassLimits.from_env()  # wrong text: one line (LabUsageError), no lab
-            self.observe(self.class_limits)
+            if self.class_limits is not None:  # always: the variable is set (its None is for unset)
+                self.observe(self.class_limits)
 
-    def start(self) -> Any:
+    def start(self) -> Lab:
         """Start the lab (``LabCore.start``); in a class, refused first if it would break its limits."""
         if self.class_limits is not None and not self.running:
             self.class_limits.check_start(self)  # before any process starts
         return super().start()
 
-    def restart(self, ranks: int | None = None) -> Any:
+    def restart(self, ranks: int | None = None) -> Lab:
         """A fresh world (``LabCore.restart``); in a class, one that grows the lab is refused first if it
         would break its limits."""
         if self.class_limits is not None and ranks is not None and self.running:
@@ -73,13 +81,13 @@ class Lab(LabCore):
 
     # ------------------------------------------------------------------ telemetry and profiles
 
-    def _feed_telemetry(self, pending: dict[int, Any], final: bool) -> None:
+    def _feed_telemetry(self, pending: dict[int, IppAsyncResult], final: bool) -> None:
         # Even a store made during this cell (by a listener, or anew after a restart at another size).
         if self._telemetry is not None and self._telemetry.world_size == self.world_size:
             self._telemetry.on_poll(pending, final)
 
     @property
-    def telemetry(self) -> Any:
+    def telemetry(self) -> TelemetryStore:
         """What ``distlab.watch(model)`` publishes on the ranks: ``lab.telemetry.records()``.
 
         A ``distlab.dashboard.TelemetryStore``, made and fed from the first use on; it also picks up
@@ -102,7 +110,7 @@ class Lab(LabCore):
             self._telemetry = store
         return self._telemetry
 
-    def dashboard(self) -> Any:
+    def dashboard(self) -> Dashboard:
         """The live dashboard of this lab's telemetry (ipywidgets + plotly); one per lab."""
         from ..dashboard.view import dashboard_for
 
@@ -137,7 +145,7 @@ class Lab(LabCore):
         self._require_running()
         return self.stacks_reader.stacks(self.ranks(ranks), native, timeout)
 
-    def heals(self) -> Any:
+    def heals(self) -> HealingRecord | None:
         """What the last cell that healed did (``distlab.heal``): ``print(lab.heals())``.
 
         A ``distlab.notebook.healing_record.HealingRecord``: ``steps``, each step's quorum (its ranks,

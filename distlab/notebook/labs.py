@@ -102,7 +102,7 @@ def stop_all() -> None:
     """Stop every running lab (at the interpreter's exit); a kept one is let go of instead, for
     another kernel to attach (``notebook.kept``)."""
     for lab in list(_running.values()):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # at exit: one lab's failure must not keep the others up
             if lab.config.keep:
                 lab.detach()
             else:

@@ -5,15 +5,18 @@ wraps each cell in their ``cell`` context; its poll listeners (:data:`Listener`)
 running cell. That is how views (the panel's state file, the dashboard, progress bars, a class's
 limits) attach to a lab without the lab knowing them.
 
-This module imports nothing of distlab: a view imports it without importing the lab (the lab
-imports the views it assembles, never the other way round).
+This module imports nothing of distlab at run time (``LabCore`` is named for types only): a view
+imports it without importing the lab (the lab imports the views it assembles, never the other way round).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .core import LabCore
 
 __all__ = ["LabObserver", "Listener", "Observer", "ObserverBus"]
 
@@ -26,30 +29,30 @@ class LabObserver(Protocol):
 
     ``lab`` is the lab that tells (``notebook.core.LabCore``, or the ``Lab`` a person uses)."""
 
-    def started(self, lab: Any) -> None: ...
-    def restarted(self, lab: Any) -> None: ...
-    def changed(self, lab: Any) -> None: ...
-    def stopped(self, lab: Any) -> None: ...
-    def cell(self, lab: Any, stream: bool) -> contextlib.AbstractContextManager[None]: ...
+    def started(self, lab: LabCore) -> None: ...
+    def restarted(self, lab: LabCore) -> None: ...
+    def changed(self, lab: LabCore) -> None: ...
+    def stopped(self, lab: LabCore) -> None: ...
+    def cell(self, lab: LabCore, stream: bool) -> contextlib.AbstractContextManager[None]: ...
 
 
 class Observer:
     """A :class:`LabObserver` that does nothing: subclass it and override what you need."""
 
-    def started(self, lab: Any) -> None:
+    def started(self, lab: LabCore) -> None:
         pass
 
-    def restarted(self, lab: Any) -> None:
+    def restarted(self, lab: LabCore) -> None:
         pass
 
-    def changed(self, lab: Any) -> None:
+    def changed(self, lab: LabCore) -> None:
         pass
 
-    def stopped(self, lab: Any) -> None:
+    def stopped(self, lab: LabCore) -> None:
         pass
 
     @contextlib.contextmanager
-    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
         yield
 
 
@@ -58,7 +61,7 @@ class ObserverBus:
 
     ``owner`` is the lab the observers are told about (what they are given as ``lab``)."""
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: LabCore) -> None:
         self._owner = owner
         self._observers: list[LabObserver] = []
         self._listeners: list[Listener] = []

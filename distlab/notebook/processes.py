@@ -18,7 +18,7 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..cluster.launch import (
     controller_address,
@@ -37,6 +37,9 @@ from .config import LabConfig
 from .spares import SparePool
 from .world import RankInfo
 
+if TYPE_CHECKING:
+    from ..ipycompat import IppClient, IppCluster
+
 __all__ = ["LabProcesses", "on_this_machine"]
 
 
@@ -50,8 +53,8 @@ class LabProcesses:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.cluster: Any = None  # ipyparallel.Cluster
-        self.client: Any = None  # ipyparallel.Client
+        self.cluster: IppCluster = None
+        self.client: IppClient = None
         #: engine id -> what cells send to it (``cell.CellContext.engine``), made once per client.
         self.engines: dict[int, rpc.Engine] = {}
         self.guard = ProcessGuard()
@@ -190,7 +193,7 @@ class LabProcesses:
         pgids = self.guard.pgids()
         self.close_client()
         terminate(pids)  # all at once: ipyparallel's stop goes one engine at a time
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # engines already killed above: the stop is tidying only
             cluster.stop_cluster_sync()
         self.guard.end_all(pgids, pids)
 
@@ -202,7 +205,7 @@ class LabProcesses:
 
     def close_client(self) -> None:
         if self.client is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a client whose sockets died with the cluster: dropped
                 self.client.close()
         self.client = None
         self.engines = {}

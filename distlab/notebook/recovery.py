@@ -54,7 +54,7 @@ def diagnose(outcome: CellOutcome, ctx: CellContext, selected: list[int]) -> Non
     traces = {}
     deadline = time.monotonic() + TRACE_TIMEOUT_S
     for rank, ar in asks.items():
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a rank that cannot answer has no trace, not an error
             traces[rank] = ar.get(timeout=max(0.01, deadline - time.monotonic()))
     doing = {
         r: STUCK if r in stuck else FAILED if r in failed else FINISHED if r in selected else ABSENT

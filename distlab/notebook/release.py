@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
 from .. import ipycompat
 from ..wire import RELEASE_REQUEST
@@ -29,9 +28,9 @@ class Releaser:
     """Frees one world's stuck ranks."""
 
     def __init__(self) -> None:
-        self._client: Any = None
+        self._client: ipycompat.IppClient = None
 
-    def listen(self, client: Any, table: Sequence[RankInfo], timeout_s: float) -> None:
+    def listen(self, client: ipycompat.IppClient, table: Sequence[RankInfo], timeout_s: float) -> None:
         """Have each rank answer release requests on its control channel (once per world)."""
         self._client = client
         asks = [rpc.serve_release(client[r.engine_id]) for r in table]
@@ -50,12 +49,12 @@ class Releaser:
         # An ipyparallel whose control request changed raises here, rather than silently freeing nothing.
         ipycompat.control_request(client, targets, RELEASE_REQUEST, {}, RELEASE_WAIT_S)
 
-    def abort_on_free_ranks(self, client: Any, table: Sequence[RankInfo], stuck: Sequence[int]) -> bool:
+    def abort_on_free_ranks(self, client: ipycompat.IppClient, table: Sequence[RankInfo], stuck: Sequence[int]) -> bool:
         """Tear down the group on every live rank not in ``stuck``; True if any rank did."""
         alive = set(client.ids)
         free = [r for r in table if r.rank not in stuck and r.engine_id in alive]
         aborts = [rpc.abort_group(client[r.engine_id]) for r in free]
         for ar in aborts:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a rank gone or slow: the caller kills what stays stuck
                 ar.get(timeout=0.5)
         return bool(free)

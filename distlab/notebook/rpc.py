@@ -10,6 +10,7 @@ never imports it: it imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
 from .. import ipycompat
@@ -20,6 +21,7 @@ __all__ = [
     "RANK_FUNCTIONS",
     "Engine",
     "Pending",
+    "RankTarget",
     "abort_group",
     "case_names",
     "check_group",
@@ -85,7 +87,14 @@ class Pending(Protocol[T_co]):
     def outputs(self) -> list[dict[str, Any]]: ...
 
 
-def _call(target: Any, wrapper: str, *args: Any) -> Any:
+class RankTarget(Protocol):
+    """Where a rank-side call goes: ``client[engine_id]`` (ipyparallel's ``DirectView``) or an
+    :class:`Engine`; ``apply_async`` gives the call's ``AsyncResult`` (a :class:`Pending`)."""
+
+    def apply_async(self, f: Callable[..., Any], *args: Any) -> Any: ...
+
+
+def _call(target: RankTarget, wrapper: str, *args: Any) -> Any:
     module, name = RANK_FUNCTIONS[wrapper]
     return target.apply_async(on_rank, (module, name, args))
 
@@ -101,12 +110,12 @@ class Engine:
     send_apply_request``, to the socket and engine identity the DirectView would use.
     """
 
-    def __init__(self, client: Any, engine_id: int) -> None:
+    def __init__(self, client: ipycompat.IppClient, engine_id: int) -> None:
         self._socket, self._ident, self._targets = ipycompat.engine_send_target(client, engine_id)
         self._client = client
         self.engine_id = engine_id
 
-    def apply_async(self, f: Any, *args: Any) -> Any:
+    def apply_async(self, f: Callable[..., Any], *args: Any) -> Any:
         from ipyparallel.client.asyncresult import AsyncResult
 
         future = self._client.send_apply_request(
@@ -129,87 +138,87 @@ def _pickled(f: Any) -> Any:
     return pickled
 
 
-def describe(target: Any, controller_ip: str) -> Pending[list[EngineIdentity]]:
+def describe(target: RankTarget, controller_ip: str) -> Pending[list[EngineIdentity]]:
     """What each engine of a view says of itself (``rank.identity.describe``)."""
     return cast("Pending[list[EngineIdentity]]", _call(target, "describe", controller_ip))
 
 
-def open_store(target: Any, host: str, timeout_s: float) -> Pending[int]:
+def open_store(target: RankTarget, host: str, timeout_s: float) -> Pending[int]:
     """On rank 0's engine: the rendezvous store's port."""
     return cast("Pending[int]", _call(target, "open_store", host, timeout_s))
 
 
-def init_rank(target: Any, spec: GroupSpec) -> Pending[RankJoined]:
+def init_rank(target: RankTarget, spec: GroupSpec) -> Pending[RankJoined]:
     return cast("Pending[RankJoined]", _call(target, "init_rank", spec))
 
 
-def join_as_replacement(target: Any, spec: GroupSpec) -> Pending[RankJoined]:
+def join_as_replacement(target: RankTarget, spec: GroupSpec) -> Pending[RankJoined]:
     """On a new engine taking a dead rank's place while a healing cell runs (``rank.group``)."""
     return cast("Pending[RankJoined]", _call(target, "join_as_replacement", spec))
 
 
-def share_state(target: Any, src: int) -> Pending[bool | None]:
+def share_state(target: RankTarget, src: int) -> Pending[bool | None]:
     """On every rank after a healing cell with a replacement (``rank.heal.share_state``)."""
     return cast("Pending[bool | None]", _call(target, "share_state", src))
 
 
-def rebuild_group(target: Any, master_port: int) -> Pending[RankJoined]:
+def rebuild_group(target: RankTarget, master_port: int) -> Pending[RankJoined]:
     return cast("Pending[RankJoined]", _call(target, "rebuild_group", master_port))
 
 
-def check_group(target: Any, timeout_s: float) -> Pending[str]:
+def check_group(target: RankTarget, timeout_s: float) -> Pending[str]:
     """-> "ok", or why the group cannot complete a tiny all-reduce."""
     return cast("Pending[str]", _call(target, "check_group", timeout_s))
 
 
-def abort_group(target: Any) -> Pending[bool]:
+def abort_group(target: RankTarget) -> Pending[bool]:
     """-> whether the rank had a group to tear down."""
     return cast("Pending[bool]", _call(target, "abort_group"))
 
 
-def serve_release(target: Any) -> Pending[None]:
+def serve_release(target: RankTarget) -> Pending[None]:
     """The rank answers ``wire.RELEASE_REQUEST`` on its control channel from now on."""
     return cast("Pending[None]", _call(target, "serve_release"))
 
 
-def collective_trace(target: Any, last: int) -> Pending[list[CollectiveEntry]]:
+def collective_trace(target: RankTarget, last: int) -> Pending[list[CollectiveEntry]]:
     return cast("Pending[list[CollectiveEntry]]", _call(target, "collective_trace", last))
 
 
-def run_cell(target: Any, code: str, rank: int, want: str) -> Pending[CellReply]:
+def run_cell(target: RankTarget, code: str, rank: int, want: str) -> Pending[CellReply]:
     return cast("Pending[CellReply]", _call(target, "run_cell", code, rank, want))
 
 
-def run_script(target: Any, text: str, path: str, argv: list[str], rank: int) -> Pending[CellReply]:
+def run_script(target: RankTarget, text: str, path: str, argv: list[str], rank: int) -> Pending[CellReply]:
     """The script run as ``__main__`` with ``sys.argv = argv`` (``%dist run``)."""
     return cast("Pending[CellReply]", _call(target, "run_script", text, path, argv, rank))
 
 
-def postmortem(target: Any, max_frames: int, max_locals: int) -> Pending[dict[str, Any] | None]:
+def postmortem(target: RankTarget, max_frames: int, max_locals: int) -> Pending[dict[str, Any] | None]:
     """-> the rank's kept failure (its frames, their locals summarised) as plain data, or None."""
     return cast("Pending[dict[str, Any] | None]", _call(target, "postmortem", max_frames, max_locals))
 
 
-def pack_definitions(target: Any, names: list[str]) -> Pending[CellReply]:
+def pack_definitions(target: RankTarget, names: list[str]) -> Pending[CellReply]:
     """A reply whose value is ``{"blob": bytes}``, ``{"missing": [...]}`` or ``{"unpicklable": why}``."""
     return cast("Pending[CellReply]", _call(target, "pack_definitions", names))
 
 
-def case_names(target: Any, exercise: str, world_size: int, seed: int) -> Pending[CellReply]:
+def case_names(target: RankTarget, exercise: str, world_size: int, seed: int) -> Pending[CellReply]:
     """A reply whose value is the names of the exercise's cases at ``world_size``."""
     return cast("Pending[CellReply]", _call(target, "case_names", exercise, world_size, seed))
 
 
-def grade_case(target: Any, exercise: str, blob: bytes, seed: int, index: int, rank: int) -> Pending[CellReply]:
+def grade_case(target: RankTarget, exercise: str, blob: bytes, seed: int, index: int, rank: int) -> Pending[CellReply]:
     """A reply whose value is the rank's outcome of one case (``rank.exercise.passed``/``failed``)."""
     return cast("Pending[CellReply]", _call(target, "grade_case", exercise, blob, seed, index, rank))
 
 
-def start_profile(target: Any, steps: int, warmup: int) -> Pending[None]:
+def start_profile(target: RankTarget, steps: int, warmup: int) -> Pending[None]:
     """Arm torch.profiler for the rank's next cell (``lab.profile``)."""
     return cast("Pending[None]", _call(target, "start_profile", steps, warmup))
 
 
-def profile_trace(target: Any) -> Pending[ProfileTrace | None]:
+def profile_trace(target: RankTarget) -> Pending[ProfileTrace | None]:
     """-> what the rank's last profiled cell recorded (its Chrome trace, compressed), or None."""
     return cast("Pending[ProfileTrace | None]", _call(target, "profile_trace"))

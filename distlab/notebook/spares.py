@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterable
-from typing import Any
 
 from .. import ipycompat
 from ..cluster import warm
@@ -55,7 +54,7 @@ class SparePool:
         ranks = set(pids)
         self._pool = {pid: name for pid, name in self._pool.items() if pid not in ranks}
 
-    def top_up(self, cluster: Any, wanted: int) -> None:
+    def top_up(self, cluster: ipycompat.IppCluster, wanted: int) -> None:
         """Fork the spares the pool lacks of ``wanted`` in ``cluster`` and return: they register on
         their own. Skipped while the template is busy (importing torchft for a healing lab), so that
         nothing waits on it: the next top-up (when a cell starts, after a restart) forks them."""
@@ -73,7 +72,7 @@ class SparePool:
 
     def adopt_helpers(self) -> None:
         """Each spare's nanny joins the groups the lab ends (it is started just after its engine)."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a spare already gone: the others' helpers still join
             self._guard.adopt_engine_helpers(list(self._pool))
 
     def kill_all(self) -> list[int]:

@@ -84,7 +84,7 @@ class Comparison:
         return str(self)
 
 
-class Prediction(widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type hints
+class Prediction(widgets.VBox):
     """The widget :func:`predict` returns: a question, an answer box (or choices) and Commit."""
 
     def __init__(
@@ -101,7 +101,7 @@ class Prediction(widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no typ
         self.value: Any = None  # the committed prediction (base units, or a choice key)
         if choices is None:
             self.entry: widgets.Widget = widgets.Text(placeholder="your estimate", layout=widgets.Layout(width="14em"))
-            answer_box = widgets.HBox([self.entry, widgets.Label(unit)])
+            answer_box: widgets.Widget = widgets.HBox([self.entry, widgets.Label(unit)])
         else:
             self.entry = widgets.RadioButtons(options=[(text, key) for key, text in choices.items()], value=None)
             answer_box = self.entry

@@ -141,7 +141,7 @@ def _view_for(attempt: Attempt) -> _View:
     return _NumberView(attempt.unit)
 
 
-class QuizWidget(widgets.VBox):  # type: ignore[misc]  # ipywidgets ships no type hints
+class QuizWidget(widgets.VBox):
     """A run through ``questions``, one at a time. Answers are graded in Python and saved to the progress file."""
 
     def __init__(

@@ -6,7 +6,8 @@ rank's FLOPs (:class:`LocalFlops`, by torch's formulas on its local ops).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -45,7 +46,7 @@ class Collectives(DispatchMode):
     """Counts every collective op of the step: (op, mesh dimension, group size, bytes in, phase) -> calls."""
 
     def __init__(self, dims_of: dict[str, str]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.dims_of, self.phase, self.calls = dims_of, "forward", Counter[tuple[str, str, int, int, str]]()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -79,7 +80,7 @@ class LocalFlops(DispatchMode):
     does) and counts those: what this GPU computes."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.flops = 0
         self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
 

@@ -65,7 +65,7 @@ def _exit(code: object) -> None:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join(max(0.0, deadline - time.monotonic()))
     atexit._run_exitfuncs()  # what Python's own exit runs before its teardown
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # teardown, best effort: the exit code is decided
         from IPython import get_ipython
 
         shell = get_ipython()
@@ -78,7 +78,7 @@ def _exit(code: object) -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         if stream is None:  # a process started without that stream
             continue
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a closed or broken stream: the rank still exits
             stream.flush()
     os._exit(code if isinstance(code, int) else 0)
 

@@ -90,7 +90,7 @@ def init_rank(spec: GroupSpec) -> RankJoined:
     if dist.is_initialized():
         _destroy_group()
     # Every rank must name the new group alike; a failed earlier attempt may have left the counter up.
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a half-destroyed group's counter: reset best effort
         torchcompat.reset_group_count()
     t0 = time.perf_counter()
     with torchrun.lab_owned():  # torch's own init_process_group, not the one cells call (which joins)

@@ -161,7 +161,7 @@ class Healing:
 def _healing_optimizer_class() -> Any:
     from torchft.optim import OptimizerWrapper
 
-    class HealingOptimizer(OptimizerWrapper):  # type: ignore[misc]  # torchft ships no type hints
+    class HealingOptimizer(OptimizerWrapper):
         """torchft's optimizer wrapper; a replacement's ends its cell where the others' loop ended."""
 
         def _stop_where_the_world_did(self) -> None:
@@ -198,7 +198,7 @@ def _healing_optimizer_class() -> Any:
 def _recording_pg_class() -> Any:
     from torchft.process_group import ProcessGroupGloo
 
-    class RecordingGloo(ProcessGroupGloo):  # type: ignore[misc]  # torchft ships no type hints
+    class RecordingGloo(ProcessGroupGloo):
         """torchft's gloo group, which its manager configures anew for each new quorum: the quorum's
         id and ranks are recorded first (torchft's manager keeps its replica ids to itself)."""
 
@@ -222,7 +222,7 @@ def _recording_pg_class() -> Any:
 def _recording_transport_class() -> Any:
     from torchft.checkpointing.pg_transport import PGTransport
 
-    class RecordingTransport(PGTransport):  # type: ignore[misc]  # torchft ships no type hints
+    class RecordingTransport(PGTransport):
         """torchft's transfer of a live peer's state over the quorum's group, timed and counted."""
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:

@@ -39,7 +39,7 @@ def cell_ended() -> None:
     telemetry and progress bars are views of the cell, not its outcome.
     """
     for fn in list(_hooks):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a view's hook: never the cell's error, nor stops the rest
             fn()
 
 

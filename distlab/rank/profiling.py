@@ -21,9 +21,9 @@ import tempfile
 import threading
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..wire import ProfileTrace
 from . import hooks
@@ -138,7 +138,9 @@ def _activities() -> list[Any]:
 
     wanted = [ProfilerActivity.CPU]
     on_gpu = str(user_namespace().get("device", "cpu")).startswith("cuda")
-    if on_gpu and ProfilerActivity.CUDA in supported_activities():  # type: ignore[no-untyped-call]
+    # torch leaves supported_activities unannotated: it returns a set of ProfilerActivity
+    available = cast("Callable[[], set[ProfilerActivity]]", supported_activities)()
+    if on_gpu and ProfilerActivity.CUDA in available:
         wanted.append(ProfilerActivity.CUDA)
     return wanted
 

@@ -113,7 +113,7 @@ class _Reporter:
                 bar = entry.bar()
                 if bar is None or entry.state["closed"] or getattr(bar, "disable", True):
                     continue
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # a user's bar in any state: a failed read skips it
                     state = bar._distlab_state(False)
                     if entry.active or _moved(entry.state, state):
                         entry.state, entry.active = state, True
@@ -165,7 +165,7 @@ def _make_bar_class() -> type:
     from tqdm.asyncio import tqdm_asyncio
 
     # tqdm's classes are generic in its stub only: tqdm_asyncio[Any] would fail at run time.
-    class RankBar(tqdm_asyncio):  # type: ignore[type-arg]
+    class RankBar(tqdm_asyncio):  # type: ignore[type-arg]  # generic in the stub only (above)
         """tqdm on a distlab rank: drawn in the notebook, one widget for every rank's bars."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -175,7 +175,9 @@ def _make_bar_class() -> type:
             super().__init__(*args, **kwargs)
 
         # True as tqdm's own display returns (its close reads it); the stub says None.
-        def display(self, msg: str | None = None, pos: int | None = None) -> bool:  # type: ignore[override]
+        def display(  # type: ignore[override]  # tqdm's stub says None
+            self, msg: str | None = None, pos: int | None = None
+        ) -> bool:
             if msg != "":  # "" clears a bar that does not stay: its close says so
                 _report(self, closed=False)
             return True

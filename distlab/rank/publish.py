@@ -44,7 +44,8 @@ def engine_sender() -> Sender | None:
         return None
     from ipyparallel.datapub import publish_data
 
-    return publish_data  # type: ignore[no-any-return]
+    publish: Sender = publish_data
+    return publish
 
 
 class Source:

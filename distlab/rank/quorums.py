@@ -88,8 +88,8 @@ class QuorumLog:
             self._seq += 1
             return {
                 "rank": self.rank, "pid": self.pid, "seq": self._seq, "replacement": self.replacement,
-                "spans": [dict(s, members=list(s["members"])) for s in self._spans],  # type: ignore[misc]
-                "dropped": self._dropped, "heals": [dict(h) for h in self._heals],  # type: ignore[misc]
+                "spans": [{**s, "members": list(s["members"])} for s in self._spans],
+                "dropped": self._dropped, "heals": [h.copy() for h in self._heals],
             }  # fmt: skip
 
 

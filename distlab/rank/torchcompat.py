@@ -142,7 +142,7 @@ def set_reducer_group(model: torch.nn.Module, group: Any) -> None:
     to change groups without rebuilding the model, for elastic training. The only public path,
     wrapping the model in DDP again, builds a new reducer and broadcasts the weights once more.
     """
-    model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]
+    model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]  # private, unannotated
 
 
 class _C10dPrivates(Protocol):
@@ -188,17 +188,17 @@ def forget_process_groups() -> None:
     the others do: on a broken group any of them may raise.
     """
     c10d = dist.distributed_c10d
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a broken group may raise: each step regardless
         c10d._update_default_pg(None)  # the default group: what init_process_group checks
     world = c10d._world
     for table in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
                   "pg_coalesce_state"):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # as above: each table regardless
             getattr(world, table).clear()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # as above: each step regardless
         # The C++ registry that resolves groups by name (distributed_c10d imports it from there).
         torch._C._distributed_c10d._unregister_all_process_groups()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # as above: each step regardless
         reset_group_count()
 
 
@@ -256,7 +256,7 @@ def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[to
         observed = _observed(getattr(cls, method), op, observer)
         # functools' convention, for whoever needs torch's own (a benchmark's baseline): the class's
         # attribute as it was (pybind11's method descriptor, which binds ``self``).
-        observed.__wrapped__ = cls.__dict__[method]  # type: ignore[attr-defined]
+        vars(observed)["__wrapped__"] = cls.__dict__[method]  # a function's attribute, through its __dict__
         setattr(cls, method, observed)
     cls._distlab_observed = True
 
@@ -268,7 +268,7 @@ def _observed(original: Callable[..., Any], op: str, observer: Callable[..., Non
         # gloo cannot send or receive a CUDA tensor as it is (ranks sharing a GPU): rank/staging.py.
         work = staging.staged(original, self, op, tensors, *args) if staging.needs_staging(self, tensors) \
             else original(self, tensors, *args)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the observer's failure never reaches the caller's send
             observer(self, op, int(args[0]) if with_peer else None, list(tensors), work)
         return work
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TypeVar, cast
 
 import torch
@@ -28,7 +29,8 @@ def not_compiled(fn: _F) -> _F:
 
     It imports TorchDynamo (1.2-1.5 s), which torch imports anyway at the first optimizer a process makes
     (``Optimizer.add_param_group`` is wrapped the same way)."""
-    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # torch's is untyped
+    disable: Callable[[_F], object] = torch.compiler.disable  # torch's is unannotated
+    return cast(_F, disable(fn))  # torch's wrapper calls fn with the arguments it is given
 
 
 def load_dynamo() -> None:
@@ -54,13 +56,13 @@ def inside_compiled_call() -> bool:
     disabling = getattr(frames, "DisableContext", ())
     if compiling is None:
         return False
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.endswith(_COMPILED_CALL_FILE):
             context = frame.f_locals.get("self")
             if isinstance(context, compiling) and not isinstance(context, disabling):
                 return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 

@@ -119,7 +119,7 @@ def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, A
     dispatcher's, not an API.
     """
     # An op whose arguments this torch lays out otherwise counts as the whole world.
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # private op layouts: an unknown one means the world
         if func.namespace == "c10d":
             for arg in args:
                 if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
@@ -138,7 +138,7 @@ def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     As :func:`collective_group_size`: a ``c10d`` op's group is a TorchScript object (``ProcessGroup.unbox``),
     a functional collective's is a name (:func:`resolve_process_group`); neither is a public API.
     """
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # private op layouts: an unknown one means None
         if func.namespace == "c10d":
             for arg in args:
                 if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):

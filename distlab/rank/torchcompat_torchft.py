@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,7 @@ def healing_ddp_class() -> Any:
     _check_torchft()
     from torchft.ddp import DistributedDataParallel
 
-    class HealingDDP(DistributedDataParallel):  # type: ignore[misc]  # torchft ships no type hints
+    class HealingDDP(DistributedDataParallel):
         """torchft's DDP, with its gradient hook made safe for a peer that dies mid-exchange."""
 
         @staticmethod
@@ -64,7 +64,8 @@ def healing_ddp_class() -> Any:
             work.wait()
             inner = getattr(work.get_future(), "_fut", None)
             if inner is not None:
-                return inner  # type: ignore[no-any-return]
+                # torchft's inner future (untyped) carries the gradient bucket's tensor
+                return cast("torch.futures.Future[torch.Tensor]", inner)
             done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
             done.set_result(bucket.buffer())
             return done

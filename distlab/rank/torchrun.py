@@ -211,7 +211,8 @@ def _init_process_group(*args: Any, **kwargs: Any) -> None:
     assert _torch_functions is not None
     init = _torch_functions[0]
     if not _joins():
-        return init(*args, **kwargs)  # type: ignore[no-any-return]
+        init(*args, **kwargs)  # torch's returns None
+        return None
     assert _lab is not None
     call = _signature(init).bind(*args, **kwargs)  # a TypeError for arguments torch would refuse
     rebound = namespace.rebound()  # a cell's rebinding of rank is the likeliest cause of a wrong rank
@@ -235,7 +236,8 @@ def _destroy_process_group(group: Any = None) -> None:
     assert _torch_functions is not None
     destroy = _torch_functions[1]
     if not _joins() or (group is not None and group is not dist.group.WORLD):
-        return destroy() if group is None else destroy(group)  # type: ignore[no-any-return]
+        destroy() if group is None else destroy(group)  # torch's returns None
+        return None
     _note("destroy_process_group() left the lab's process group up for the next cells; %dist stop ends it")
     return None
 

@@ -29,13 +29,18 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
 from ..notebook import labs
 from ..notebook.labs import id_of
 from ..notebook.observers import Observer
+
+if TYPE_CHECKING:
+    from ..ipycompat import IppAsyncResult
+    from ..notebook.core import LabCore
+    from ..notebook.world import RankInfo
 
 __all__ = [
     "ACTIONS", "BUSY_AFTER_S", "LAST_CELL_EVERY_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish",
@@ -73,20 +78,20 @@ class PanelFile(Observer):
     """A lab's observer: its state file, written at start, restart and a change of link, kept
     current while cells run, and removed at stop."""
 
-    def started(self, lab: Any) -> None:
+    def started(self, lab: LabCore) -> None:
         track(lab)
 
-    def restarted(self, lab: Any) -> None:
+    def restarted(self, lab: LabCore) -> None:
         publish(lab)
 
-    def changed(self, lab: Any) -> None:
+    def changed(self, lab: LabCore) -> None:
         publish(lab)
 
-    def stopped(self, lab: Any) -> None:
+    def stopped(self, lab: LabCore) -> None:
         forget(lab)
 
     @contextlib.contextmanager
-    def cell(self, lab: Any, stream: bool) -> Iterator[None]:
+    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
         try:
             yield
         finally:  # after the lab noted the cell's end (``last_cell``), which the final poll precedes
@@ -109,7 +114,7 @@ def track(lab: Any) -> None:
     if lab not in _listening:  # a lab started again after a stop keeps its one listener
         _listening.add(lab)
 
-        def on_poll(pending: dict[int, Any], final: bool) -> None:
+        def on_poll(pending: dict[int, IppAsyncResult], final: bool) -> None:
             now = time.monotonic()
             if final:
                 return  # the file is written once the cell's end is known (``PanelFile.cell``)
@@ -118,7 +123,7 @@ def track(lab: Any) -> None:
                 publish(lab, busy={rank for rank, ar in pending.items() if not ar.ready()}, ask=False)
 
         lab.add_listener(on_poll)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # tidying other kernels' stale files: never stops this lab's publish
         read_labs()  # which removes the files of kernels killed before they could
     publish(lab)
 
@@ -198,7 +203,7 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
     }
 
 
-def _row(r: Any) -> dict[str, Any]:
+def _row(r: RankInfo) -> dict[str, Any]:
     return {
         "rank": r.rank, "engine_id": r.engine_id, "host": r.host, "addr": r.addr, "pid": r.pid,
         "device": r.device, "health": r.health, "machine": r.machine,

@@ -66,7 +66,7 @@ class TimedGroup(dist.ProcessGroup):
     def __init__(self, inner: dist.ProcessGroup, timer: CommTimer) -> None:
         # torch's stub lists only the (store, rank, size) constructor; pybind's (rank, size) one is the
         # constructor of a group written in Python.
-        super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]
+        super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]  # pybind's, not in the stub
         self.inner = inner
         self.timer = timer
 
@@ -76,7 +76,7 @@ class TimedGroup(dist.ProcessGroup):
     # The reducer calls these four with (tensors, [...], opts) only: the other call forms of the base
     # class's overloads never reach a stand-in (hence the narrowed signatures, [override]).
     @torchcompat_compile.not_compiled
-    def allreduce(  # type: ignore[override]
+    def allreduce(  # type: ignore[override]  # the reducer's one call form (above)
         self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions
     ) -> dist.Work:
         timer = self.timer
@@ -103,17 +103,17 @@ class TimedGroup(dist.ProcessGroup):
     # What else a reducer asks of its group: bucket order is broadcast from rank 0 when buckets
     # are rebuilt; the rest is here so nothing reaches the base class, which has no backend.
     @torchcompat_compile.not_compiled
-    def broadcast(self, tensors: list[torch.Tensor], opts: object) -> dist.Work:  # type: ignore[override]
+    def broadcast(self, tensors: list[torch.Tensor], opts: object) -> dist.Work:  # type: ignore[override]  # as above
         return self.inner.broadcast(tensors, opts)
 
     @torchcompat_compile.not_compiled
-    def allgather(  # type: ignore[override]
+    def allgather(  # type: ignore[override]  # the reducer's one call form
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: object
     ) -> dist.Work:
         return self.inner.allgather(output_tensors, input_tensors, opts)
 
     @torchcompat_compile.not_compiled
-    def barrier(self, opts: object) -> dist.Work:  # type: ignore[override]
+    def barrier(self, opts: object) -> dist.Work:  # type: ignore[override]  # the reducer's one call form
         return self.inner.barrier(opts)
 
     @torchcompat_compile.not_compiled

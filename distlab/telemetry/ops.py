@@ -24,8 +24,9 @@ it, and each can be waited for only once, by its caller.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -155,7 +156,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
     """
 
     def __init__(self, memory: LiveTensors | None = None, timings: list[CollectiveTiming] | None = None) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode's, untyped
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.memory = memory
         self.timings = timings
         self._seen: dict[Any, tuple[str | None, bool]] = {}
@@ -210,7 +211,8 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         table = _FUNCTIONAL if functional else _C10D
         where = table[torchcompat_dispatch.op_name(func)][1]
         timing.bytes = _tensor_bytes(out if where == "out" else args[int(where[3:])])
-        self.timings.append(timing)  # type: ignore[union-attr]
+        # A list: __torch_dispatch__ times a collective only while timings is one (None: off).
+        cast("list[CollectiveTiming]", self.timings).append(timing)
         if functional:
             out = torchcompat_dispatch.wait_functional(out)
             self._stamp(timing)

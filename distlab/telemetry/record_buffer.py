@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, cast
 
 from ..records import StepRecord
@@ -75,7 +76,7 @@ class RecordBuffer:
                 self._done[i] = new
             self.pending.record_ids.discard(id(old))
 
-    def amend(self, step: Step, fields: dict[str, Any]) -> None:
+    def amend(self, step: Step, fields: Mapping[str, object]) -> None:
         """Give a closed step a new record with ``fields`` changed, where it is kept."""
         old = step.record
         step.record = cast(StepRecord, {**cast(dict[str, Any], old), **fields})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -19,7 +19,7 @@ from ..records import StepRecord
 from . import comm
 from .ops import CollectiveTiming
 
-__all__ = ["Step", "metric_fields", "metric_value", "wrapped_by_zero"]
+__all__ = ["MetricFields", "Step", "metric_fields", "metric_value", "wrapped_by_zero"]
 
 
 class Step:
@@ -109,12 +109,20 @@ def metric_value(name: str, value: Any) -> float | torch.Tensor:
     return float(value)
 
 
-def metric_fields(metrics: dict[str, float | torch.Tensor]) -> dict[str, Any]:
+class MetricFields(TypedDict, total=False):
+    """A step record's fields that ``distlab.log`` sets (as ``StepRecord`` types them)."""
+
+    metrics: dict[str, float]
+    loss: float | None
+    epoch: int | None
+
+
+def metric_fields(metrics: dict[str, float | torch.Tensor]) -> MetricFields:
     """The record's fields that ``distlab.log`` sets: metrics, and loss and epoch when logged."""
-    metrics = {k: float(v) for k, v in metrics.items()}  # a GPU tensor's value is read here
-    fields: dict[str, Any] = {"metrics": {k: v for k, v in metrics.items() if k not in ("loss", "epoch")}}
-    if "loss" in metrics:
-        fields["loss"] = metrics["loss"]
-    if "epoch" in metrics:
-        fields["epoch"] = int(metrics["epoch"])
+    values = {k: float(v) for k, v in metrics.items()}  # a GPU tensor's value is read here
+    fields: MetricFields = {"metrics": {k: v for k, v in values.items() if k not in ("loss", "epoch")}}
+    if "loss" in values:
+        fields["loss"] = values["loss"]
+    if "epoch" in values:
+        fields["epoch"] = int(values["epoch"])
     return fields

@@ -337,7 +337,7 @@ class Watch:
         if deferred:
             self._records.pending.add(step)
         else:
-            record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]
+            record.update(metric_fields(step.metrics))  # type: ignore[typeddict-item]  # its MetricFields part
         step.record = record
         step.closed_with = len(step.collectives)
         self._records.closed(record, waits_for_gpu=deferred)

@@ -147,7 +147,9 @@ class _Watch:
         import posix
 
         real_replace, real_rename = os.replace, os.rename
-        real_fsync, real_fdatasync = os.fsync, getattr(os, "fdatasync", None)
+        real_fsync = os.fsync
+        has_fdatasync = hasattr(os, "fdatasync")  # not on macOS
+        real_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", real_fsync)  # called only where os has it
         watch = self
 
         def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
@@ -164,13 +166,16 @@ class _Watch:
 
         def fdatasync(fd: Any) -> None:
             watch.synced(fd)
-            real_fdatasync(fd)  # type: ignore[misc]
+            real_fdatasync(fd)
 
         # posix too: a function pickled as `posix.replace` (from `from os import replace`) unpickles as this one.
         for module in (os, posix):
-            module.replace, module.rename, module.fsync = replace, rename, fsync  # type: ignore[attr-defined]
-            if real_fdatasync is not None:
-                module.fdatasync = fdatasync  # type: ignore[attr-defined]
+            # setattr by name: posix's stub names neither replace nor rename, and mypy refuses replacing a function.
+            patched = {"replace": replace, "rename": rename, "fsync": fsync}
+            if has_fdatasync:
+                patched["fdatasync"] = fdatasync
+            for name, function in patched.items():
+                setattr(module, name, function)
 
     def _next(self) -> int:
         self.seq += 1

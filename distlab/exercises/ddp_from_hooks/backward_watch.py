@@ -12,10 +12,10 @@ barrier waits for every collective before it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -64,8 +64,10 @@ class Watch:
         self.now = _Step()
         for p in model.parameters():
             if p.requires_grad:
-                # torch leaves register_post_accumulate_grad_hook unannotated.
-                p.register_post_accumulate_grad_hook(self._ready)  # type: ignore[no-untyped-call]
+                # torch leaves register_post_accumulate_grad_hook unannotated: typed here as documented.
+                hook = p.register_post_accumulate_grad_hook
+                register = cast("Callable[[Callable[[torch.Tensor], None]], object]", hook)
+                register(self._ready)
 
     def _ready(self, p: torch.Tensor) -> None:
         now = self.now

@@ -23,7 +23,8 @@ the learner's result: every step runs on every rank, and the first problem is re
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -87,10 +88,13 @@ def _ready_order(case: dict[str, Any]) -> list[int]:
     order: list[int] = []
     for index, p in enumerate(model.parameters()):
         if p.requires_grad:
-            # torch leaves register_post_accumulate_grad_hook unannotated.
-            p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                lambda _p, index=index: order.append(index)
-            )
+            # torch leaves register_post_accumulate_grad_hook unannotated: typed here as documented.
+            register = cast("Callable[[Callable[[torch.Tensor], None]], object]", p.register_post_accumulate_grad_hook)
+
+            def note(_p: torch.Tensor, index: int = index) -> None:
+                order.append(index)
+
+            register(note)
     dtype = getattr(torch, case["dtype"])
     backward(model(torch.zeros(1, 5, dtype=dtype)).sum())
     return order

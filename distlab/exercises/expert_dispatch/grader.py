@@ -13,7 +13,8 @@ results put back in the wrong rows, tokens sent to the wrong expert.
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -82,7 +83,7 @@ class _Collectives(torchcompat_dispatch.DispatchMode):
     """Each collective op run while active, with the bytes of its first tensor argument."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode's, untyped
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.seen: list[tuple[str, int]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

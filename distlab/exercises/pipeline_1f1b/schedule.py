@@ -42,6 +42,14 @@ _COST = {"F": 1, "B": 2}
 _P2P = ("send", "recv", "isend", "irecv", "barrier")
 
 
+def _set_backwards(tensor_backward: Callable[..., Any], autograd_backward: Callable[..., Any]) -> None:
+    """Make ``tensor_backward`` torch's ``Tensor.backward`` and ``autograd_backward`` its ``autograd.backward``."""
+    # setattr by name: mypy refuses assigning to a method of a class (what the watch is for).
+    replaced = ((torch.Tensor, "backward", tensor_backward), (torch.autograd, "backward", autograd_backward))
+    for owner, name, function in replaced:
+        setattr(owner, name, function)
+
+
 class Recorder:
     """Stage ``rank``'s actions and busy time while the learner's call runs (inside :meth:`watching`)."""
 
@@ -67,8 +75,7 @@ class Recorder:
         module_forward = self.stage.forward
         self.stage.forward = self._forward(module_forward)
         backwards = torch.Tensor.backward, torch.autograd.backward
-        torch.Tensor.backward = self._timed(backwards[0])  # type: ignore[method-assign]
-        torch.autograd.backward = self._timed(backwards[1])
+        _set_backwards(self._timed(backwards[0]), self._timed(backwards[1]))
         # Where torch looks them up itself too: P2POp checks its op against c10d's own isend and irecv.
         replaced = replaced_point_to_point(self._p2p(point_to_point_functions(_P2P)))
         try:
@@ -76,7 +83,7 @@ class Recorder:
                 yield
         finally:
             del self.stage.forward
-            torch.Tensor.backward, torch.autograd.backward = backwards  # type: ignore[method-assign]
+            _set_backwards(*backwards)
 
     def _forward(self, module_forward: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
