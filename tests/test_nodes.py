@@ -142,6 +142,18 @@ def test_a_collective_some_ranks_never_reach_is_diagnosed_and_released_across_no
     assert dict(nodes_lab.run(ALL_REDUCE_ONE, stream=False)) == dict.fromkeys(range(4), 4.0)
 
 
+def test_torchs_differentiable_collectives_use_the_group_rebuilt_after_a_release(nodes_lab):
+    # torch.distributed.nn.functional takes the default group of the moment it is imported as its
+    # functions' default; a cell imports it with torch.distributed.optim (FSDP and pipelining too).
+    # These ranks are started afresh (no warm template on nodes), so nothing imported it earlier.
+    nodes_lab.run("import torch.distributed.optim", stream=False)
+    with pytest.raises(CellTimeout):
+        nodes_lab.run("if rank in (0, 2):\n    dist.all_reduce(torch.ones(6))\n", timeout=2, stream=False)
+    summed = nodes_lab.run("import torch.distributed.nn.functional as F\n"
+                           "F.all_reduce(torch.ones(1, requires_grad=True)).item()", stream=False)
+    assert dict(summed) == dict.fromkeys(range(4), 4.0)
+
+
 def test_interrupting_the_notebook_stops_the_cell_on_every_node(nodes_lab):
     # A kernel interrupt is SIGINT to the notebook's process: ranks on node1 sleep in Python, those
     # on node0 wait in an all-reduce across the link that node1 never joins.

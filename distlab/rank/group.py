@@ -17,6 +17,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+# torch.distributed.nn.functional's collectives take ``group=group.WORLD`` as their default, which
+# Python reads once, when the module is imported: imported after a group exists (a cell importing
+# torch.distributed.optim, FSDP or pipelining imports it), they would keep that group after the lab
+# rebuilt the world in place and fail with "not initialized in the world group map". Imported here,
+# before any group (every engine imports this module first; 3 ms), the default is None: the default
+# group of the moment they are called.
+import torch.distributed.nn.functional
+
 from ..wire import GroupSpec, RankJoined
 from . import flight, heal, namespace, progress, staging, torchcompat, torchrun
 from .identity import interface_of
