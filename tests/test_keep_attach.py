@@ -49,7 +49,7 @@ lab = distlab.start(ranks=2, keep={keep}, timeout=60)
 lab.run("import torch\\nheld = torch.full((3,), float(rank) + 0.5)", stream=False)
 from distlab.notebook import labs
 print("SAID " + json.dumps(dict(id=labs.id_of(lab), pids=[r.pid for r in lab.table],
-                                files=lab.processes.guard._files + [lab.processes.guard._pgid_file])), flush=True)
+                                files=lab.processes.guard.files)), flush=True)
 os.kill(os.getpid(), 9)  # the kernel dies with its lab up
 """
 

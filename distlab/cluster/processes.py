@@ -124,6 +124,12 @@ class ProcessGuard:
             stdin=subprocess.DEVNULL,
         )
 
+    @property
+    def files(self) -> list[str]:
+        """What the watchdog removes if the notebook dies: ipyparallel's files of the cluster (patterns)
+        and the file it reads the process groups from."""
+        return [*self._files, *([self._pgid_file] if self._pgid_file else [])]
+
     def pgids(self) -> list[int]:
         """Every process group of the cluster: controller, engine sets, engines, their helpers."""
         pids = ipycompat.launcher_pids(self._cluster) if self._cluster is not None else []
