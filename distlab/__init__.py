@@ -33,6 +33,7 @@ __all__ = [
     "current_lab",
     "divergence",
     "heal",
+    "lint",
     "load_ipython_extension",
     "log",
     "start",
@@ -42,6 +43,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
+    from .notebook.cell_lint import lint
     from .notebook.lab import Lab, attach, start
     from .notebook.lab import current as current_lab
     from .rank.chaos import chaos
@@ -64,6 +66,7 @@ _LAZY = {
     "heal": "rank.heal",  # on a rank, in a cell of a lab started with heal=True
     "chaos": "rank.chaos",  # on a rank, in a cell: faults on a schedule
     "divergence": "rank.divergence",  # on a rank, in a cell: the first op where replicas part
+    "lint": "notebook.cell_lint",  # a cell's collectives that only some ranks reach, before it runs
 }
 _RENAMED = {"current_lab": "current"}  # public name -> its name in its module
 _SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")

@@ -156,6 +156,19 @@ def test_a_rank_failing_before_a_collective_releases_the_others_and_the_group_is
     }
 
 
+def test_strict_refuses_a_cell_only_some_ranks_would_reach_a_collective_in_and_runs_nothing(lab):
+    cell = "ran_strict = True\nfor _ in range(rank + 1):\n    dist.barrier()\n"
+    assert [(f.line, f.message.split(" (")[0]) for f in lab.lint(cell)] == [
+        (3, "dist.barrier is in a loop whose count depends on the rank")]
+    with pytest.raises(LabUsageError, match=r"^strict: nothing ran, the lint found 1 collective"):
+        lab.run(cell, strict=True)
+    assert dict(lab.run("'ran_strict' in globals()", stream=False)) == {0: False, 1: False}
+    # What a cell leaves on the ranks is known to the lint of the next: a function that all-reduces.
+    lab.run("def total(t):\n    dist.all_reduce(t)\n    return t", stream=False)
+    assert [f.line for f in lab.lint("if rank == 0:\n    total(torch.ones(1))\n")] == [2]
+    assert distlab.lint("if rank == 0:\n    total(torch.ones(1))\n") == []  # a cell alone knows no total
+
+
 def test_ranks_waiting_on_a_failed_rank_are_released_even_when_a_ddp_model_holds_the_group(lab):
     lab.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
             "held = DDP(torch.nn.Linear(2, 2))\nkeep_me = 41", stream=False)

@@ -147,6 +147,25 @@ def test_a_ddp_cell_trains_and_streams_each_ranks_prints(ipython, capsys):
 
 
 @pytest.mark.cluster
+def test_a_ddp_cell_is_linted_before_it_runs_and_strict_refuses_it(ipython, capsys):
+    ipython.run_line_magic("dist", "start -n 2")
+    # Every rank of 2 takes this branch, so it runs; the lint cannot know the world is that small.
+    cell = "t = torch.ones(1)\nif rank < 2:\n    dist.all_reduce(t)\nprint('summed', t.item())\n"
+    ipython.run_cell_magic("ddp", "", cell)
+    shown = capsys.readouterr()
+    assert shown.err.count("distlab lint: ") == 1
+    assert "distlab lint: line 3: dist.all_reduce is called only where 'rank < 2' is true (line 2)" in shown.err
+    assert "[ranks 0-1] summed 2.0" in shown.out  # it ran anyway
+    with pytest.raises(UsageError) as info:
+        ipython.run_cell_magic("ddp", "--strict", cell.replace("'summed'", "'strict summed'"))
+    assert "--strict: nothing ran" in str(info.value) and "\n" not in str(info.value)
+    shown = capsys.readouterr()
+    assert "distlab lint: line 3" in shown.err and "strict summed" not in shown.out
+    ipython.run_cell_magic("ddp", "--strict", "t = torch.ones(1)\ndist.all_reduce(t)\nprint('clean', t.item())")
+    assert "[ranks 0-1] clean 2.0" in capsys.readouterr().out
+
+
+@pytest.mark.cluster
 def test_status_subset_restart_and_stop_through_the_magics(ipython, capsys):
     ipython.run_line_magic("dist", "start -n 2")
     table = ipython.run_line_magic("dist", "status")

@@ -75,16 +75,18 @@ class CellLinter:
     sharded: set[str] = field(default_factory=set)
     functions: dict[str, list[CollectiveCall]] = field(default_factory=dict)
 
-    def check(self, source: str) -> list[Finding]:
-        """What :func:`lint` says of ``source``, knowing the cells checked before it."""
+    def check(self, source: str, remember: bool = True) -> list[Finding]:
+        """What :func:`lint` says of ``source``, knowing the cells checked before it; ``remember``:
+        what it defines is known to the cells checked after it."""
         try:
             tree = ast.parse(source)
         except SyntaxError:
             return []
         reader = _Reader(tree, self.sharded, self.functions)
         found = {(f.line, f.message): f for f in reader.findings()}
-        self.sharded |= reader.sharded
-        self.functions.update(reader.functions)
+        if remember:
+            self.sharded |= reader.sharded
+            self.functions.update(reader.functions)
         return sorted(found.values(), key=lambda f: f.line)
 
     def forget(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 
 from ..errors import LabUsageError
 from .cell_context import RunResult, Send
+from .cell_lint import CellLinter, Finding
 from .cells import CellRunner
 from .config import LabConfig, lab_config
 from .healing import Healer
@@ -100,6 +101,9 @@ class LabCore:
             self, self.processes, self.world, self.healer, self.keeper, self.cells, self.bus, on_failure=self.stop
         )
         self.bus.observe(self.healer.records)  # each healing cell's record: ``heals()``
+        # What earlier cells left on the ranks that makes a call a collective (a sharded model, a
+        # function that all-reduces), for the lint of the cells after them; a new world forgets it.
+        self.linter = CellLinter()
         # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
         self.companions: dict[str, LabCore] = {}
 
@@ -154,6 +158,7 @@ class LabCore:
     def _adopt(self, world: World) -> None:
         """The new world's backend (``auto`` resolved) and note, before the observers hear of it."""
         self.backend, self.note = world.backend, world.note
+        self.linter.forget()  # new namespaces: no earlier cell's model or function is on the ranks
 
     @exclusive
     def stop(self) -> None:
@@ -275,7 +280,7 @@ class LabCore:
     @exclusive
     def run(
         self, code: str, ranks: Ranks = None, timeout: float | None = None, stream: bool = True,
-        want: str = "value", record: bool = True,
+        want: str = "value", record: bool = True, strict: bool = False,
     ) -> RunResult:
         """Run ``code`` on the given ranks (all by default) and wait for it.
 
@@ -284,10 +289,29 @@ class LabCore:
         failures grouped; ranks still running are stopped, and a broken process group is rebuilt.
         ``timeout`` (seconds) bounds the whole cell; Ctrl-C / kernel interrupt stops it on every rank.
         A cell that succeeds is kept for :meth:`export`; ``record=False`` leaves it out (code run for
-        distlab's own purposes, such as a quiz's check).
+        distlab's own purposes, such as a quiz's check). ``strict``: a cell the lint finds fault with
+        (:meth:`lint`) is refused, and nothing runs.
         """
+        from .. import checks
+
         self._require_running()
-        return self.cells.run(code, self.ranks(ranks), timeout, stream, want, record)
+        checks.flag("strict", strict)
+        selected = self.ranks(ranks)
+        if isinstance(code, str):
+            found = self.lint(code)
+            if strict and found:
+                raise LabUsageError(
+                    f"strict: nothing ran, the lint found {len(found)} collective(s) that only some ranks reach: "
+                    + "; ".join(map(str, found)) + "; fix the cell, or run it without strict")
+            self.linter.check(code)  # the ranks will hold what it defines
+        return self.cells.run(code, selected, timeout, stream, want, record)
+
+    def lint(self, code: str) -> list[Finding]:
+        """What :func:`distlab.lint` finds in ``code``, knowing the models and functions this lab's
+        earlier cells left on the ranks. Nothing runs, and nothing is remembered."""
+        if not isinstance(code, str):
+            raise LabUsageError(f"code must be a string of Python, got {type(code).__name__}")
+        return self.linter.check(code, remember=False)
 
     @exclusive
     def call(self, send: Send, ranks: Ranks = None, timeout: float | None = None) -> RunResult:

@@ -7,7 +7,7 @@
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
     %dist debug [RANK] | stacks [RANKS] | profile [--steps N] [--warmup W] [--path FILE]
     %dist attach [LAB_ID]
-    %%ddp [-r RANKS] [--timeout S]
+    %%ddp [-r RANKS] [--timeout S] [--strict]
     %quiz TOPIC [-n N] [--difficulty LEVEL]
     %exercise [NAME | check NAME [--seed N] | hint NAME]
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -271,15 +272,23 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument("-r", "--ranks", default=None, help="run on these ranks only, like 0,2-3")
     @argument("--timeout", type=seconds, default=None, help="seconds the cell may run")
+    @argument("--strict", action="store_true", help="run nothing if the lint finds a collective only some ranks reach")
     @cell_magic
     def ddp(self, line: str, cell: str) -> None:
-        """Run this cell on every rank (or -r 0,2-3), output streamed and labelled by rank."""
+        """Run this cell on every rank (or -r 0,2-3), output streamed and labelled by rank. Before it
+        runs, a collective that only some ranks would reach is named, one line each (``distlab.lint``)."""
         args = parse_argstring(self.ddp, line)
         lab = self._running_lab()
         try:
             selected = lab.ranks(args.ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
+        found = lab.lint(cell)
+        for finding in found:
+            print(f"distlab lint: {finding}", file=sys.stderr, flush=True)
+        if args.strict and found:
+            raise UsageError(f"--strict: nothing ran: mend the {len(found)} line(s) the lint names above, "
+                             "or run the cell without --strict")
         from ..dashboard.autoshow import autoshow
 
         with autoshow(lab):  # the dashboard appears if the cell watches a model
