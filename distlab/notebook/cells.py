@@ -22,6 +22,7 @@ from .config import LabConfig
 from .group import get
 from .healing import Healer
 from .lab_world import LabWorld
+from .mismatch import mismatch_note
 from .observers import ObserverBus
 from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_failed, gone, nothing_kept
 from .processes import LabProcesses
@@ -239,6 +240,8 @@ class CellRunner:
         if outcome.failures:
             world = self._world.current
             recovery.diagnose(outcome, ctx, selected)
+            if (disagree := mismatch_note(outcome.failures)) is not None:
+                outcome.notes.insert(0, disagree)
             self._repair(recovery.decide(outcome, ctx), outcome)
             self._last_cell = LastCell.of(selected, outcome, restarted=self._world.current is not world)
             raise (CellTimeout if outcome.timed_out else RankError)(outcome.failures, notes=outcome.notes)
