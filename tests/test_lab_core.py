@@ -30,7 +30,7 @@ CORE = [
 ]
 VIEWS = ("distlab.dashboard", "distlab.server", "distlab.quiz", "distlab.exercises")
 #: Units of measure the healing record's text prints bytes in: no view, only a formatter.
-NOT_VIEWS = {"distlab.dashboard.units", "distlab.dashboard.units.size"}
+NOT_VIEWS = {"distlab.byte_text", "distlab.byte_text.size"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -12,11 +12,10 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..notebook.observers import Observer
+from ..notebook.observers import ObservedLab, Observer
 from .cell_view import in_kernel
 
 if TYPE_CHECKING:
-    from ..notebook.core import LabCore
     from ..notebook.lab import Lab
 
 __all__ = ["Prewarm", "autoshow", "prewarm"]
@@ -54,7 +53,7 @@ class Prewarm(Observer):
     """A lab's observer: once its ranks are up, import the dashboard's modules in the background
     (``prewarm``); not before, since the import would compete with the ranks' start for the cores."""
 
-    def started(self, lab: LabCore) -> None:
+    def started(self, lab: ObservedLab) -> None:
         prewarm()
 
 
