@@ -44,6 +44,7 @@ RANK = (
 GLUE = ("distlab.rank.dispatch",)
 #: What runs in the notebook's kernel (or a script), and the Jupyter server.
 NOTEBOOK = (
+    "distlab.front",  # the Lab with its views, and the magics: above every other package of the notebook's
     "distlab.notebook",
     "distlab.dashboard",
     "distlab.server",
@@ -70,6 +71,7 @@ PACKAGES = {
     "distlab.cluster": "notebook",
     "distlab.dashboard": "notebook",
     "distlab.exercises": "notebook",
+    "distlab.front": "notebook",
     "distlab.nn": "rank",
     "distlab.notebook": "notebook",
     "distlab.quiz": "notebook",
@@ -244,8 +246,8 @@ def test_the_checker_passes_a_clean_package(tmp_path):
     "name, text, expected",
     [
         # torch in a function of the notebook side still loads it in the kernel
-        ("notebook/lab.py", "def f():\n    import torch.distributed\n", "notebook.lab:2 imports torch.distributed"),
-        ("notebook/lab.py", "from ..rank import group\n", "distlab.notebook.lab:1 imports distlab.rank.group"),
+        ("front/lab.py", "def f():\n    import torch.distributed\n", "front.lab:2 imports torch.distributed"),
+        ("front/lab.py", "from ..rank import group\n", "distlab.front.lab:1 imports distlab.rank.group"),
         ("dashboard/view.py", "from distlab.telemetry import watch\n", "imports distlab.telemetry"),
         ("rank/cell.py", "def f():\n    from ..notebook import lab\n", "rank.cell:2 imports distlab.notebook (the"),
         ("wire.py", "import torch\n", "distlab.wire:1 imports torch (the shared side never imports torch)"),

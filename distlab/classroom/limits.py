@@ -20,7 +20,7 @@ runs in the same kernel and could remove them. What holds whatever the code does
 the hub's control groups. Two kernels starting labs at the same instant may both pass the check:
 each counts the other's lab once its state file is written, after its ranks are up.
 
-``notebook.lab`` imports this module only when ``DISTLAB_LIMITS`` is set.
+``front.lab`` imports this module only when ``DISTLAB_LIMITS`` is set.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def _ranks(n: int) -> str:
 
 
 class ClassLimits(Observer):
-    """The class's limits on one lab (``notebook.lab.Lab`` makes one when ``DISTLAB_LIMITS`` is set):
+    """The class's limits on one lab (``front.lab.Lab`` makes one when ``DISTLAB_LIMITS`` is set):
     checked before it starts or grows, and, as its observer, its idle end."""
 
     def __init__(self, limits: Limits) -> None:

@@ -8,7 +8,7 @@ latest training rate.
 ``distlab.server.handlers`` reads these files for the side panel; files of processes that are gone
 are removed by the reader.
 
-The writing half is :class:`PanelFile`, an observer every ``Lab`` is given (``notebook.lab``); the
+The writing half is :class:`PanelFile`, an observer every ``Lab`` is given (``front.lab``); the
 lab knows nothing of it. The side panel's Stop and Restart reach any running lab of the kernel's
 process by its id (``act``, through ``notebook.labs``), however it was started: ``%dist start``
 or ``distlab.start()``.
