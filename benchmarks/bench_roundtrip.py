@@ -16,7 +16,7 @@ import time
 
 from IPython.testing.globalipapp import start_ipython
 
-import distlab.notebook.magics
+import distlab.front.magics
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     ip = start_ipython()
     ip.run_line_magic("load_ext", "distlab")
-    magics = distlab.notebook.magics._registered[id(ip)]
+    magics = distlab.front.magics._registered[id(ip)]
     print("| ranks | backend | ipyparallel execute p50 (ms) | %%ddp p50 (ms) | ratio p50 | execute p90 (ms) | %%ddp p90 (ms) |")
     print("|---|---|---|---|---|---|---|")
     for n in args.ranks:

@@ -43,9 +43,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
+    from .front.lab import Lab, attach, start
+    from .front.lab import current as current_lab
     from .notebook.cell_lint import lint
-    from .notebook.lab import Lab, attach, start
-    from .notebook.lab import current as current_lab
     from .rank.chaos import chaos
     from .rank.divergence import divergence
     from .rank.heal import heal
@@ -53,10 +53,10 @@ if TYPE_CHECKING:
 
 # name -> module that defines it; resolved on first use (PEP 562).
 _LAZY = {
-    "Lab": "notebook.lab",
-    "attach": "notebook.lab",  # a lab kept past its kernel (start(keep=True)), taken back
-    "current_lab": "notebook.lab",
-    "start": "notebook.lab",
+    "Lab": "front.lab",
+    "attach": "front.lab",  # a lab kept past its kernel (start(keep=True)), taken back
+    "current_lab": "front.lab",
+    "start": "front.lab",
     "CellTimeout": "errors",
     "DistlabError": "errors",
     "LabUsageError": "errors",
@@ -87,7 +87,7 @@ def __dir__() -> list[str]:
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext distlab``: register %dist, %%ddp, %quiz and %exercise."""
     from .cluster import warm
-    from .notebook.magics import register
+    from .front.magics import register
 
     register(ipython)
     # The warm-rank template imports torch in the background while the user reads and types:
@@ -96,6 +96,6 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .notebook.magics import unregister
+    from .front.magics import unregister
 
     unregister(ipython)

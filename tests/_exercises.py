@@ -35,7 +35,7 @@ from distlab import exercises
 from distlab.exercises import catalog
 from distlab.exercises.model import Exercise
 from distlab.exercises.results import ExerciseResult
-from distlab.notebook.lab import Lab
+from distlab.front.lab import Lab
 
 __all__ = ["ALL", "Harness", "each_exercise", "exercise_tests", "learners_lab"]
 

@@ -25,7 +25,7 @@ import pytest
 
 import distlab
 from distlab.cluster.gpus import local_gpus
-from distlab.notebook.lab import Lab
+from distlab.front.lab import Lab
 
 # Everything this run and the processes it starts put in the temporary folder (kernels' connection
 # files, pytest's tmp_path, torch's compile cache, torchrun's logs, Open MPI's session folders)
@@ -179,7 +179,7 @@ def ipython() -> Iterator[object]:
 
     ip = start_ipython() or get_ipython()  # the global shell is created once per session
     ip.run_line_magic("load_ext", "distlab")
-    magics = distlab.notebook.magics._registered[id(ip)]
+    magics = distlab.front.magics._registered[id(ip)]
     try:
         yield ip
     finally:

@@ -11,8 +11,8 @@ from conftest import distlab_processes, python_lines
 from distlab.classroom.limits import ENV_VAR, ClassLimits, Limits
 from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import LabUsageError
+from distlab.front.lab import Lab
 from distlab.notebook.core import LabCore
-from distlab.notebook.lab import Lab
 from distlab.server import registry
 
 # ---------------------------------------------------------------------------- the text
@@ -181,7 +181,7 @@ def test_an_idle_lab_is_stopped_but_never_while_a_cell_longer_than_the_idle_limi
 def test_a_lab_outside_a_class_imports_nothing_of_the_classs_limits():
     code = (
         "import os, sys; os.environ.pop('DISTLAB_LIMITS', None)\n"
-        "from distlab.notebook.lab import Lab\n"
+        "from distlab.front.lab import Lab\n"
         "Lab(ranks=1)\n"
         "print('distlab.classroom.limits' in sys.modules, 'distlab.classroom' in sys.modules)\n"
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from distlab.byte_text import rate
 from distlab.dashboard import analysis
-from distlab.dashboard.units import rate
 from distlab.records import StepRecord
 
 

@@ -22,7 +22,7 @@ import pytest
 import distlab
 from distlab.cluster.processes import pid_alive, wait_for
 from distlab.errors import LabUsageError
-from distlab.notebook.magics import start_parser
+from distlab.front.magics import start_parser
 
 pytestmark = pytest.mark.cluster
 

@@ -16,16 +16,16 @@ import pytest
 
 from distlab.cluster.processes import machine_id
 from distlab.errors import LabUsageError
+from distlab.front.lab import Lab
+from distlab.front.profiling import Profiler
 from distlab.notebook import kept
 from distlab.notebook.config import LabConfig
 from distlab.notebook.core import LabCore
-from distlab.notebook.lab import Lab
 from distlab.notebook.lab_world import LabWorld
 from distlab.notebook.lifecycle import Phases
 from distlab.notebook.nodes import NetworkControls
 from distlab.notebook.observers import Observer, ObserverBus
 from distlab.notebook.processes import LabProcesses
-from distlab.notebook.profiling import Profiler
 from distlab.notebook.world import plan_world
 from distlab.records import PUBLISH_KEY
 

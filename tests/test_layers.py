@@ -27,6 +27,7 @@ SHARED = (
     "distlab.theory",
     "distlab.ipycompat",  # ipyparallel's, ipykernel's and ipywidgets' privates: kernel and engines alike
     "distlab.host",  # the machine's id, whether a pid runs: the ranks ask them too
+    "distlab.byte_text",  # bytes and bytes/s as text: the dashboard's and a healing record's
     "distlab.ipycompat_launchers",  # ipyparallel's launchers' privates (cluster/'s own launchers subclass them)
     "distlab.ipycompat_widgets",  # ipywidgets' privates (the dashboard's widgets count their messages)
     "distlab.scale.plan",  # a plan and its checks: the notebook makes it, the dry run reads it
@@ -43,6 +44,7 @@ RANK = (
 GLUE = ("distlab.rank.dispatch",)
 #: What runs in the notebook's kernel (or a script), and the Jupyter server.
 NOTEBOOK = (
+    "distlab.front",  # the Lab with its views, and the magics: above every other package of the notebook's
     "distlab.notebook",
     "distlab.dashboard",
     "distlab.server",
@@ -69,6 +71,7 @@ PACKAGES = {
     "distlab.cluster": "notebook",
     "distlab.dashboard": "notebook",
     "distlab.exercises": "notebook",
+    "distlab.front": "notebook",
     "distlab.nn": "rank",
     "distlab.notebook": "notebook",
     "distlab.quiz": "notebook",
@@ -243,8 +246,8 @@ def test_the_checker_passes_a_clean_package(tmp_path):
     "name, text, expected",
     [
         # torch in a function of the notebook side still loads it in the kernel
-        ("notebook/lab.py", "def f():\n    import torch.distributed\n", "notebook.lab:2 imports torch.distributed"),
-        ("notebook/lab.py", "from ..rank import group\n", "distlab.notebook.lab:1 imports distlab.rank.group"),
+        ("front/lab.py", "def f():\n    import torch.distributed\n", "front.lab:2 imports torch.distributed"),
+        ("front/lab.py", "from ..rank import group\n", "distlab.front.lab:1 imports distlab.rank.group"),
         ("dashboard/view.py", "from distlab.telemetry import watch\n", "imports distlab.telemetry"),
         ("rank/cell.py", "def f():\n    from ..notebook import lab\n", "rank.cell:2 imports distlab.notebook (the"),
         ("wire.py", "import torch\n", "distlab.wire:1 imports torch (the shared side never imports torch)"),
@@ -270,6 +273,73 @@ def test_the_package_check_finds_a_planted_crossing_and_passes_a_clean_package(t
     files = {**_CLEAN, "dashboard/view.py": "def f():\n    from ..telemetry import watch\n", "telemetry/watch.py": ""}
     assert package_crossings(_plant(tmp_path / "crossing", files)) == [
         "distlab.dashboard (notebook) imports distlab.telemetry (rank) in distlab.dashboard.view"
+    ]
+
+
+# --- No circle: the packages (and the modules) stand in an order, each importing only those below it. ---
+
+
+def _node(module: str, level: str) -> str:
+    """What ``module`` counts as: itself (``level="module"``), or its package directly under distlab, a
+    module of distlab itself (``distlab.wire``) and the package ``distlab`` being their own."""
+    return module if level == "module" else ".".join(module.split(".")[:2])
+
+
+def import_circles(package_dir: Path, level: str) -> list[str]:
+    """Each circle of imports between ``level``s ("package" or "module") of ``package_dir``, one line each:
+    its members, then every import that joins two of them (``module:line imports name``). Every import
+    counts: at module level, in a function, and under ``if TYPE_CHECKING:`` (one never run still couples
+    the two: neither can move, be read or be tested without the other)."""
+    known = modules(package_dir)
+    edges: dict[str, dict[str, set[str]]] = {_node(module, level): {} for module in known}
+    for module, path in known.items():
+        mine = _node(module, level)
+        for line, name in imports(module, path, known, type_checking=True):
+            if _prefixed(name, ROOT) and name != ROOT and _node(name, level) != mine:
+                edges[mine].setdefault(_node(name, level), set()).add(f"{module}:{line} imports {name}")
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for after in edges.get(todo.pop(), {}):
+                if after not in seen:
+                    seen.add(after)
+                    todo.append(after)
+        return seen
+
+    below = {node: reach(node) for node in edges}
+    circles = {frozenset(n for n in below[node] if node in below[n]) for node in edges if node in below[node]}
+    return sorted(
+        " <-> ".join(sorted(circle)) + ": " + "; ".join(
+            why for node in sorted(circle) for after, whys in sorted(edges[node].items()) if after in circle
+            for why in sorted(whys))
+        for circle in circles
+    )
+
+
+@pytest.mark.parametrize("level", ["package", "module"])
+def test_no_two_packages_or_modules_import_each_other_even_through_others_or_for_types(level):
+    # A view imports the lab's core (notebook/); the Lab that attaches the views (front/) imports them.
+    # A back-import, even type-only, closes a circle: name what is read in a Protocol of the lower
+    # module instead (notebook/observers.py ObservedLab, dashboard/autoshow.py WatchedLab).
+    found = import_circles(Path(distlab.__file__).parent, level)
+    assert not found, f"{level}s importing each other:\n" + "\n".join(found)
+
+
+def test_the_circle_check_finds_a_planted_back_import_even_for_a_type(tmp_path):
+    files = {**_CLEAN, "notebook/core.py": "", "dashboard/view.py": "from ..notebook import core\n"}
+    assert import_circles(_plant(tmp_path / "clean", files), "package") == []
+    assert import_circles(_plant(tmp_path / "clean", files), "module") == []
+    files["notebook/core.py"] = (  # a type-only back-import: it never runs, and still closes the circle
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..dashboard import view\n"
+    )
+    expected = ("distlab.dashboard.view:1 imports distlab.notebook.core; "
+                "distlab.notebook.core:3 imports distlab.dashboard.view")
+    assert import_circles(_plant(tmp_path / "back", files), "package") == [
+        f"distlab.dashboard <-> distlab.notebook: {expected}"
+    ]
+    assert import_circles(_plant(tmp_path / "back", files), "module") == [
+        f"distlab.dashboard.view <-> distlab.notebook.core: {expected}"
     ]
 
 

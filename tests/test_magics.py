@@ -7,7 +7,7 @@ from conftest import distlab_processes
 from IPython.core.error import UsageError
 
 import distlab
-import distlab.notebook.magics
+import distlab.front.magics
 
 BAD_BEFORE_START = [
     ("dist", "start -n 0", "-n must be >= 1"),
@@ -103,13 +103,13 @@ def test_bad_input_before_start_gets_one_line_and_starts_nothing(ipython, magic,
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
     assert {p.pid for p in distlab_processes()} <= before
-    assert distlab.notebook.magics._registered[id(ipython)].lab is None
+    assert distlab.front.magics._registered[id(ipython)].lab is None
 
 
 @pytest.mark.cluster
 def test_bad_input_while_running_gets_one_line_and_changes_nothing(ipython, capsys):
     ipython.run_line_magic("dist", "start -n 2")
-    lab = distlab.notebook.magics._registered[id(ipython)].lab
+    lab = distlab.front.magics._registered[id(ipython)].lab
     table = [(r.rank, r.pid) for r in lab.status()]
     capsys.readouterr()
     for magic, line, fragment in BAD_WHILE_RUNNING:
@@ -222,7 +222,7 @@ def test_a_lab_on_nodes_from_the_magics_and_its_link_changed_between_cells(ipyth
 
     ipython.run_line_magic("dist", "start -n 2 --nodes 2 --link 100mbit")
     assert "2 ranks ready on 2 nodes (link 100mbit)" in capsys.readouterr().out
-    lab = distlab.notebook.magics._registered[id(ipython)].lab
+    lab = distlab.front.magics._registered[id(ipython)].lab
     shown = str(ipython.run_line_magic("dist", "status"))
     assert "node0" in shown and "node1" in shown and "link 100mbit" in shown
     ipython.run_line_magic("dist", "link 200mbit")

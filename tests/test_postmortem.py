@@ -401,7 +401,7 @@ def test_dist_debug_in_a_kernel_shows_the_failed_ranks_frames_and_refuses_a_rank
 
 
 def test_the_magic_names_debug_among_its_subcommands():
-    from distlab.notebook import magics
+    from distlab.front import magics
 
     assert "debug" in magics._SUBCOMMANDS
     assert re.search(r"%dist debug \[RANK\]", magics.__doc__ or "")

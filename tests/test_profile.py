@@ -9,7 +9,7 @@ import pytest
 
 from distlab.dashboard import profile as analysis
 from distlab.errors import LabUsageError
-from distlab.notebook.lab import Lab
+from distlab.front.lab import Lab
 
 TRAIN = """
 model = torch.nn.parallel.DistributedDataParallel(

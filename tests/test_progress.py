@@ -409,7 +409,7 @@ for epoch in trange(2, desc="epoch"):
 @pytest.mark.cluster
 def test_lab_run_called_in_a_notebook_shows_the_bars_too_and_a_cell_without_tqdm_shows_nothing(kernel):
     code = (
-        "from distlab.notebook.magics import current_lab\n"
+        "from distlab.front.magics import current_lab\n"
         "current_lab().run('from tqdm import trange\\nfor i in trange(40): pass')"
     )
     lines = _final_text(_run(kernel, code))

@@ -91,7 +91,7 @@ def test_the_magics_start_racks_and_change_the_uplink_between_cells(ipython, cap
     ipython.run_line_magic("dist", "start -n 2 --nodes 2 --racks 2 --link 1gbit --uplink 200mbit")
     out = capsys.readouterr().out
     assert "2 ranks ready on 2 nodes (link 1gbit) in 2 racks (uplink 200mbit)" in out, out
-    lab = distlab.notebook.magics._registered[id(ipython)].lab
+    lab = distlab.front.magics._registered[id(ipython)].lab
     ipython.run_line_magic("dist", "link --uplink 50mbit")
     out = capsys.readouterr().out
     assert "link: 1gbit (each way, every node's link to its rack's switch)" in out

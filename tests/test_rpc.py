@@ -36,7 +36,7 @@ def test_the_notebook_side_never_imports_torch_or_the_rank_side():
     # start (a CUDA context made before starting processes breaks them on a GPU machine).
     code = (
         "import sys, distlab\n"
-        "import distlab.notebook.magics, distlab.notebook.recovery, distlab.exercises, distlab.exercises.cli\n"
+        "import distlab.front.magics, distlab.notebook.recovery, distlab.exercises, distlab.exercises.cli\n"
         "with distlab.start(ranks=2) as lab:\n"
         "    lab.run('m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1)); w = distlab.watch(m)\\n'\n"
         "            'm(torch.ones(3, 2)).sum().backward()', stream=False)\n"

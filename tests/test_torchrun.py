@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 import distlab
-import distlab.notebook.magics
+import distlab.front.magics
 from distlab.errors import LabUsageError, RankError
-from distlab.notebook.lab import Lab
+from distlab.front.lab import Lab
 from distlab.notebook.script import CellRan, Pushed, Restarted, ScriptRan, build_script
 from distlab.wire import GroupSpec
 
@@ -244,7 +244,7 @@ def lab(_torchrun_lab: Lab) -> Lab:
 @pytest.fixture
 def shell(ipython: object, lab: Lab) -> Iterator[object]:
     """The IPython shell's magics driving the module's lab (given back, not stopped, afterwards)."""
-    magics = distlab.notebook.magics._registered[id(ipython)]
+    magics = distlab.front.magics._registered[id(ipython)]
     magics.lab = lab
     try:
         yield ipython

@@ -20,7 +20,7 @@ runs in the same kernel and could remove them. What holds whatever the code does
 the hub's control groups. Two kernels starting labs at the same instant may both pass the check:
 each counts the other's lab once its state file is written, after its ranks are up.
 
-``notebook.lab`` imports this module only when ``DISTLAB_LIMITS`` is set.
+``front.lab`` imports this module only when ``DISTLAB_LIMITS`` is set.
 """
 
 from __future__ import annotations
@@ -30,14 +30,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import LabUsageError
 from ..notebook.labs import id_of
-from ..notebook.observers import Observer
-
-if TYPE_CHECKING:
-    from ..notebook.core import LabCore
+from ..notebook.observers import ObservedLab, Observer
 
 __all__ = ["ENV_VAR", "ClassLimits", "Limits", "running_labs"]
 
@@ -168,7 +165,7 @@ def _ranks(n: int) -> str:
 
 
 class ClassLimits(Observer):
-    """The class's limits on one lab (``notebook.lab.Lab`` makes one when ``DISTLAB_LIMITS`` is set):
+    """The class's limits on one lab (``front.lab.Lab`` makes one when ``DISTLAB_LIMITS`` is set):
     checked before it starts or grows, and, as its observer, its idle end."""
 
     def __init__(self, limits: Limits) -> None:
@@ -183,17 +180,17 @@ class ClassLimits(Observer):
 
     # ------------------------------------------------------------------ before processes start
 
-    def check_start(self, lab: LabCore) -> None:
+    def check_start(self, lab: ObservedLab) -> None:
         """Refuse (LabUsageError, one line) a start of ``lab`` that would break the class's limits."""
         self._check(lab, lab.world_size, new_lab=True, how="%dist start -n")
 
-    def check_restart(self, lab: LabCore, ranks: object) -> None:
+    def check_restart(self, lab: ObservedLab, ranks: object) -> None:
         """Refuse a restart of ``lab`` at ``ranks`` that would break them; one that does not grow it is
         let be (a wrong ``ranks`` is the lab's own check to refuse)."""
         if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > lab.world_size:
             self._check(lab, ranks, new_lab=False, how="%dist restart -n", more=ranks - lab.world_size)
 
-    def _check(self, lab: LabCore, ranks: int, new_lab: bool, how: str, more: int | None = None) -> None:
+    def _check(self, lab: ObservedLab, ranks: int, new_lab: bool, how: str, more: int | None = None) -> None:
         limit = self.limits
         if limit.ranks is not None and ranks > limit.ranks:
             raise LabUsageError(
@@ -219,7 +216,7 @@ class ClassLimits(Observer):
 
     # ------------------------------------------------------------------------------ idle end
 
-    def started(self, lab: LabCore) -> None:
+    def started(self, lab: ObservedLab) -> None:
         self._since = time.time()
         if self.limits.idle_s is None:
             return
@@ -228,18 +225,18 @@ class ClassLimits(Observer):
         done = self._done = threading.Event()
         threading.Thread(target=self._watch, args=(lab, done), daemon=True, name="distlab-idle-end").start()
 
-    def restarted(self, lab: LabCore) -> None:
+    def restarted(self, lab: ObservedLab) -> None:
         self._since = time.time()
 
-    def stopped(self, lab: LabCore) -> None:
+    def stopped(self, lab: ObservedLab) -> None:
         if self._done is not None:
             self._done.set()
 
-    def idle_for(self, lab: LabCore) -> float:
+    def idle_for(self, lab: ObservedLab) -> float:
         """Seconds since the lab's last cell ended (or since it started or restarted, if later)."""
         return time.time() - max(self._since, lab.last_cell_at or 0.0)
 
-    def _watch(self, lab: LabCore, done: threading.Event) -> None:
+    def _watch(self, lab: ObservedLab, done: threading.Event) -> None:
         idle_s = self.limits.idle_s
         assert idle_s is not None
         every = min(5.0, max(0.5, idle_s / 4))  # an idle lab goes within a quarter of the limit (5 s at most)

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import theory
+from ..byte_text import rate, rate_unit
 from ..records import RecordKey, StepRecord, record_key
 from .rank_memory import RankMemory, memory_by_rank, memory_message
 from .replica_divergence import Divergence, Meta, divergence, total_norm
-from .units import rate, rate_unit
 
 __all__ = [
     "Divergence",

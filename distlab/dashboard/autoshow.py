@@ -10,16 +10,27 @@ import contextlib
 import importlib
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..notebook.observers import Observer
+from ..notebook.observers import Listener, ObservedLab, Observer
 from .cell_view import in_kernel
 
 if TYPE_CHECKING:
-    from ..notebook.core import LabCore
-    from ..notebook.lab import Lab
+    from .store import TelemetryStore
+    from .view import Dashboard
 
-__all__ = ["Prewarm", "autoshow", "prewarm"]
+__all__ = ["Prewarm", "WatchedLab", "autoshow", "prewarm"]
+
+
+class WatchedLab(Protocol):
+    """What ``autoshow`` reads of a lab (the ``Lab`` a person uses has it): its telemetry store, its
+    dashboard, its poll listeners. Named here so that the views import no lab, which imports them."""
+
+    @property
+    def telemetry(self) -> TelemetryStore: ...
+    def dashboard(self) -> Dashboard: ...
+    def add_listener(self, listener: Listener) -> None: ...
+    def remove_listener(self, listener: Listener) -> None: ...
 
 #: Whether a lab started in a kernel imports the dashboard's modules in the background (``prewarm``);
 #: ``benchmarks/bench_first_dashboard.py`` turns it off for its baseline.
@@ -54,7 +65,7 @@ class Prewarm(Observer):
     """A lab's observer: once its ranks are up, import the dashboard's modules in the background
     (``prewarm``); not before, since the import would compete with the ranks' start for the cores."""
 
-    def started(self, lab: LabCore) -> None:
+    def started(self, lab: ObservedLab) -> None:
         prewarm()
 
 
@@ -71,7 +82,7 @@ def _ready() -> bool:
 
 
 @contextlib.contextmanager
-def autoshow(lab: Lab) -> Iterator[None]:
+def autoshow(lab: WatchedLab) -> Iterator[None]:
     """While the block runs, display ``lab.dashboard()`` at the first poll after new telemetry
     arrived at which its modules are loaded; when it ends, redraw it, then turn the output into its
     still picture and text summary (``static.StaticDashboard``), so the saved notebook shows the

@@ -19,14 +19,10 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..notebook.healing_record import HealingLog, HealingRecord, HealingRecords, render_html, render_text
-from ..notebook.observers import Observer
+from ..notebook.observers import ObservedLab, Observer
 from .cell_view import CellView
-
-if TYPE_CHECKING:
-    from ..notebook.core import LabCore
 
 __all__ = ["CellHealing", "HealingConfig", "HealingViews"]
 
@@ -108,7 +104,7 @@ class HealingViews(Observer):
         self._records = records
 
     @contextlib.contextmanager
-    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
+    def cell(self, lab: ObservedLab, stream: bool) -> Iterator[None]:
         if not stream:
             yield
             return

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from ..notebook.observers import Observer
+from ..notebook.observers import ObservedLab, Observer
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
 from .cell_view import CellView, in_kernel
 from .progress_text import (
@@ -38,7 +38,6 @@ from .progress_text import (
 
 if TYPE_CHECKING:
     from ..ipycompat import IppAsyncResult
-    from ..notebook.core import LabCore
 
 __all__ = [
     "KEY",
@@ -153,7 +152,7 @@ class ProgressBars(Observer):
     """A lab's observer: each cell that streams its output shows its ranks' bars (``CellProgress``)."""
 
     @contextlib.contextmanager
-    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
+    def cell(self, lab: ObservedLab, stream: bool) -> Iterator[None]:
         if not stream:
             yield
             return

@@ -16,7 +16,7 @@ import random
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import CellTimeout, LabUsageError, RankError, RankFailure
 from ..notebook import rpc
@@ -115,9 +115,11 @@ def grading_lab(learner_lab: LabCore, size: int) -> LabCore:
 
 def _learners_lab(lab: LabCore | None, exercise: Exercise) -> LabCore:
     if lab is None:
-        from ..notebook.lab import current
+        from ..notebook import labs
 
-        lab = current()
+        # The lab %dist started in this session, from the registry (whose labs are each a LabCore: a lab
+        # adds itself at its start), not from ``front``, which sits above this package (its magics import it).
+        lab = cast("LabCore | None", labs.current())
     if lab is None or not lab.running:
         raise LabUsageError(
             f"no lab is running: start one (%dist start -n 2), define {_names(exercise)} in a %%ddp cell, "

@@ -32,7 +32,7 @@ from .streams import RankPrinter
 
 __all__ = ["AroundCell", "CellRunner"]
 
-#: What may wrap a user's cell on its ranks (``profiling.Profiler.around``): ``(ranks, run) -> run()``.
+#: What may wrap a user's cell on its ranks (``front.profiling.Profiler.around``): ``(ranks, run) -> run()``.
 AroundCell = Callable[[list[int], Callable[[], RunResult]], RunResult]
 
 

@@ -2,7 +2,8 @@
 
 The core of a lab, and nothing of its views: a short class that holds its collaborators as named
 fields, each built here with what it needs, and hands each job to the one that owns it. Views attach
-from outside, through its observer bus (``observers``); ``lab.Lab`` is the core with them attached.
+from outside, through its observer bus (``observers``); ``front.lab.Lab`` (a package above
+the views, which import this one) is the core with them attached.
 
 - ``processes``: the cluster, client, network, folder, spares and guard (``processes.LabProcesses``);
 - ``world``: the rank table and process group, formed and rebuilt (``lab_world.LabWorld``);
@@ -68,7 +69,7 @@ class LabCore:
 
     ``LabCore(ranks=2, backend="gloo", ...)`` takes :class:`~distlab.notebook.config.LabConfig`'s
     keywords (or ``config=``, a checked one, which keywords given too override). ``distlab.start``
-    gives a :class:`distlab.notebook.lab.Lab`, this core with its views attached. A lab is also a
+    gives a :class:`distlab.front.lab.Lab`, this core with its views attached. A lab is also a
     context manager that stops everything it started on exit.
     """
 

@@ -25,14 +25,11 @@ import contextlib
 import html
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from ..dashboard.units import size
+from ..byte_text import size
 from ..wire import HEALING_KEY, HealingPublish
-from .observers import Observer
-
-if TYPE_CHECKING:
-    from .core import LabCore
+from .observers import ObservedLab, Observer
 
 __all__ = [
     "KEY",
@@ -233,7 +230,7 @@ class HealingRecords(Observer):
             self._watchers.remove(watcher)
 
     @contextlib.contextmanager
-    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
+    def cell(self, lab: ObservedLab, stream: bool) -> Iterator[None]:
         log = HealingLog()
 
         def on_poll(pending: dict[int, Any], final: bool) -> None:

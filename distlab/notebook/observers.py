@@ -5,54 +5,69 @@ wraps each cell in their ``cell`` context; its poll listeners (:data:`Listener`)
 running cell. That is how views (the panel's state file, the dashboard, progress bars, a class's
 limits) attach to a lab without the lab knowing them.
 
-This module imports nothing of distlab at run time (``LabCore`` is named for types only): a view
-imports it without importing the lab (the lab imports the views it assembles, never the other way round).
+This module imports nothing of distlab, not even for a type: an observer is told an :class:`ObservedLab`,
+the part of a lab views read, so that a view imports this module and never the lab (``core.LabCore``)
+nor the ``Lab`` that assembles it with its views; an import of either would close a circle.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .core import LabCore
-
-__all__ = ["LabObserver", "Listener", "Observer", "ObserverBus"]
+__all__ = ["LabObserver", "Listener", "ObservedLab", "Observer", "ObserverBus"]
 
 #: Called on every poll with ``(pending, final)``: pending maps rank -> AsyncResult.
 Listener = Callable[[dict[int, Any], bool], None]
 
 
+class ObservedLab(Protocol):
+    """What an observer may read of, or ask, the lab that tells it (``core.LabCore`` has it, and so the
+    ``Lab`` a person uses): whether it runs, its size, when its last cell ended; its poll listeners; its
+    stop when no cell runs (a class's idle end)."""
+
+    @property
+    def running(self) -> bool: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def last_cell_at(self) -> float | None: ...
+    def add_listener(self, listener: Listener) -> None: ...
+    def remove_listener(self, listener: Listener) -> None: ...
+    def stop_unless_busy(self, still: Callable[[], bool]) -> bool: ...
+
+
 class LabObserver(Protocol):
     """What a view of a lab is told. Observers must be quick and must not raise into the lab.
 
-    ``lab`` is the lab that tells (``notebook.core.LabCore``, or the ``Lab`` a person uses)."""
+    ``lab`` is the lab that tells (``notebook.core.LabCore``, or the ``Lab`` a person uses), as much of it
+    as an observer reads (:class:`ObservedLab`)."""
 
-    def started(self, lab: LabCore) -> None: ...
-    def restarted(self, lab: LabCore) -> None: ...
-    def changed(self, lab: LabCore) -> None: ...
-    def stopped(self, lab: LabCore) -> None: ...
-    def cell(self, lab: LabCore, stream: bool) -> contextlib.AbstractContextManager[None]: ...
+    def started(self, lab: ObservedLab) -> None: ...
+    def restarted(self, lab: ObservedLab) -> None: ...
+    def changed(self, lab: ObservedLab) -> None: ...
+    def stopped(self, lab: ObservedLab) -> None: ...
+    def cell(self, lab: ObservedLab, stream: bool) -> contextlib.AbstractContextManager[None]: ...
 
 
 class Observer:
     """A :class:`LabObserver` that does nothing: subclass it and override what you need."""
 
-    def started(self, lab: LabCore) -> None:
+    def started(self, lab: ObservedLab) -> None:
         pass
 
-    def restarted(self, lab: LabCore) -> None:
+    def restarted(self, lab: ObservedLab) -> None:
         pass
 
-    def changed(self, lab: LabCore) -> None:
+    def changed(self, lab: ObservedLab) -> None:
         pass
 
-    def stopped(self, lab: LabCore) -> None:
+    def stopped(self, lab: ObservedLab) -> None:
         pass
 
     @contextlib.contextmanager
-    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
+    def cell(self, lab: ObservedLab, stream: bool) -> Iterator[None]:
         yield
 
 
@@ -61,7 +76,7 @@ class ObserverBus:
 
     ``owner`` is the lab the observers are told about (what they are given as ``lab``)."""
 
-    def __init__(self, owner: LabCore) -> None:
+    def __init__(self, owner: ObservedLab) -> None:
         self._owner = owner
         self._observers: list[LabObserver] = []
         self._listeners: list[Listener] = []

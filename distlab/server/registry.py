@@ -8,7 +8,7 @@ latest training rate.
 ``distlab.server.handlers`` reads these files for the side panel; files of processes that are gone
 are removed by the reader.
 
-The writing half is :class:`PanelFile`, an observer every ``Lab`` is given (``notebook.lab``); the
+The writing half is :class:`PanelFile`, an observer every ``Lab`` is given (``front.lab``); the
 lab knows nothing of it. The side panel's Stop and Restart reach any running lab of the kernel's
 process by its id (``act``, through ``notebook.labs``), however it was started: ``%dist start``
 or ``distlab.start()``.
@@ -35,11 +35,10 @@ from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
 from ..notebook import labs
 from ..notebook.labs import id_of
-from ..notebook.observers import Observer
+from ..notebook.observers import ObservedLab, Observer
 
 if TYPE_CHECKING:
     from ..ipycompat import IppAsyncResult
-    from ..notebook.core import LabCore
     from ..notebook.world import RankInfo
 
 __all__ = [
@@ -78,20 +77,20 @@ class PanelFile(Observer):
     """A lab's observer: its state file, written at start, restart and a change of link, kept
     current while cells run, and removed at stop."""
 
-    def started(self, lab: LabCore) -> None:
+    def started(self, lab: ObservedLab) -> None:
         track(lab)
 
-    def restarted(self, lab: LabCore) -> None:
+    def restarted(self, lab: ObservedLab) -> None:
         publish(lab)
 
-    def changed(self, lab: LabCore) -> None:
+    def changed(self, lab: ObservedLab) -> None:
         publish(lab)
 
-    def stopped(self, lab: LabCore) -> None:
+    def stopped(self, lab: ObservedLab) -> None:
         forget(lab)
 
     @contextlib.contextmanager
-    def cell(self, lab: LabCore, stream: bool) -> Iterator[None]:
+    def cell(self, lab: ObservedLab, stream: bool) -> Iterator[None]:
         try:
             yield
         finally:  # after the lab noted the cell's end (``last_cell``), which the final poll precedes

@@ -1,11 +1,13 @@
 """``lab.profile``: torch.profiler on every rank for a few steps of the next cell, merged into one
 Chrome trace, with each rank's compute, communication and their overlap.
 
-:class:`Profiler`, a collaborator of :class:`distlab.notebook.lab.Lab` (a view: what it shows is
-``dashboard.profile``'s), wraps the lab's next cell (``cells.CellRunner.around``).
+:class:`Profiler`, a collaborator of :class:`distlab.front.lab.Lab` (a view: what it shows is
+``dashboard.profile``'s), wraps the lab's next cell (``notebook.cells.CellRunner.around``).
 ``lab.profile(...)`` only arms it here; the ranks are armed when the next cell starts
-(``rpc.start_profile``, on the cell's ranks), their recording stops where the cell ends on each
-rank, and after the cell their traces are read (``rpc.profile_trace``), merged and written.
+(``notebook.rpc.start_profile``, on the cell's ranks), their recording stops where the cell ends on
+each rank, and after the cell their traces are read (``notebook.rpc.profile_trace``), merged and
+written. It sits beside the ``Lab``, above the core and the dashboard, since it drives the one and
+shows through the other.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import checks
 from ..errors import LabUsageError
-from . import rpc
-from .group import get
-from .lab_world import LabWorld
-from .processes import LabProcesses
+from ..notebook import rpc
+from ..notebook.group import get
+from ..notebook.lab_world import LabWorld
+from ..notebook.processes import LabProcesses
 
 if TYPE_CHECKING:
     from ..dashboard.profile import RankProfile

@@ -1,7 +1,10 @@
-"""Rates as the dashboard prints and plots them: three significant digits, in the unit that fits.
+"""Rates and sizes as distlab prints and plots them: three significant digits, in the unit that fits.
 
 A fixed unit misleads at the ends of its range: a gloo link between two namespaces moves a few MB/s,
 which GB/s with two decimals prints as "0.00 GB/s", a bandwidth of nothing.
+
+Plain text, imported by every side that prints bytes (the dashboard; a healing record's heals): a
+module of its own, so that what prints a size imports no view.
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
-"""Lab: the lab a person uses, the core (``core.LabCore``) with its views attached from outside.
+"""Lab: the lab a person uses, the core (``notebook.core.LabCore``) with its views attached from outside.
 
-The views are observers and poll listeners of the core's bus (``observers``), each owned by its own
+The views are observers and poll listeners of the core's bus (``notebook.observers``), each owned by its own
 module: the side panel's state file (``server.registry.PanelFile``), the ranks' progress bars
 (``dashboard.progress.ProgressBars``), a healing cell's quorums and heals as they come
-(``dashboard.healing.HealingViews``, drawing the core's ``healing.HealingRecords``), the dashboard's
+(``dashboard.healing.HealingViews``, drawing the core's ``notebook.healing.HealingRecords``), the dashboard's
 background import at start (``dashboard.autoshow.Prewarm``), the telemetry store behind
 ``lab.telemetry`` and ``lab.dashboard()``, and ``lab.profile()`` (``profiling.Profiler``, which wraps
 the next cell). In a class (``DISTLAB_LIMITS`` set), the class's limits (``classroom.limits.ClassLimits``):
 checked before a start or a restart that grows the lab, and its idle end. Here too are the lab's
-emulated network (``nodes.NetworkControls``) and its live stacks (``stacks.StacksReader``), which a
+emulated network (``notebook.nodes.NetworkControls``) and its live stacks (``notebook.stacks.StacksReader``), which a
 companion (a plain core) does without.
 
-The core knows none of the views; this module is where they are put together.
+The core knows none of the views, and the views know neither the core nor this ``Lab`` (they are told an
+``ObservedLab``, ``notebook.observers``): this module, above both, is where they are put together.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from ..cluster.stacks import Stacks
 from ..dashboard.autoshow import Prewarm
 from ..dashboard.healing import HealingViews
 from ..dashboard.progress import ProgressBars
+from ..notebook import kept, labs
+from ..notebook.config import LabConfig
+from ..notebook.core import LabCore, RankInfo, Ranks, RankTable, RunResult
 from ..server.registry import PanelFile
-from . import kept, labs
-from .config import LabConfig
-from .core import LabCore, RankInfo, Ranks, RankTable, RunResult
 from .profiling import Profile, Profiler
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from ..dashboard.store import TelemetryStore
     from ..dashboard.view import Dashboard
     from ..ipycompat import IppAsyncResult
-    from .healing_record import HealingRecord
+    from ..notebook.healing_record import HealingRecord
 
 __all__ = ["Lab", "RankInfo", "RankTable", "RunResult", "attach", "current", "start"]
 
@@ -118,7 +119,7 @@ class Lab(LabCore):
 
     def profile(self, steps: int = 5, warmup: int = 1, path: str | os.PathLike[str] | None = None) -> Profile:
         """Profile the next cell run through this lab (``lab.run``, a ``%%ddp`` cell, ``%dist run``)
-        with torch.profiler on each of its ranks; returns the :class:`~distlab.notebook.profiling.Profile` it fills.
+        with torch.profiler on each of its ranks; returns the :class:`~distlab.front.profiling.Profile` it fills.
 
         A step is one ``optimizer.step()`` on a rank. The cell's first step (its set-up, DDP's first
         iteration) is not profiled; then ``warmup`` steps run under the profiler unrecorded, and the

@@ -27,9 +27,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .. import checks
 from ..errors import LabUsageError
-from . import labs
-from .config import LabConfig
-from .dist_args import (
+from ..notebook import labs
+from ..notebook.config import LabConfig
+from ..notebook.dist_args import (
     checked,
     debug_parser,
     export_parser,
