@@ -17,7 +17,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 __all__ = ["main", "memory_bytes"]
 
@@ -69,7 +68,7 @@ def _hub(args: argparse.Namespace) -> int:
     state = Path(klass.state_dir)
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     config = state / "jupyterhub_config.py"
-    fields: dict[str, Any] = {name: getattr(klass, name) for name in klass.__dataclass_fields__}
+    fields: dict[str, object] = {name: getattr(klass, name) for name in klass.__dataclass_fields__}
     config.write_text(
         "# Written by python -m distlab.classroom hub; run it again to change the class.\n"
         "from distlab.classroom.hub import Class, configure\n"

@@ -23,9 +23,14 @@ import json
 import re
 import sys
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn, TypedDict
+
+if TYPE_CHECKING:
+    from ..exercises.model import Exercise
+    from ..quiz.loader import Bank
+    from ..quiz.model import Attempt, Question
 
 __all__ = ["AssignmentError", "main_assignment", "write_assignment"]
 
@@ -33,6 +38,32 @@ __all__ = ["AssignmentError", "main_assignment", "write_assignment"]
 _SCHEMA_VERSION = 3
 # An assignment's name is a folder of the course and part of the exchange's paths: letters, digits, . _ -
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class _NbgraderMeta(TypedDict, total=False):
+    """nbgrader's metadata of a cell (schema version 3)."""
+
+    grade: bool
+    grade_id: str
+    locked: bool
+    schema_version: int
+    solution: bool
+    points: int  # test cells
+
+
+class _CellMeta(TypedDict):
+    nbgrader: _NbgraderMeta
+
+
+class _Cell(TypedDict, total=False):
+    """A notebook cell (nbformat 4.5): code cells have an execution count and outputs."""
+
+    cell_type: str  # "code" or "markdown"
+    id: str
+    metadata: _CellMeta
+    source: str
+    execution_count: None
+    outputs: list[object]
 
 
 class AssignmentError(ValueError):
@@ -78,14 +109,14 @@ def write_assignment(
     for what, value in (("exercise_points", exercise_points), ("question_points", question_points)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise AssignmentError(f"{what} must be a whole number >= 1 (got {value!r})")
-    chosen = [_exercise(catalog, e) for e in _unique("exercise", exercises)]
+    chosen = [_exercise(catalog.get, e) for e in _unique("exercise", exercises)]
     the_bank = bank()
     picked = [_question(the_bank, q, ranks) for q in _unique("question", questions)]
 
     path = course / "source" / name / f"{name}.ipynb"
     if path.exists() and not overwrite:
         raise AssignmentError(f"{path} exists: delete it, or write it again with overwrite=True (--force)")
-    cells: list[dict[str, Any]] = [_intro(name, ranks, chosen, picked), _lab_cell(ranks)]
+    cells: list[_Cell] = [_intro(name, ranks, chosen, picked), _lab_cell(ranks)]
     for number, exercise in enumerate(chosen, 1):
         cells += _exercise_cells(number, exercise, exercise_points)
     for number, question in enumerate(picked, 1):
@@ -108,14 +139,14 @@ def _unique(what: str, names: Iterable[str]) -> list[str]:
     return seen
 
 
-def _exercise(catalog: Any, name: str) -> Any:
+def _exercise(get: Callable[[str], Exercise], name: str) -> Exercise:
     try:
-        return catalog.get(name)
+        return get(name)
     except ValueError as exc:
         raise AssignmentError(str(exc)) from None
 
 
-def _question(the_bank: Any, question_id: str, ranks: int) -> Any:
+def _question(the_bank: Bank, question_id: str, ranks: int) -> Question:
     if question_id not in the_bank:
         ids = [q.id for q in the_bank]
         close = difflib.get_close_matches(str(question_id), ids, n=3)
@@ -135,7 +166,7 @@ def _question(the_bank: Any, question_id: str, ranks: int) -> Any:
 # ---------------------------------------------------------------------------- cells
 
 
-def _notebook(cells: list[dict[str, Any]]) -> dict[str, Any]:
+def _notebook(cells: list[_Cell]) -> dict[str, object]:
     return {
         "cells": cells,
         "metadata": {
@@ -147,9 +178,9 @@ def _notebook(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _cell(kind: str, source: str, grade_id: str, *, solution: bool = False, points: int = 0) -> dict[str, Any]:
+def _cell(kind: str, source: str, grade_id: str, *, solution: bool = False, points: int = 0) -> _Cell:
     """A cell nbgrader knows: a solution cell, a test cell (``points``), or a locked one (task text, set-up)."""
-    meta: dict[str, Any] = {
+    meta: _NbgraderMeta = {
         "grade": points > 0,
         "grade_id": grade_id,
         "locked": not solution,  # test cells and the text: nbgrader puts them back as written at autograde
@@ -158,14 +189,14 @@ def _cell(kind: str, source: str, grade_id: str, *, solution: bool = False, poin
     }
     if points:
         meta["points"] = points
-    cell: dict[str, Any] = {"cell_type": kind, "id": grade_id, "metadata": {"nbgrader": meta}, "source": source}
+    cell: _Cell = {"cell_type": kind, "id": grade_id, "metadata": {"nbgrader": meta}, "source": source}
     if kind == "code":
         cell["execution_count"] = None
         cell["outputs"] = []
     return cell
 
 
-def _intro(name: str, ranks: int, exercises: list[Any], questions: list[Any]) -> dict[str, Any]:
+def _intro(name: str, ranks: int, exercises: list[Exercise], questions: list[Question]) -> _Cell:
     parts = []
     if exercises:
         parts.append(f"{len(exercises)} exercise{'s' if len(exercises) > 1 else ''}")
@@ -180,11 +211,11 @@ def _intro(name: str, ranks: int, exercises: list[Any], questions: list[Any]) ->
     return _cell("markdown", text, "distlab-intro")
 
 
-def _lab_cell(ranks: int) -> dict[str, Any]:
+def _lab_cell(ranks: int) -> _Cell:
     return _cell("code", f"%load_ext distlab\n%dist start -n {ranks}", "distlab-lab")
 
 
-def _stop_cell() -> dict[str, Any]:
+def _stop_cell() -> _Cell:
     # Stopped here, the lab and the grader's labs end inside the notebook's run: at autograde nbclient
     # gives a kernel 5 s to exit before it kills it, which may be too few to stop them all (distlab's
     # reaper would end them, but the lab's state file would stay behind).
@@ -192,7 +223,7 @@ def _stop_cell() -> dict[str, Any]:
     return _cell("code", text, "distlab-stop")
 
 
-def _exercise_cells(number: int, exercise: Any, points: int) -> list[dict[str, Any]]:
+def _exercise_cells(number: int, exercise: Exercise, points: int) -> list[_Cell]:
     hints = "".join(
         f"\n\n<details><summary>Hint {i}</summary>\n\n{hint}\n\n</details>" for i, hint in enumerate(exercise.hints, 1)
     )
@@ -225,7 +256,7 @@ def _exercise_cells(number: int, exercise: Any, points: int) -> list[dict[str, A
     ]
 
 
-def _question_cells(number: int, question: Any, name: str, ranks: int, points: int) -> list[dict[str, Any]]:
+def _question_cells(number: int, question: Question, name: str, ranks: int, points: int) -> list[_Cell]:
     # Drawn once, from the assignment and the question: the same notebook each time it is written.
     attempt = question.draw(seed=zlib.crc32(f"{name}/{question.id}".encode()), lab=_Planned(ranks))
     variable = f"answer_{number}"
@@ -260,8 +291,10 @@ def _question_cells(number: int, question: Any, name: str, ranks: int, points: i
     ]
 
 
-def _how_to_answer(question: Any, attempt: Any, variable: str) -> str:
-    kind = question.kind if question.kind != "live" else f"live-{question.response}"
+def _how_to_answer(question: Question, attempt: Attempt, variable: str) -> str:
+    from ..quiz.live import LiveQuestion
+
+    kind = f"live-{question.response}" if isinstance(question, LiveQuestion) else question.kind
     if kind in ("single", "live-choice"):
         how = f'the id of the right option: `{variable} = "<id>"`'
     elif kind == "multiple":
@@ -287,7 +320,13 @@ class _Planned:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
 
-    def run(self, code: str, ranks: Any = None, timeout: float | None = None, record: bool = True) -> Mapping[int, Any]:
+    def run(
+        self,
+        code: str,
+        ranks: str | int | Iterable[int] | None = None,
+        timeout: float | None = None,
+        record: bool = True,
+    ) -> Mapping[int, object]:
         raise RuntimeError("the assignment's notebook is being written: no lab runs yet")
 
 
@@ -299,7 +338,7 @@ class _Refused(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's usage block and line become one line
+    def error(self, message: str) -> NoReturn:  # argparse's usage block and line become one line
         raise _Refused(f"{message} (--help shows the options)")
 
 

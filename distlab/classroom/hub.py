@@ -17,9 +17,12 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .network import claim_network, hub_address, release_network
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 __all__ = ["Class", "configure", "problems", "proxy_command"]
 
@@ -93,7 +96,7 @@ def problems(klass: Class) -> list[str]:
     return found
 
 
-def configure(c: Any, klass: Class) -> None:
+def configure(c: Config, klass: Class) -> None:
     """Fill JupyterHub's configuration ``c`` for ``klass``."""
     from ..cluster import namespaces
     from . import cgroups
@@ -146,7 +149,7 @@ def configure(c: Any, klass: Class) -> None:
     _instructor_view(c, klass)
 
 
-def _instructor_view(c: Any, klass: Class) -> None:
+def _instructor_view(c: Config, klass: Class) -> None:
     """The instructor's view, a hub service (``instructor``)."""
     from .instructor import configure as add_view
 

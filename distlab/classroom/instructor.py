@@ -26,11 +26,18 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from .roster import ClassError, Endpoints, class_state, stop_lab
+from .roster import ClassError, Endpoints, HubUser, class_state, stop_lab
+
+if TYPE_CHECKING:
+    from tornado.web import Application
+    from traitlets.config import Config
+
+    from .hub import Class
 
 __all__ = ["SERVICE", "configure", "main", "make_app"]
 
@@ -48,7 +55,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def configure(c: Any, klass: Any) -> None:
+def configure(c: Config, klass: Class) -> None:
     """Add the view to JupyterHub's configuration ``c`` for ``klass`` (``hub.Class``)."""
     port = getattr(klass, "instructor_port", None) or _free_port()
     c.JupyterHub.services.append({
@@ -73,22 +80,23 @@ def _page() -> str:
     return resources.files(__package__).joinpath("instructor.html").read_text(encoding="utf-8")
 
 
-def make_app(ends: Endpoints, prefix: str) -> Any:
+def make_app(ends: Endpoints, prefix: str) -> Application:
     """The service's tornado application, its pages under ``prefix`` (``$JUPYTERHUB_SERVICE_PREFIX``)."""
     from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
     from tornado import escape, web
     from tornado.log import app_log
 
     class Handler(HubOAuthenticated, web.RequestHandler):
-        def check_hub_user(self, model: dict[str, Any]) -> dict[str, Any]:
+        def check_hub_user(self, model: HubUser) -> HubUser:
             # The hub's check first (the service's access scope), then the class's own rule.
-            allowed: dict[str, Any] = super().check_hub_user(model)
+            allowed: HubUser = super().check_hub_user(model)
             if allowed.get("kind") != "user" or not (allowed.get("admin") or allowed["name"] in ends.instructors):
                 raise UserNotAllowed(allowed)
             return allowed
 
-        def write_error(self, status_code: int, **kwargs: Any) -> None:
-            reason = kwargs.get("exc_info", (None, None))[1]
+        def write_error(self, status_code: int, **kwargs: object) -> None:
+            exc_info = kwargs.get("exc_info")  # (type, value, traceback) when an exception made the error
+            reason = exc_info[1] if isinstance(exc_info, tuple) else None
             # tornado's reason phrase, as its send_error sets it: an HTTPError's own, else the one it
             # was given, else the status's (tornado's httputil.responses is http.client's).
             phrase = (reason.reason if isinstance(reason, web.HTTPError) else None) or kwargs.get("reason")
@@ -100,7 +108,7 @@ def make_app(ends: Endpoints, prefix: str) -> Any:
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps({"message": " ".join(str(message).split())}))
 
-        def answer(self, status: int, body: dict[str, Any]) -> None:
+        def answer(self, status: int, body: Mapping[str, object]) -> None:
             self.set_status(status)
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")

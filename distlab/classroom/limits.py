@@ -29,6 +29,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ class Limits:
         return cls(**values)
 
     @classmethod
-    def from_env(cls, environ: Any = None) -> Limits | None:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits | None:
         """The limits ``DISTLAB_LIMITS`` sets, or None where it is unset (or empty): no class."""
         text = (os.environ if environ is None else environ).get(ENV_VAR, "")
         if not text.strip():

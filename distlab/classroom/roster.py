@@ -15,13 +15,16 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypedDict
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.simple_httpclient import HTTPTimeoutError
 
-__all__ = ["READ_TIMEOUT_S", "STOP_TIMEOUT_S", "ClassError", "Endpoints", "class_state", "stop_lab"]
+__all__ = [
+    "READ_TIMEOUT_S", "STOP_TIMEOUT_S", "ClassError", "ClassState", "Endpoints", "HubServer", "HubUser", "LabView",
+    "LearnerRow", "Stopped", "class_state", "stop_lab",
+]
 
 #: How long a learner's server, or the hub, has to answer a read (the page polls every few seconds).
 READ_TIMEOUT_S = 5.0
@@ -31,6 +34,88 @@ STOP_TIMEOUT_S = 60.0
 _LAB_ID = re.compile(r"^lab-[0-9]+-[0-9a-f]+$")
 # The hub's user list, a page at a time (its API's pagination, JupyterHub 2+).
 _PAGE = {"Accept": "application/jupyterhub-pagination+json"}
+
+
+class HubServer(TypedDict, total=False):
+    """A user's server in the hub's REST API (the fields read here)."""
+
+    ready: bool
+    pending: str | None  # "spawn", "stop", or None
+    url: str  # its URL path, e.g. /user/ada/
+
+
+class HubUser(TypedDict, total=False):
+    """A user in the hub's REST API (the fields read here)."""
+
+    name: str
+    kind: str  # "user" (a service is another kind)
+    admin: bool
+    servers: dict[str, HubServer]  # by server name, "" the default one
+    last_activity: str | None  # ISO 8601
+
+
+class _PanelRank(TypedDict, total=False):
+    rank: int
+    host: str
+    pid: int
+    health: str
+    device: str
+
+
+class _PanelLab(TypedDict, total=False):
+    """A lab as a learner's server's ``GET /distlab/labs`` gives it (``server.handlers``; an older
+    distlab's lacks ``started`` and ``last_cell``)."""
+
+    id: str
+    notebook: str | None
+    kernel_id: str
+    world_size: int
+    backend: str
+    launcher: str
+    busy: bool
+    started: float | None
+    last_cell: float | None
+    ranks: list[_PanelRank]
+    training: object  # shown as it comes
+
+
+class LabView(TypedDict):
+    """A lab as the instructor's view shows it."""
+
+    id: str
+    notebook: str | None
+    kernel_id: str | None
+    world_size: int | None
+    backend: str | None
+    launcher: str | None
+    busy: bool
+    started: float | None
+    last_cell: float | None
+    idle_s: float | None  # None: never ran a cell, nor says when it started
+    ranks: list[dict[str, object]]  # rank, host, pid, health, device: None where not said
+    training: object
+
+
+class LearnerRow(TypedDict):
+    """A learner as the instructor's view shows them."""
+
+    name: str
+    server: str  # running, starting, stopping or stopped
+    last_activity: str | None
+    labs: list[LabView] | None  # None: not read (``error`` says why, when it was tried)
+    progress: object  # their server's ``GET /distlab/progress``, as it came
+    error: str | None
+
+
+class ClassState(TypedDict):
+    learners: list[LearnerRow]
+    now: float
+
+
+class Stopped(TypedDict):
+    learner: str
+    id: str
+    message: str  # what the learner's server said
 
 
 class ClassError(Exception):
@@ -92,8 +177,8 @@ def _why(answer: _Answer, who: str) -> str:
     return f"{who} answered {answer.code}: " + " ".join(message.split())
 
 
-async def _hub_users(ends: Endpoints) -> list[dict[str, Any]]:
-    users: list[dict[str, Any]] = []
+async def _hub_users(ends: Endpoints) -> list[HubUser]:
+    users: list[HubUser] = []
     offset = 0
     while True:
         response = await _call(f"{ends.hub_api}/users?offset={offset}", ends.token, headers=_PAGE)
@@ -108,11 +193,11 @@ async def _hub_users(ends: Endpoints) -> list[dict[str, Any]]:
         offset = int(following["offset"])
 
 
-def _is_learner(user: dict[str, Any], ends: Endpoints) -> bool:
+def _is_learner(user: HubUser, ends: Endpoints) -> bool:
     return user.get("kind", "user") == "user" and not user.get("admin") and user["name"] not in ends.instructors
 
 
-def _server_state(user: dict[str, Any]) -> tuple[str, str | None]:
+def _server_state(user: HubUser) -> tuple[str, str | None]:
     """(running | starting | stopping | stopped, the server's URL path when it runs)."""
     server = (user.get("servers") or {}).get("")
     if not server:
@@ -124,7 +209,11 @@ def _server_state(user: dict[str, Any]) -> tuple[str, str | None]:
     return "starting", None
 
 
-def _lab_view(lab: dict[str, Any], now: float) -> dict[str, Any]:
+_RankField = Literal["rank", "host", "pid", "health", "device"]
+_RANK_FIELDS: tuple[_RankField, ...] = ("rank", "host", "pid", "health", "device")
+
+
+def _lab_view(lab: _PanelLab, now: float) -> LabView:
     """What the view shows of one lab of the learner's panel endpoint."""
     # ``started`` and ``last_cell`` (Unix time) are in the state files of newer labs only.
     started, last_cell = lab.get("started"), lab.get("last_cell")
@@ -134,16 +223,16 @@ def _lab_view(lab: dict[str, Any], now: float) -> dict[str, Any]:
         "id": lab["id"], "notebook": lab.get("notebook"), "kernel_id": lab.get("kernel_id"),
         "world_size": lab.get("world_size"), "backend": lab.get("backend"), "launcher": lab.get("launcher"),
         "busy": bool(lab.get("busy")), "started": started, "last_cell": last_cell, "idle_s": idle,
-        "ranks": [{key: row.get(key) for key in ("rank", "host", "pid", "health", "device")}
+        "ranks": [{key: row.get(key) for key in _RANK_FIELDS}
                   for row in lab.get("ranks") or ()],
         "training": lab.get("training"),
     }
 
 
-async def _learner(user: dict[str, Any], ends: Endpoints, now: float) -> dict[str, Any]:
+async def _learner(user: HubUser, ends: Endpoints, now: float) -> LearnerRow:
     name = user["name"]
     state, url = _server_state(user)
-    row: dict[str, Any] = {"name": name, "server": state, "last_activity": user.get("last_activity"),
+    row: LearnerRow = {"name": name, "server": state, "last_activity": user.get("last_activity"),
                            "labs": None, "progress": None, "error": None}
     if url is None:
         return row
@@ -168,7 +257,7 @@ async def _learner(user: dict[str, Any], ends: Endpoints, now: float) -> dict[st
     return row
 
 
-async def class_state(ends: Endpoints) -> dict[str, Any]:
+async def class_state(ends: Endpoints) -> ClassState:
     """Every learner (users of the hub who are neither admins nor instructors), by name: their
     server, their labs (None when it could not be read, with ``error``) and their progress."""
     now = time.time()
@@ -177,7 +266,7 @@ async def class_state(ends: Endpoints) -> dict[str, Any]:
     return {"learners": list(rows), "now": now}
 
 
-async def stop_lab(ends: Endpoints, learner: str, lab_id: str) -> dict[str, Any]:
+async def stop_lab(ends: Endpoints, learner: str, lab_id: str) -> Stopped:
     """Stop lab ``lab_id`` of ``learner`` through their server's panel endpoint; what it said.
     Raises ClassError with the status to answer and one line."""
     if not _LAB_ID.match(lab_id):

@@ -23,8 +23,9 @@ import os
 import pwd
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Unicode, default
@@ -73,7 +74,7 @@ class ClassroomSpawner(LocalProcessSpawner):
             env["DISTLAB_LIMITS"] = text
         return env
 
-    def make_preexec_fn(self, name: str) -> Any:
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
         become_learner = super().make_preexec_fn(name)
         network, group = self._network, self._group
         assert group is not None  # start() made it
@@ -87,7 +88,7 @@ class ClassroomSpawner(LocalProcessSpawner):
 
         return preexec
 
-    async def start(self) -> Any:
+    async def start(self) -> tuple[str, int]:  # LocalProcessSpawner's: the server's (ip, port)
         memory = int(self.mem_limit) if self.mem_limit else None
         why = cgroup_missing(self.cpu_limit, memory)
         if why:
@@ -112,7 +113,8 @@ class ClassroomSpawner(LocalProcessSpawner):
                 self._network = LearnerNetwork(os.getpid(), index, ipaddress.IPv4Network(self.network))
                 self._network.make()
                 self.ip = self._network.address
-            return await super().start()
+            address: tuple[str, int] = await super().start()
+            return address
         except BaseException:
             self._release()
             raise

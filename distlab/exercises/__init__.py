@@ -19,7 +19,7 @@ through ``distlab.notebook``) nor the catalog of every task.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .catalog import EXERCISES, get, names
@@ -62,7 +62,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'distlab.exercises' has no attribute {name!r}")

@@ -12,16 +12,16 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
 
 from .catalog import EXERCISES
+from .results import Grade
 
 __all__ = ["grade_notebook", "main"]
 
 _MARK = "distlab-grades:"
 
 
-def grade_notebook(path: str, names: list[str] | None = None, timeout: float = 600.0) -> dict[str, Any]:
+def grade_notebook(path: str, names: list[str] | None = None, timeout: float = 600.0) -> dict[str, Grade]:
     """Run the notebook at ``path`` in a fresh kernel, then grade it there: {name: grade as plain values}."""
     import nbformat
     from nbclient import NotebookClient
@@ -41,7 +41,7 @@ def grade_notebook(path: str, names: list[str] | None = None, timeout: float = 6
     for output in notebook.cells[-1].get("outputs", []):
         for line in output.get("text", "").splitlines():
             if line.startswith(_MARK):
-                grades: dict[str, Any] = json.loads(line[len(_MARK):])
+                grades: dict[str, Grade] = json.loads(line[len(_MARK):])
                 return grades
     error = next((o for o in notebook.cells[-1].get("outputs", []) if o.get("output_type") == "error"), None)
     why = f"{error['ename']}: {error['evalue']}" if error else "the grading cell printed nothing"

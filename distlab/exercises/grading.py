@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import CellTimeout, LabUsageError, RankError, RankFailure
 from ..notebook import rpc
 from ..notebook.script import CellRan
-from ..wire import LEARNER_FILE
+from ..wire import LEARNER_FILE, CellReply
 from .catalog import EXERCISES, get
 from .model import Exercise
-from .results import CaseResult, ExerciseResult
+from .results import CaseOutcome, CaseResult, ExerciseResult, Grade
 
 if TYPE_CHECKING:
     from ..notebook.cell_context import Send
@@ -83,14 +83,14 @@ def check(
     return result
 
 
-def grade_all(lab: LabCore | None = None, names: Iterable[str] | None = None) -> dict[str, Any]:
+def grade_all(lab: LabCore | None = None, names: Iterable[str] | None = None) -> dict[str, Grade]:
     """Every exercise (or ``names``) graded on ``lab``: {name: result as plain values, or why it was not}.
 
     An exercise whose names the learner has not defined is "not attempted", not failed: what
     ``python -m distlab.exercises grade`` reports for a notebook.
     """
     chosen = [get(name).name for name in names] if names is not None else list(EXERCISES)
-    grades: dict[str, Any] = {}
+    grades: dict[str, Grade] = {}
     for name in chosen:
         try:
             grades[name] = check(name, lab, record=False).to_dict()
@@ -159,12 +159,12 @@ def _run_case(
 ) -> tuple[CaseResult, bool]:
     """The case's result, and whether it ran past its deadline."""
 
-    def send(engine: Any, rank: int) -> Any:
+    def send(engine: rpc.RankTarget, rank: int) -> rpc.Pending[CellReply]:
         return rpc.grade_case(engine, exercise.name, blob, seed, index, rank)
 
     base = (index, size, case_name)
     try:
-        outcomes = world.call(send, timeout=exercise.case_timeout_s)
+        outcomes: dict[int, CaseOutcome] = world.call(send, timeout=exercise.case_timeout_s)
     except CellTimeout as exc:
         message = _stuck(exc.failures, exercise.case_timeout_s, quote)
         # A case stopped at its deadline leaves its ranks as the stop found them: an import cut half

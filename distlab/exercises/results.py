@@ -5,9 +5,53 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, TypedDict
 
-__all__ = ["CaseResult", "ExerciseResult"]
+__all__ = ["CaseDict", "CaseOutcome", "CaseResult", "ExerciseDict", "ExerciseResult", "Grade", "NotAttempted"]
+
+#: A measured value as JSON keeps it (any other is given as its text).
+Plain = int | float | str | bool | None
+
+
+class CaseOutcome(TypedDict):
+    """One rank's outcome of a case, as a grader returns it (``rank.exercise.passed`` / ``failed``)."""
+
+    passed: bool
+    message: str
+    measured: dict[str, object]
+
+
+class CaseDict(TypedDict):
+    """A case of :meth:`ExerciseResult.to_dict`."""
+
+    case: int  # counted from 1
+    world_size: int
+    name: str
+    result: Literal["passed", "not run", "FAILED"]
+    rank: int | None
+    message: str
+    measured: dict[str, Plain]
+
+
+class ExerciseDict(TypedDict):
+    """:meth:`ExerciseResult.to_dict`: a check in plain values."""
+
+    passed: bool
+    feedback: str
+    seed: int
+    cases: list[CaseDict]
+
+
+class NotAttempted(TypedDict):
+    """An exercise ``grade_all`` did not check: its names are not defined (``feedback`` says so)."""
+
+    passed: bool  # False
+    attempted: bool  # False
+    feedback: str
+
+
+#: An exercise's grade in ``grade_all``'s answer.
+Grade = ExerciseDict | NotAttempted
 
 
 @dataclass(frozen=True)
@@ -20,7 +64,7 @@ class CaseResult:
     passed: bool
     message: str = ""
     rank: int | None = None
-    measured: Mapping[str, Any] = field(default_factory=dict)  # rank 0's, or the failing rank's
+    measured: Mapping[str, object] = field(default_factory=dict)  # rank 0's, or the failing rank's
     ran: bool = True
 
     @property
@@ -28,7 +72,7 @@ class CaseResult:
         return f"case {self.index + 1} ({self.name}, {self.world_size} ranks)"
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Literal["passed", "not run", "FAILED"]:
         return "passed" if self.passed else ("not run" if not self.ran else "FAILED")
 
 
@@ -46,7 +90,7 @@ class ExerciseResult:
     def failures(self) -> list[CaseResult]:
         return [case for case in self.cases if case.ran and not case.passed]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ExerciseDict:
         """Plain values (for JSON: what headless grading prints)."""
         return {
             "passed": self.passed,
@@ -98,15 +142,15 @@ def _colour(case: CaseResult) -> str:
     return "#1a7f37" if case.passed else ("#6e7781" if not case.ran else "#cf222e")
 
 
-def _measured_text(measured: Mapping[str, Any]) -> str:
+def _measured_text(measured: Mapping[str, object]) -> str:
     return ", ".join(f"{key} {_format(value)}" for key, value in measured.items())
 
 
-def _format(value: Any) -> str:
+def _format(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)
 
 
-def _plain(measured: Mapping[str, Any]) -> dict[str, Any]:
+def _plain(measured: Mapping[str, object]) -> dict[str, Plain]:
     return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in measured.items()}

@@ -13,7 +13,6 @@ import re
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from .model import Attempt, CheckResult, LabLike, Option, Question, as_sentence, unreadable_answer
 from .numeric import Tolerance, read_number
@@ -50,7 +49,7 @@ def wrap_cell(code: str, params: Mapping[str, Value]) -> str:
     )
 
 
-def _numbers(value: Any) -> list[float] | None:
+def _numbers(value: object) -> list[float] | None:
     """A lab result or an answer as a flat list of numbers, or None if it is not numbers."""
     if isinstance(value, bool):
         return None
@@ -127,7 +126,7 @@ class LiveQuestion(Question):
             lab=lab,
         )
 
-    def observed(self, attempt: Attempt) -> Any:
+    def observed(self, attempt: Attempt) -> object:
         """The value of the code's last line on the attempt's rank, run once per attempt."""
         if "observed" not in attempt.cache:
             if attempt.lab is None or attempt.rank is None:
@@ -144,7 +143,7 @@ class LiveQuestion(Question):
                 return option
         raise RuntimeError(f"question {self.id!r}: the lab returned {value!r}, which no option stands for")
 
-    def _answer(self, attempt: Attempt) -> Any:
+    def _answer(self, attempt: Attempt) -> object:
         if self.response == "choice":
             return self._option_for(attempt).id
         return self.observed(attempt)
@@ -160,7 +159,7 @@ class LiveQuestion(Question):
         fields = {**show_params(self.params, attempt.params), "world_size": size, "rank": attempt.rank}
         return self.explanation.format_map({**fields, "answer": self._answer_text(attempt)})
 
-    def _grade(self, attempt: Attempt, answer: Any) -> CheckResult:
+    def _grade(self, attempt: Attempt, answer: object) -> CheckResult:
         if self.response == "choice":
             ids = [option.id for option in self.options]
             if not isinstance(answer, str) or answer not in ids:
@@ -187,7 +186,7 @@ class LiveQuestion(Question):
             False, f"Not quite: that is not what {where} holds. Follow the data through the code, one rank at a time."
         )
 
-    def _read(self, answer: Any) -> list[float]:
+    def _read(self, answer: object) -> list[float]:
         numbers = _numbers(answer)
         if numbers is not None:
             return numbers

@@ -12,10 +12,10 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import jsonschema
 
@@ -38,15 +38,95 @@ __all__ = ["Bank", "BankError", "bank", "load_bank", "schema"]
 _PACKAGE = "distlab.quiz"
 
 
+# What a bank file holds, as ``schema.json`` says (read only once the schema has checked it).
+
+
+class _RawOptionBase(TypedDict):
+    id: str
+    text: str
+    feedback: str
+
+
+class _RawOption(_RawOptionBase, total=False):
+    correct: bool  # choice questions
+    value: bool | float | str  # live questions: the lab's result when this option is right
+
+
+class _RawParam(TypedDict, total=False):
+    value: float | str
+    choices: list[float | str]
+    min: float
+    max: float
+    step: float
+    unit: str
+    length: int
+    labels: dict[str, str]
+
+
+class _RawAnswer(TypedDict):
+    theory: str  # a public function of distlab.theory
+    params: dict[str, _RawParam]
+
+
+class _RawTolerance(TypedDict, total=False):
+    relative: float
+    absolute: float
+
+
+class _RawMistakeBase(TypedDict):
+    feedback: str
+
+
+class _RawMistake(_RawMistakeBase, total=False):
+    set: dict[str, float | str]
+    theory: str
+
+
+class _RawQuestionBase(TypedDict):
+    id: str
+    kind: str  # "single", "multiple", "numeric", "ordering" or "live"
+    difficulty: str
+    prompt: str
+    hint: str
+    explanation: str
+
+
+class _RawQuestion(_RawQuestionBase, total=False):
+    options: list[_RawOption]  # single, multiple, live (choice)
+    items: list[_RawOption]  # ordering
+    answer: _RawAnswer  # numeric
+    unit: str
+    tolerance: _RawTolerance
+    mistakes: list[_RawMistake]
+    code: list[str]  # live
+    params: dict[str, _RawParam]
+    rank: int | str  # a rank, or "last"
+    min_world_size: int
+    response: str  # "numeric" or "choice"
+
+
+class _Common(TypedDict):
+    """The fields every kind of question has."""
+
+    id: str
+    kind: str
+    difficulty: str
+    prompt: str
+    hint: str
+    explanation: str
+    topic: str
+    source: str
+
+
 class BankError(ValueError):
     """A bank file breaks the schema or a rule of the bank. The message names the file and the question."""
 
 
 @functools.cache
-def schema() -> dict[str, Any]:
+def schema() -> dict[str, object]:
     """The JSON Schema (draft 2020-12) every bank file must match."""
     text = resources.files(_PACKAGE).joinpath("schema.json").read_text(encoding="utf-8")
-    loaded: dict[str, Any] = json.loads(text)
+    loaded: dict[str, object] = json.loads(text)
     return loaded
 
 
@@ -131,8 +211,9 @@ def _load_file(file: Traversable | Path, validator: jsonschema.protocols.Validat
         raise BankError(f"{name}: unknown topic {topic!r}; use one of {', '.join(TOPICS)}")
     if name != f"{topic}.json":
         raise BankError(f"{name}: a file holds one topic and is named after it: rename it {topic}.json")
+    raws: list[_RawQuestion] = data["questions"]  # as the schema, checked above, says
     questions = []
-    for raw in data["questions"]:
+    for raw in raws:
         try:
             questions.append(_build(raw, topic, name))
         except ValueError as problem:
@@ -140,9 +221,10 @@ def _load_file(file: Traversable | Path, validator: jsonschema.protocols.Validat
     return questions
 
 
-def _question_of(data: Any, path: list[Any]) -> str:
+def _question_of(data: object, path: list[str | int]) -> str:
     """The part of a schema error's message that names the question the error is in."""
-    if len(path) >= 2 and path[0] == "questions" and isinstance(path[1], int):
+    # The path leads into data: data["questions"][path[1]] is there.
+    if len(path) >= 2 and path[0] == "questions" and isinstance(path[1], int) and isinstance(data, dict):
         raw = data["questions"][path[1]]
         label = raw.get("id") if isinstance(raw, dict) else None
         return f", question {label!r}" if isinstance(label, str) else f", question #{path[1] + 1}"
@@ -161,11 +243,19 @@ def _describe(error: jsonschema.ValidationError) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _build(raw: Mapping[str, Any], topic: str, source: str) -> Question:
+def _build(raw: _RawQuestion, topic: str, source: str) -> Question:
     if not raw["id"].startswith(f"{topic}/"):
         raise ValueError(f"ids in {source} start with '{topic}/'")
-    common = {key: raw[key] for key in ("id", "kind", "difficulty", "prompt", "hint", "explanation")}
-    common.update(topic=topic, source=source)
+    common: _Common = {
+        "id": raw["id"],
+        "kind": raw["kind"],
+        "difficulty": raw["difficulty"],
+        "prompt": raw["prompt"],
+        "hint": raw["hint"],
+        "explanation": raw["explanation"],
+        "topic": topic,
+        "source": source,
+    }
     kind = raw["kind"]
     if kind in ("single", "multiple"):
         options = _options(raw["options"])
@@ -184,7 +274,7 @@ def _build(raw: Mapping[str, Any], topic: str, source: str) -> Question:
     return _live(raw, common)
 
 
-def _options(raws: Iterable[Mapping[str, Any]]) -> tuple[Option, ...]:
+def _options(raws: Iterable[_RawOption]) -> tuple[Option, ...]:
     options = tuple(
         Option(
             id=o["id"], text=o["text"], feedback=o["feedback"], correct=o.get("correct", False), value=o.get("value")
@@ -198,7 +288,7 @@ def _options(raws: Iterable[Mapping[str, Any]]) -> tuple[Option, ...]:
     return options
 
 
-def _param(name: str, raw: Mapping[str, Any]) -> ParamSpec:
+def _param(name: str, raw: _RawParam) -> ParamSpec:
     unit = raw.get("unit", "")
     theory.unit_dimension(unit)  # an unknown unit raises with the list of units
     values = [raw["value"]] if "value" in raw else [*raw.get("choices", []), raw.get("min"), raw.get("max")]
@@ -233,7 +323,7 @@ def _param(name: str, raw: Mapping[str, Any]) -> ParamSpec:
     )
 
 
-def _check_templates(raw: Mapping[str, Any], names: Iterable[str]) -> None:
+def _check_templates(raw: _RawQuestion, names: Iterable[str]) -> None:
     known = set(names)
     for key in ("prompt", "hint", "explanation"):
         allowed = known | {"answer"} if key == "explanation" else known
@@ -245,7 +335,7 @@ def _check_templates(raw: Mapping[str, Any], names: Iterable[str]) -> None:
             raise ValueError(f"{key} uses {{{min(unknown)}}}, which is not one of: {', '.join(sorted(allowed))}")
 
 
-def _numeric(raw: Mapping[str, Any], common: dict[str, Any]) -> NumericQuestion:
+def _numeric(raw: _RawQuestion, common: _Common) -> NumericQuestion:
     answer = raw["answer"]
     function = theory_function(answer["theory"])
     params = tuple(_param(name, spec) for name, spec in answer["params"].items())
@@ -279,11 +369,11 @@ def _numeric(raw: Mapping[str, Any], common: dict[str, Any]) -> NumericQuestion:
     )
 
 
-def _tolerance(raw: Mapping[str, float]) -> Tolerance:
+def _tolerance(raw: _RawTolerance) -> Tolerance:
     return Tolerance(relative=raw.get("relative", 0.0), absolute=raw.get("absolute", 0.0))
 
 
-def _check_signature(function: Any, names: list[str]) -> None:
+def _check_signature(function: Callable[..., object], names: list[str]) -> None:
     signature = inspect.signature(function)
     try:
         signature.bind(**dict.fromkeys(names))
@@ -292,7 +382,7 @@ def _check_signature(function: Any, names: list[str]) -> None:
         raise ValueError(f"the parameters do not fit {function.__name__}({expected}): {error}") from None
 
 
-def _live(raw: Mapping[str, Any], common: dict[str, Any]) -> LiveQuestion:
+def _live(raw: _RawQuestion, common: _Common) -> LiveQuestion:
     code = "\n".join(raw["code"])
     params = tuple(_param(name, spec) for name, spec in raw.get("params", {}).items())
     try:
@@ -305,7 +395,7 @@ def _live(raw: Mapping[str, Any], common: dict[str, Any]) -> LiveQuestion:
         raise ValueError(f"parameter {min(reserved)!r} would hide the rank's own name: rename it")
     min_world_size = raw.get("min_world_size", 2)
     rank = raw["rank"]
-    if rank != "last" and rank >= min_world_size:
+    if isinstance(rank, int) and rank >= min_world_size:  # else "last"
         raise ValueError(
             f"rank {rank} does not exist in a lab of min_world_size {min_world_size}: raise min_world_size"
         )

@@ -8,9 +8,9 @@ as a learner sees it, with options shuffled and numbers drawn. ``attempt.check(a
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from .params import Value
 
@@ -34,8 +34,12 @@ class LabLike(Protocol):
     def world_size(self) -> int: ...
 
     def run(
-        self, code: str, ranks: Any = None, timeout: float | None = None, record: bool = True
-    ) -> Mapping[int, Any]: ...
+        self,
+        code: str,
+        ranks: str | int | Iterable[int] | None = None,
+        timeout: float | None = None,
+        record: bool = True,
+    ) -> Mapping[int, object]: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Option:
     text: str
     feedback: str
     correct: bool = False
-    value: Any = None
+    value: object = None
 
 
 @dataclass(eq=False)
@@ -87,7 +91,7 @@ class Attempt:
     rank: int | None = None
     lab: LabLike | None = field(default=None, repr=False)
     # Filled by the question on first use: a live question's lab result is fetched once per attempt.
-    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    cache: dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
     def id(self) -> str:
@@ -97,12 +101,12 @@ class Attempt:
     def kind(self) -> str:
         return self.question.kind
 
-    def check(self, answer: Any) -> CheckResult:
+    def check(self, answer: object) -> CheckResult:
         """Grade ``answer``: an option id (single), option ids (multiple), ids in order (ordering), a number
         or text like "24 ms" (numeric), or what the live question asks for."""
         return self.question._grade(self, answer)
 
-    def answer(self) -> Any:
+    def answer(self) -> object:
         """The right answer, in the form :meth:`check` takes."""
         return self.question._answer(self)
 
@@ -143,7 +147,7 @@ class Question:
         """A fresh attempt. ``params`` fixes drawn numbers (in the units the prompt shows) instead of drawing them."""
         return self._draw(random.Random(seed), lab, dict(params or {}))
 
-    def check(self, answer: Any, lab: LabLike | None = None) -> CheckResult:
+    def check(self, answer: object, lab: LabLike | None = None) -> CheckResult:
         """Grade ``answer`` for a question that draws nothing; see :meth:`Attempt.check` for its forms."""
         if self.parameterised:
             raise ValueError(
@@ -156,10 +160,10 @@ class Question:
     def _draw(self, rng: random.Random, lab: LabLike | None, params: dict[str, Value]) -> Attempt:
         raise NotImplementedError
 
-    def _grade(self, attempt: Attempt, answer: Any) -> CheckResult:
+    def _grade(self, attempt: Attempt, answer: object) -> CheckResult:
         raise NotImplementedError
 
-    def _answer(self, attempt: Attempt) -> Any:
+    def _answer(self, attempt: Attempt) -> object:
         raise NotImplementedError
 
     def _answer_text(self, attempt: Attempt) -> str:
@@ -173,7 +177,7 @@ class Question:
             raise ValueError(f"question {self.id!r} draws no numbers; it takes no params (got {sorted(params)})")
 
 
-def _option_ids(answer: Any) -> list[str] | None:
+def _option_ids(answer: object) -> list[str] | None:
     """``answer`` as a list of ids, or None if it is not one (a lone id counts as a list of one)."""
     if isinstance(answer, str):
         return [answer]
@@ -198,7 +202,7 @@ class ChoiceQuestion(Question):
     def _by_id(self) -> dict[str, Option]:
         return {option.id: option for option in self.options}
 
-    def _grade(self, attempt: Attempt, answer: Any) -> CheckResult:
+    def _grade(self, attempt: Attempt, answer: object) -> CheckResult:
         options = self._by_id()
         picked = _option_ids(answer)
         if picked is None or not picked or any(item not in options for item in picked):
@@ -224,7 +228,7 @@ class ChoiceQuestion(Question):
     def _ordered(self, ids: set[str]) -> list[str]:
         return [option.id for option in self.options if option.id in ids]
 
-    def _answer(self, attempt: Attempt) -> Any:
+    def _answer(self, attempt: Attempt) -> str | tuple[str, ...]:
         right = [option.id for option in self.options if option.correct]
         return right[0] if self.kind == "single" else tuple(right)
 
@@ -246,7 +250,7 @@ class OrderingQuestion(Question):
             rng.shuffle(shown)
         return Attempt(question=self, prompt=self.prompt, hint=self.hint, choices=tuple(shown))
 
-    def _grade(self, attempt: Attempt, answer: Any) -> CheckResult:
+    def _grade(self, attempt: Attempt, answer: object) -> CheckResult:
         given = _option_ids(answer)
         ids = [item.id for item in self.items]
         if given is None or sorted(given) != sorted(ids):
@@ -263,7 +267,7 @@ class OrderingQuestion(Question):
             f"Step {first_wrong + 1}, '{misplaced.text}', is out of place: {misplaced.feedback}",
         )
 
-    def _answer(self, attempt: Attempt) -> Any:
+    def _answer(self, attempt: Attempt) -> tuple[str, ...]:
         return tuple(item.id for item in self.items)
 
     def _answer_text(self, attempt: Attempt) -> str:

@@ -7,7 +7,6 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .. import theory
 from .model import Attempt, CheckResult, LabLike, Question, as_sentence, unreadable_answer
@@ -16,8 +15,9 @@ from .params import ParamSpec, Value, draw_params, format_quantity, show_params
 __all__ = ["Mistake", "NumericQuestion", "Tolerance", "read_number", "theory_function"]
 
 
-def theory_function(name: str) -> Callable[..., Any]:
-    """The public :mod:`distlab.theory` function called ``name``; a bank names functions, never code."""
+def theory_function(name: str) -> Callable[..., float]:
+    """The public :mod:`distlab.theory` function called ``name`` (one that computes a number); a bank names
+    functions, never code."""
     function = getattr(theory, name, None) if name in theory.__all__ else None
     if not inspect.isfunction(function):
         raise ValueError(f"{name!r} is not a function of distlab.theory")
@@ -46,7 +46,7 @@ class Mistake:
     theory: str | None = None
 
 
-def read_number(answer: Any, unit: str) -> float:
+def read_number(answer: object, unit: str) -> float:
     """A learner's answer in ``unit``: a number, or text such as "24", "24 ms" or "0.024 s"."""
     if isinstance(answer, bool):
         raise ValueError("give a number")
@@ -82,7 +82,7 @@ class NumericQuestion(Question):
     def parameterised(self) -> bool:
         return True
 
-    def theory_arguments(self, params: Mapping[str, Value]) -> dict[str, Any]:
+    def theory_arguments(self, params: Mapping[str, Value]) -> dict[str, object]:
         """The drawn ``params`` converted to the base units that :mod:`distlab.theory` takes."""
         return {spec.name: spec.to_theory(params[spec.name]) for spec in self.params}
 
@@ -117,7 +117,7 @@ class NumericQuestion(Question):
         fields = show_params(self.params, attempt.params)
         return self.explanation.format_map({**fields, "answer": self._answer_text(attempt)})
 
-    def _grade(self, attempt: Attempt, answer: Any) -> CheckResult:
+    def _grade(self, attempt: Attempt, answer: object) -> CheckResult:
         try:
             given = read_number(answer, self.unit)
         except ValueError as error:

@@ -19,7 +19,6 @@ import html
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import ipywidgets as widgets
 
@@ -27,7 +26,10 @@ from .. import theory as _theory
 from .numeric import read_number, theory_function
 from .params import format_quantity
 
-__all__ = ["Comparison", "Prediction", "predict"]
+__all__ = ["Comparison", "Guess", "Prediction", "predict"]
+
+#: A prediction, theory's value or a measurement: a number in base units, or a choice's key.
+Guess = float | str
 
 
 @dataclass(frozen=True)
@@ -40,19 +42,17 @@ class Comparison:
 
     prompt: str
     unit: str
-    prediction: Any
-    theory: Any
-    measured: Any
+    prediction: Guess | None
+    theory: Guess
+    measured: Guess
     ratio: float | None
     prediction_right: bool | None
     labels: Mapping[str, str] | None = None
 
-    def _show(self, value: Any) -> str:
+    def _show(self, value: Guess | None) -> str:
         if value is None:
             return "none committed"
-        if self.labels is not None:
-            return self.labels[value]
-        return format_quantity(round(_theory.from_base_units(value, self.unit), 4), self.unit)
+        return _shown(value, self.labels, self.unit)
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, remark) for the prediction, the theory and the measurement."""
@@ -90,7 +90,7 @@ class Prediction(widgets.VBox):
     def __init__(
         self,
         prompt: str,
-        expected: Any,
+        expected: Guess,
         unit: str,
         tolerance: float,
         source: str,
@@ -98,7 +98,7 @@ class Prediction(widgets.VBox):
     ) -> None:
         self.prompt, self.expected, self.unit, self.tolerance = prompt, expected, unit, tolerance
         self.source, self.choices = source, choices
-        self.value: Any = None  # the committed prediction (base units, or a choice key)
+        self.value: Guess | None = None  # the committed prediction (base units, or a choice key)
         if choices is None:
             self.entry: widgets.Widget = widgets.Text(placeholder="your estimate", layout=widgets.Layout(width="14em"))
             answer_box: widgets.Widget = widgets.HBox([self.entry, widgets.Label(unit)])
@@ -127,25 +127,24 @@ class Prediction(widgets.VBox):
             f"{verdict}: {self._show(self.expected)} ({self.source}). Now run the measurement."
         )
 
-    def _read(self) -> Any:
+    def _read(self) -> Guess:
         if self.choices is not None:
             if self.entry.value is None:
                 raise ValueError("choose one of the answers first")
-            return self.entry.value
+            key: str = self.entry.value  # one of the choices' keys
+            return key
         return _theory.to_base_units(read_number(self.entry.value, self.unit), self.unit)
 
-    def _show(self, value: Any) -> str:
-        if self.choices is not None:
-            return self.choices[value]
-        return format_quantity(round(_theory.from_base_units(value, self.unit), 4), self.unit)
+    def _show(self, value: Guess) -> str:
+        return _shown(value, self.choices, self.unit)
 
-    def right(self, value: Any) -> bool:
+    def right(self, value: Guess) -> bool:
         """Whether ``value`` (base units, or a choice key) is what theory says, within the tolerance."""
-        if self.choices is not None:
+        if self.choices is not None or isinstance(value, str) or isinstance(self.expected, str):
             return bool(value == self.expected)
         return bool(abs(value - self.expected) <= self.tolerance * abs(self.expected))
 
-    def commit(self, answer: Any) -> None:
+    def commit(self, answer: object) -> None:
         """Enter ``answer`` ("2.5 ms", 2.5 in the widget's unit, or a choice key) and press Commit."""
         if self.choices is not None:
             self.entry.value = answer
@@ -153,7 +152,7 @@ class Prediction(widgets.VBox):
             self.entry.value = str(answer)
         self.commit_button.click()
 
-    def reveal(self, measured: Any) -> Comparison:
+    def reveal(self, measured: Guess) -> Comparison:
         """The prediction, the theory and ``measured`` (base units, or the choice key that happened)."""
         if self.choices is not None:
             if measured not in self.choices:
@@ -162,9 +161,17 @@ class Prediction(widgets.VBox):
         else:
             if isinstance(measured, bool) or not isinstance(measured, (int, float)) or not math.isfinite(measured):
                 raise ValueError(f"measured must be a finite number in base units (seconds, bytes), got {measured!r}")
-            ratio = measured / self.expected if self.expected else None
+            expected = self.expected  # a number: this prediction has no choices
+            ratio = measured / expected if expected and not isinstance(expected, str) else None
         right = None if self.value is None else self.right(self.value)
         return Comparison(self.prompt, self.unit, self.value, self.expected, measured, ratio, right, self.choices)
+
+
+def _shown(value: Guess, choices: Mapping[str, str] | None, unit: str) -> str:
+    """A choice key as its text; a number in base units in ``unit``."""
+    if isinstance(value, str):
+        return choices[value] if choices is not None else value
+    return format_quantity(round(_theory.from_base_units(value, unit), 4), unit)
 
 
 def predict(
@@ -175,7 +182,7 @@ def predict(
     tolerance: float = 0.25,
     choices: Mapping[str, str] | None = None,
     answer: str | None = None,
-    **args: Any,
+    **args: object,
 ) -> Prediction:
     """A prediction widget, graded by theory.
 
@@ -188,7 +195,7 @@ def predict(
     if choices is not None:
         if theory is not None or args:
             raise ValueError("give either choices= and answer= or theory= and its arguments, not both")
-        if not choices or answer not in choices:
+        if not choices or answer is None or answer not in choices:
             raise ValueError(f"answer must be one of the choices' keys {sorted(choices or {})}, got {answer!r}")
         return Prediction(prompt, answer, "", 0.0, "theory", dict(choices))
     if answer is not None:

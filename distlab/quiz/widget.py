@@ -10,8 +10,7 @@ from __future__ import annotations
 import html
 import random
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import ipywidgets as widgets
 
@@ -32,6 +31,13 @@ def _html(text: str) -> str:
 _WIDE = {"width": "100%"}
 
 
+def _iterable(answer: object) -> Iterable[object]:
+    """``answer``, which must be iterable (option ids): refused as ``iter`` would refuse it."""
+    if not isinstance(answer, Iterable):
+        raise TypeError(f"'{type(answer).__name__}' object is not iterable")
+    return answer
+
+
 class _ChoiceView:
     """One option of several (radio buttons)."""
 
@@ -41,10 +47,11 @@ class _ChoiceView:
         )
         self.widget: widgets.Widget = self.buttons
 
-    def read(self) -> Any:
-        return self.buttons.value
+    def read(self) -> str | None:
+        picked: str | None = self.buttons.value  # an option's id, or None before one is picked
+        return picked
 
-    def set(self, answer: Any) -> None:
+    def set(self, answer: object) -> None:
         self.buttons.value = answer
 
     def disable(self) -> None:
@@ -61,11 +68,11 @@ class _TickView:
         }
         self.widget = widgets.VBox(list(self.boxes.values()))
 
-    def read(self) -> Any:
+    def read(self) -> list[str]:
         return [option_id for option_id, box in self.boxes.items() if box.value]
 
-    def set(self, answer: Any) -> None:
-        chosen = set(answer)
+    def set(self, answer: object) -> None:
+        chosen = set(_iterable(answer))
         for option_id, box in self.boxes.items():
             box.value = option_id in chosen
 
@@ -81,10 +88,11 @@ class _NumberView:
         self.text = widgets.Text(placeholder="e.g. 24" if unit else "a number", layout=widgets.Layout(width="16em"))
         self.widget = widgets.HBox([self.text, widgets.Label(unit)])
 
-    def read(self) -> Any:
-        return self.text.value
+    def read(self) -> str:
+        typed: str = self.text.value
+        return typed
 
-    def set(self, answer: Any) -> None:
+    def set(self, answer: object) -> None:
         self.text.value = ", ".join(map(str, answer)) if isinstance(answer, (list, tuple)) else str(answer)
 
     def disable(self) -> None:
@@ -104,12 +112,12 @@ class _OrderView:
         self.down_button.on_click(lambda _: self._move(+1))
         self.widget = widgets.VBox([self.list, widgets.HBox([self.up_button, self.down_button])])
 
-    def read(self) -> Any:
+    def read(self) -> list[str]:
         return [option_id for _, option_id in self.list.options]
 
-    def set(self, answer: Any) -> None:
+    def set(self, answer: object) -> None:
         labels = {option_id: label for label, option_id in self.list.options}
-        self.list.options = [(labels[option_id], option_id) for option_id in answer]
+        self.list.options = [(labels[option_id], option_id) for option_id in _iterable(answer)]
 
     def _move(self, step: int) -> None:
         order = list(self.list.options)
@@ -323,7 +331,7 @@ class QuizWidget(widgets.VBox):
 
     # -- for scripts and tests -----------------------------------------------------------------------
 
-    def submit(self, answer: Any) -> None:
+    def submit(self, answer: object) -> None:
         """Put ``answer`` into the input widgets and press Check, as a learner would."""
         if self.view is None:
             raise ValueError("there is no open question: press Next, or show a new quiz")

@@ -8,14 +8,17 @@ a server loads the extension.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "distlab.server"}]
 
 
-def _load_jupyter_server_extension(server_app: Any) -> None:
+def _load_jupyter_server_extension(server_app: ServerApp) -> None:
     from .handlers import setup_handlers
 
     setup_handlers(server_app.web_app)

@@ -22,17 +22,20 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar
 
 import tornado.web
+from jupyter_client.manager import AsyncKernelManager
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from jupyter_server.services.sessions.sessionmanager import SessionManager
 from jupyter_server.utils import url_path_join
 
 from .kernels import KernelDied, evaluate
-from .registry import ACTIONS, read_labs
+from .registry import ACTIONS, LabEntry, read_labs
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
+_Method = TypeVar("_Method", bound=Callable[..., object])
 
 
 def _authorized(action: str) -> Callable[[_Method], _Method]:
@@ -50,6 +53,84 @@ __all__ = [
 ACTION_TIMEOUT_S = 600.0
 
 
+class ServerLab(LabEntry):
+    """A lab of ``GET /distlab/labs``: its file, and the kernel of this server it runs in."""
+
+    kernel_id: str
+    kernel_name: str
+    notebook: str | None  # the session's path (None: a kernel with no session)
+
+
+class KeptLab(TypedDict):
+    """A kept lab nobody holds (``GET /distlab/labs``'s ``kept``)."""
+
+    id: str
+    world_size: int
+    backend: str
+    ends: float  # Unix time, if nobody attaches it
+
+
+class ActionDone(TypedDict):
+    """What ``POST /distlab/labs/<id>/<action>`` answers."""
+
+    id: str
+    action: str
+    kernel_id: str
+    message: str  # the kernel's own line
+
+
+class Stacks(TypedDict):
+    """What ``GET /distlab/labs/<id>/stacks`` answers."""
+
+    id: str
+    text: str
+    seconds: float
+    missing: dict[int, str]  # rank -> why its stack is not there
+
+
+class Refusal(TypedDict):
+    """An action's or a read's error: one line."""
+
+    message: str
+
+
+class QuestionCounts(TypedDict):
+    answered: int
+    right: int  # last answer right
+    attempts: int
+    in_bank: int
+
+
+class TopicRow(TypedDict):
+    topic: str
+    title: str
+    questions: int
+    answered: int
+    right: int
+
+
+class ExerciseRow(TypedDict):
+    name: str
+    title: str
+    checks: int
+    passed: bool  # ever
+    last_passed: bool
+    last_seen: float  # Unix time
+
+
+class LearnerProgress(TypedDict):
+    """``GET /distlab/progress``: :func:`learner_progress`."""
+
+    path: str
+    questions: QuestionCounts
+    topics: list[TopicRow]  # those with an answer
+    exercises: list[ExerciseRow]
+    exercises_passed: int
+    exercises_attempted: int
+    exercises_total: int
+    last_seen: float | None
+
+
 class LabActionError(Exception):
     """An action that could not be done: the HTTP status and one line saying why."""
 
@@ -59,7 +140,7 @@ class LabActionError(Exception):
         self.message = message
 
 
-def _kernels_by_connection_file(kernel_manager: Any) -> dict[str, str]:
+def _kernels_by_connection_file(kernel_manager: AsyncMappingKernelManager) -> dict[str, str]:
     """This server's kernels, by the real path of their connection file (what a lab's file names)."""
     kernels = {}
     for kernel_id in kernel_manager.list_kernel_ids():
@@ -69,29 +150,27 @@ def _kernels_by_connection_file(kernel_manager: Any) -> dict[str, str]:
     return kernels
 
 
-async def labs_in_server(kernel_manager: Any, session_manager: Any) -> list[dict[str, Any]]:
+async def labs_in_server(
+    kernel_manager: AsyncMappingKernelManager, session_manager: SessionManager
+) -> list[ServerLab]:
     """The running labs whose kernel this server manages, each with ``kernel_id``, ``kernel_name``
     and ``notebook`` (the session's path, or None for a kernel with no session), oldest first."""
     kernels = _kernels_by_connection_file(kernel_manager)
     sessions = {s["kernel"]["id"]: s for s in await session_manager.list_sessions() if s.get("kernel")}
-    labs = []
+    labs: list[ServerLab] = []
     for lab in read_labs():
         kernel_id = kernels.get(lab.get("connection_file") or "")
         if kernel_id is None:
             continue  # a lab in a script, or in another server's kernel
         session = sessions.get(kernel_id, {})
-        lab.update(
-            kernel_id=kernel_id,
-            kernel_name=kernel_manager.get_kernel(kernel_id).kernel_name,
-            notebook=session.get("path"),
-        )
-        labs.append(lab)
+        kernel_name = kernel_manager.get_kernel(kernel_id).kernel_name  # a str (a traitlet's value)
+        labs.append({**lab, "kernel_id": kernel_id, "kernel_name": str(kernel_name), "notebook": session.get("path")})
     return labs
 
 
 async def act_on_lab(
-    kernel_manager: Any, lab_id: str, action: str, timeout: float = ACTION_TIMEOUT_S
-) -> dict[str, Any]:
+    kernel_manager: AsyncMappingKernelManager, lab_id: str, action: str, timeout: float = ACTION_TIMEOUT_S
+) -> ActionDone:
     """Stop or restart the lab ``lab_id`` in its kernel, which must be one of this server's; what
     the kernel said. Raises LabActionError (4xx: the request is wrong; 5xx: the kernel failed)."""
     if action not in ACTIONS:
@@ -104,6 +183,9 @@ async def act_on_lab(
         kernel = kernel_manager.get_kernel(kernel_id)
     except KeyError:  # shut down since we looked
         raise LabActionError(404, f"lab {lab_id!r}: its {where} is gone") from None
+    # jupyter_server's kernels are asynchronous (its AsyncMappingKernelManager's), though typed as any manager.
+    if not isinstance(kernel, AsyncKernelManager):
+        raise LabActionError(500, f"{where} is not an asynchronous kernel of jupyter_server: cannot send the {action}")
     try:
         outcome = await evaluate(kernel, expression, timeout)
     except TimeoutError:
@@ -123,7 +205,7 @@ async def act_on_lab(
     return {"id": lab_id, "action": action, "kernel_id": kernel_id, "message": str(outcome["value"])}
 
 
-async def stacks_of_lab(kernel_manager: Any, lab_id: str, timeout: float = 10.0) -> dict[str, Any]:
+async def stacks_of_lab(kernel_manager: AsyncMappingKernelManager, lab_id: str, timeout: float = 10.0) -> Stacks:
     """The live stacks of lab ``lab_id``'s ranks on this machine (the lab's kernel must be one of
     this server's), read without its kernel, which may be running the cell that hangs."""
     import asyncio
@@ -145,7 +227,7 @@ async def stacks_of_lab(kernel_manager: Any, lab_id: str, timeout: float = 10.0)
     return {"id": lab_id, "text": taken.text(), "seconds": round(taken.seconds, 3), "missing": taken.missing}
 
 
-def _lab_of_this_server(kernel_manager: Any, lab_id: str, doing: str) -> tuple[dict[str, Any], str]:
+def _lab_of_this_server(kernel_manager: AsyncMappingKernelManager, lab_id: str, doing: str) -> tuple[LabEntry, str]:
     """The registry's entry of ``lab_id`` and its kernel, one of this server's (else LabActionError 404)."""
     lab = next((lab for lab in read_labs() if lab["id"] == lab_id), None)
     if lab is None:
@@ -159,12 +241,12 @@ def _lab_of_this_server(kernel_manager: Any, lab_id: str, doing: str) -> tuple[d
     return lab, kernel_id
 
 
-def kept_waiting() -> list[dict[str, Any]]:
+def kept_waiting() -> list[KeptLab]:
     """The labs kept past their kernel that no kernel holds now (``notebook.kept``): what a notebook
     of this user may attach, each with its id, ranks, and when it ends if nobody does."""
     from ..notebook.kept import kept_labs
 
-    waiting = []
+    waiting: list[KeptLab] = []
     for record in kept_labs():
         if record["held"]:
             continue
@@ -174,7 +256,7 @@ def kept_waiting() -> list[dict[str, Any]]:
     return waiting
 
 
-def learner_progress(path: Path | None = None) -> dict[str, Any]:
+def learner_progress(path: Path | None = None) -> LearnerProgress:
     """The quiz and exercise progress kept in ``path`` (default: this user's, ``quiz.progress``):
     questions answered and right (their last answer), by topic of the bank; every exercise checked,
     with its last result; each count and ``last_seen`` (Unix time, None before any)."""
@@ -187,7 +269,7 @@ def learner_progress(path: Path | None = None) -> dict[str, Any]:
     records, checked = progress.records, progress.exercises
     # Exercises checked that the catalog no longer names still count: they are the learner's work.
     titles = {row.name: row.title for row in summary.exercises}
-    exercises = [
+    exercises: list[ExerciseRow] = [
         {"name": name, "title": titles.get(name, name), "checks": entry.checks, "passed": entry.passed,
          "last_passed": entry.last_passed, "last_seen": entry.last_seen}
         for name, entry in checked.items()
@@ -237,6 +319,7 @@ class LabActionHandler(APIHandler):
     @tornado.web.authenticated
     @_authorized(action="execute")
     async def post(self, lab_id: str, action: str) -> None:
+        done: ActionDone | Refusal
         try:
             done = await act_on_lab(self.kernel_manager, lab_id, action)
         except LabActionError as error:
@@ -256,6 +339,7 @@ class LabStacksHandler(APIHandler):
     @tornado.web.authenticated
     @_authorized(action="execute")
     async def get(self, lab_id: str) -> None:
+        done: Stacks | Refusal
         try:
             done = await stacks_of_lab(self.kernel_manager, lab_id)
         except LabActionError as error:
@@ -282,11 +366,11 @@ class ProgressHandler(APIHandler):
         self.finish(json.dumps(progress))
 
 
-def setup_handlers(web_app: Any) -> None:
+def setup_handlers(web_app: tornado.web.Application) -> None:
     progress = url_path_join(web_app.settings["base_url"], "distlab", "progress")
     labs = url_path_join(web_app.settings["base_url"], "distlab", "labs")
     stacks = url_path_join(labs, "([^/]+)", "stacks")
-    # Any id and action reach the handler, so a wrong one gets act_on_lab's line, not a bare 404.
+    # Every id and action reach the handler, so a wrong one gets act_on_lab's line, not a bare 404.
     action = url_path_join(labs, "([^/]+)", "([^/]+)")
     web_app.add_handlers(".*$", [
         (progress, ProgressHandler), (labs, LabsHandler), (stacks, LabStacksHandler), (action, LabActionHandler),

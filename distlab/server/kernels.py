@@ -14,7 +14,10 @@ from __future__ import annotations
 import ast
 import time
 from queue import Empty
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from jupyter_client.manager import AsyncKernelManager
 
 __all__ = ["KernelDied", "evaluate"]
 
@@ -22,11 +25,35 @@ __all__ = ["KernelDied", "evaluate"]
 _ALIVE_EVERY_S = 1.0
 
 
+class Outcome(TypedDict, total=False):
+    """What :func:`evaluate` answers: ``status`` "ok" (``value``), "error" (``ename``, ``evalue``) or "aborted"."""
+
+    status: str
+    value: object
+    ename: str
+    evalue: str
+
+
+class _ExpressionResult(TypedDict, total=False):
+    """A user expression's result in an ``execute_reply`` (the messaging protocol's), or the reply's error."""
+
+    status: str
+    data: dict[str, str]  # by MIME type
+    ename: str
+    evalue: str
+
+
+class _ReplyContent(_ExpressionResult, total=False):
+    """An ``execute_reply``'s content."""
+
+    user_expressions: dict[str, _ExpressionResult]
+
+
 class KernelDied(RuntimeError):
     """The kernel ended before it answered."""
 
 
-async def evaluate(kernel: Any, expression: str, timeout: float) -> dict[str, Any]:
+async def evaluate(kernel: AsyncKernelManager, expression: str, timeout: float) -> Outcome:
     """Evaluate ``expression`` in a kernel (``kernel``: its manager, ``kernel_manager.get_kernel(id)``); answer
     ``{"status": "ok", "value": <the value, for a str the str itself>}``, or
     ``{"status": "error", "ename": ..., "evalue": ...}`` when it raised, or ``{"status": "aborted"}``
@@ -58,14 +85,17 @@ async def evaluate(kernel: Any, expression: str, timeout: float) -> dict[str, An
         client.stop_channels()
 
 
-def _outcome(content: dict[str, Any]) -> dict[str, Any]:
+def _outcome(content: _ReplyContent) -> Outcome:
     if content.get("status") == "aborted":
         return {"status": "aborted"}
     # The code is empty, so an error here is the kernel's own (a pre-run hook), not the expression's.
-    result = content if content.get("status") != "ok" else content.get("user_expressions", {}).get("value", {})
+    result: _ExpressionResult = (
+        content if content.get("status") != "ok" else content.get("user_expressions", {}).get("value", {})
+    )
     if result.get("status") != "ok":
         return {"status": "error", "ename": result.get("ename", ""), "evalue": result.get("evalue", "")}
     text = result.get("data", {}).get("text/plain", "")
+    value: object
     try:
         value = ast.literal_eval(text)  # a str comes back as its repr
     except (ValueError, SyntaxError):

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..cluster.processes import machine_id
 from ..cluster.processes import pid_alive as _pid_alive
@@ -40,6 +40,7 @@ from ..notebook.observers import ObservedLab, Observer
 if TYPE_CHECKING:
     from ..ipycompat import IppAsyncResult
     from ..notebook.world import RankInfo
+    from ..records import StepRecord
 
 __all__ = [
     "ACTIONS", "BUSY_AFTER_S", "LAST_CELL_EVERY_S", "WRITE_EVERY_S", "PanelFile", "act", "forget", "id_of", "publish",
@@ -58,11 +59,59 @@ _FORMAT = 1
 # Steps of rank 0 the step rate is measured over.
 _RATE_WINDOW = 10
 
+class RankRow(TypedDict):
+    """A rank of a lab's file: its row of the rank table."""
+
+    rank: int
+    engine_id: int
+    host: str
+    addr: str
+    pid: int
+    device: str
+    health: str  # "ok", "busy", ...; "dead" when the reader finds its process gone
+    machine: str
+
+
+class TrainingSummary(TypedDict):
+    """The latest step, steps per second and all-reduce seconds per step; None where unknown."""
+
+    step: int | None
+    steps_per_s: float | None
+    allreduce_s: float | None
+
+
+class LabState(TypedDict):
+    """What a lab's file says (format 1)."""
+
+    format: int
+    pid: int
+    connection_file: str | None  # the kernel's (None outside a kernel)
+    updated: float
+    started: float | None  # seconds since the epoch
+    last_cell: float | None
+    world_size: int
+    backend: str
+    launcher: str
+    nodes: int | None  # emulated nodes, and the link between them (None: not shaped)
+    link: str | None
+    racks: list[list[int]]  # the ranks of each rack, and each rack's uplink (None: not shaped)
+    uplink: str | None
+    busy: bool
+    ranks: list[RankRow]
+    training: TrainingSummary
+
+
+class LabEntry(LabState):
+    """A lab's file as :func:`read_labs` gives it, with its ``id`` (the file's name)."""
+
+    id: str
+
+
 #: What the side panel may do to a lab (``act``).
 ACTIONS = ("stop", "restart")
 
 # lab -> (when its file was last written, what it said: busy ranks, telemetry version, rank pids)
-_last_write: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
+_last_write: weakref.WeakKeyDictionary[Any, tuple[float, object]] = weakref.WeakKeyDictionary()
 _listening: weakref.WeakSet[Any] = weakref.WeakSet()  # labs whose cells already update their file
 _cell_since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()  # lab -> its cell's first poll
 
@@ -169,7 +218,7 @@ def act(lab_id: str, action: str) -> str:
     return f"{n} fresh rank{'s' if n != 1 else ''} ready in {time.perf_counter() - t0:.1f} s"
 
 
-def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
+def _describe(lab: Any, busy: set[int] | None, ask: bool) -> LabState:
     busy = busy or set()
     if ask:
         try:
@@ -178,7 +227,7 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
             table = [replace(r, health="unknown") for r in lab.table]
     else:
         table = list(lab.table)
-    rows = [dict(_row(r), health="busy" if r.rank in busy else r.health) for r in table]
+    rows: list[RankRow] = [{**_row(r), "health": "busy" if r.rank in busy else r.health} for r in table]
     return {
         "format": _FORMAT,
         "pid": os.getpid(),
@@ -202,14 +251,14 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> dict[str, Any]:
     }
 
 
-def _row(r: RankInfo) -> dict[str, Any]:
+def _row(r: RankInfo) -> RankRow:
     return {
         "rank": r.rank, "engine_id": r.engine_id, "host": r.host, "addr": r.addr, "pid": r.pid,
         "device": r.device, "health": r.health, "machine": r.machine,
     }
 
 
-def training_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+def training_summary(records: list[StepRecord]) -> TrainingSummary:
     """The latest step, steps per second (rank 0, last few steps) and all-reduce seconds per step
     (the latest step's buckets, averaged over the ranks that recorded it); None where unknown."""
     if not records:
@@ -242,7 +291,7 @@ def _connection_file() -> str | None:
         return None
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
+def _write(path: Path, data: LabState) -> None:
     _private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")  # created 0600
     try:
@@ -269,7 +318,7 @@ def _private_dir(folder: Path) -> None:
 # ---------------------------------------------------------------------------- reading (in the server)
 
 
-def read_labs(directory: Path | None = None) -> list[dict[str, Any]]:
+def read_labs(directory: Path | None = None) -> list[LabEntry]:
     """Every live lab's description. Files of dead processes (or of kernels whose connection file
     is gone) are removed; ranks on this host whose process is gone are reported dead."""
     directory = directory or registry_dir()
@@ -277,7 +326,7 @@ def read_labs(directory: Path | None = None) -> list[dict[str, Any]]:
     labs = []
     for path in sorted(directory.glob("lab-*.json")):
         try:
-            data = json.loads(path.read_text())
+            data: LabEntry = json.loads(path.read_text())  # written by _describe, "id" set below
             pid = int(data["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being replaced, or not ours

@@ -30,13 +30,12 @@ import signal
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from ...rank.exercise import Learner, failed, passed
-from .saver import Saver, SaverDied, grading_rank, headline
-from .states import difference, mismatches, state
+from .saver import Report, Saver, SaverDied, grading_rank, headline
+from .states import Case, State, TensorSpec, difference, mismatches, state
 
 # Kill trials per case, on each rank.
 _KILLS = 5
@@ -45,25 +44,27 @@ _FILE = "checkpoint.pt"
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool", "complex64")
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    round_trip = {
+    round_trip: Case = {
         "name": "save, then load: every dtype, a 0-d and an empty tensor, numbers; a torn file must raise",
         "kind": "round trip",
-        "tensors": [[f"t_{d}", d, [rng.randrange(1, 6), rng.randrange(1, 9)]] for d in _DTYPES]
-        + [["scalar", "float32", []], ["empty", "float32", [0, rng.randrange(1, 5)]]],
+        "tensors": [_spec(f"t_{d}", d, [rng.randrange(1, 6), rng.randrange(1, 9)]) for d in _DTYPES]
+        + [_spec("scalar", "float32", []), _spec("empty", "float32", [0, rng.randrange(1, 5)])],
         "seed": rng.randrange(2**31),
     }
     out = [round_trip]
     for megabytes, dtypes in ((3, ("float32", "int64")), (7, ("float32", "bfloat16", "float64", "int8"))):
         width = rng.randrange(200, 400)
-        tensors: list[list[Any]] = []  # [name, dtype, shape]
+        tensors: list[TensorSpec] = []
         for i, dtype in enumerate(dtypes):
             itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
             rows = megabytes * 2**20 // len(dtypes) // (width * itemsize) + rng.randrange(1, 50)
-            tensors.append([f"layer{i}.weight", dtype, [rows, width]])
-            tensors.append([f"layer{i}.bias", dtype, [rng.randrange(1, 300)]])
-        size = sum(_numel(shape) * torch.empty(0, dtype=getattr(torch, d)).element_size() for _, d, shape in tensors)
+            tensors.append(_spec(f"layer{i}.weight", dtype, [rows, width]))
+            tensors.append(_spec(f"layer{i}.bias", dtype, [rng.randrange(1, 300)]))
+        size = sum(
+            _numel(t["shape"]) * torch.empty(0, dtype=getattr(torch, t["dtype"])).element_size() for t in tensors
+        )
         out.append(
             {
                 "name": f"killed {_KILLS} times mid-save, two states of {size / 2**20:.1f} MiB",
@@ -75,13 +76,17 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
+def _spec(name: str, dtype: str, shape: list[int]) -> TensorSpec:
+    return {"name": name, "dtype": dtype, "shape": shape}
+
+
 def _numel(shape: list[int]) -> int:
     n = 1
     for s in shape:
         n *= s
     return n
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     root = tempfile.mkdtemp(prefix="distlab-atomic-checkpoint-")
     try:
         folder, elsewhere = os.path.join(root, "checkpoints"), os.path.join(root, "elsewhere")
@@ -98,7 +103,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- round trip, in this process
 
 
-def _round_trip(case: dict[str, Any], learner: Learner, path: str, elsewhere: str) -> dict[str, Any]:
+def _round_trip(case: Case, learner: Learner, path: str, elsewhere: str) -> Mapping[str, object]:
     save, load = learner["save_checkpoint"], learner["load_checkpoint"]
     saved = state(case, 0)
     kept = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved.items()}
@@ -135,14 +140,14 @@ def _round_trip(case: dict[str, Any], learner: Learner, path: str, elsewhere: st
     return passed(checkpoint_bytes=size)
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value) if not isinstance(value, Mapping) else f"a dict of {len(value)} keys"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ---------------------------------------------------------------------------- kills, in a process of its own
 
-def _kills(case: dict[str, Any], learner: Learner, root: str, path: str) -> dict[str, Any]:
+def _kills(case: Case, learner: Learner, root: str, path: str) -> Mapping[str, object]:
     rng = random.Random(case["seed"] * 31 + grading_rank())
     states = (state(case, 0), state(case, 1))
     saver = Saver(root, case, learner, path)
@@ -156,14 +161,14 @@ def _kills(case: dict[str, Any], learner: Learner, root: str, path: str) -> dict
 
 def _kill_trials(
     saver: Saver,
-    case: dict[str, Any],
+    case: Case,
     learner: Learner,
     path: str,
-    states: tuple[dict[str, Any], dict[str, Any]],
+    states: tuple[State, State],
     rng: random.Random,
-) -> dict[str, Any]:
+) -> Mapping[str, object]:
     saver.ask("probe")
-    report = json.loads(saver.line().removeprefix("P "))
+    report: Report = json.loads(saver.line().removeprefix("P "))
     if "error" in report:
         return failed(f"save_checkpoint raised {report['error']} in the process that saves")
     save_s = sorted(s["seconds"] for s in report["saves"])[len(report["saves"]) // 2]
@@ -229,7 +234,7 @@ def _kill_trials(
         )
     return passed(note, **measured)
 
-def _diagnose(report: dict[str, Any], path: str) -> tuple[str | None, str | None, str]:
+def _diagnose(report: Report, path: str) -> tuple[str | None, str | None, str]:
     """What the probe's watched calls show: (the mistake, the advice), or (None, None); and a note on the folder."""
     path_real = os.path.realpath(path)
     folder_real = os.path.dirname(path_real)

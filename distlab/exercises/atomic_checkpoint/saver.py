@@ -17,15 +17,15 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol, TypedDict
 
 import torch
 
 from ...rank.exercise import Learner
 from ...wire import LEARNER_FILE
-from .states import state
+from .states import Case, State, state
 
-__all__ = ["Saver", "SaverDied", "grading_rank", "headline", "serve"]
+__all__ = ["Event", "Report", "Save", "Saver", "SaverDied", "grading_rank", "headline", "serve"]
 
 # Saves the probe makes; from the second on, ``path`` already exists (the steady state).
 _PROBE_SAVES = 4
@@ -33,10 +33,49 @@ _PROBE_SAVES = 4
 _ANSWER_S = 40.0
 
 
+class Event(TypedDict, total=False):
+    """A watched call: "replace" (``src``, ``dst``, and what ``src`` was) or "fsync" (what was synced)."""
+
+    op: str  # "replace" or "fsync"
+    seq: int  # its place among the calls
+    src: str
+    dst: str
+    dev: int
+    ino: int
+    size: int  # -1: ``src`` could not be read
+
+
+class Save(TypedDict):
+    """One save of the probe: how long, the file it left at ``path``, the calls watched, the other files."""
+
+    seconds: float
+    ino: int
+    size: int
+    events: list[Event]
+    others: list[str]
+
+
+class Report(TypedDict, total=False):
+    """What the probe found (its answer "P ..."): the saves and the folder, or the learner's ``error``."""
+
+    error: str
+    saves: list[Save]
+    folder_dev: int
+    folder_ino: int
+
+
+#: A path as ``os.replace`` takes one.
+_Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
 class Saver:
     """The process that saves: started here, asked over its stdin, answering one line at a time on its stdout."""
 
-    def __init__(self, root: str, case: dict[str, Any], learner: Learner, path: str) -> None:
+    def __init__(self, root: str, case: Case, learner: Learner, path: str) -> None:
         with open(os.path.join(root, "learner.blob"), "wb") as f:
             f.write(learner.blob)
         with open(os.path.join(root, "case.json"), "w") as f:
@@ -140,7 +179,7 @@ class _Watch:
     """Records os.replace / os.rename / os.fsync calls in this process: what, on which file, in which order."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.seq = 0
 
     def install(self) -> None:
@@ -149,22 +188,24 @@ class _Watch:
         real_replace, real_rename = os.replace, os.rename
         real_fsync = os.fsync
         has_fdatasync = hasattr(os, "fdatasync")  # not on macOS
-        real_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", real_fsync)  # called only where os has it
+        # Called only where os has it.
+        real_fdatasync: Callable[[int | _HasFileno], None] = getattr(os, "fdatasync", real_fsync)
         watch = self
 
-        def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        # os.replace's and os.rename's own: the two paths, then keyword-only src_dir_fd and dst_dir_fd.
+        def replace(src: _Path, dst: _Path, *args: int | None, **kwargs: int | None) -> None:
             watch.moved(src, dst)
             real_replace(src, dst, *args, **kwargs)
 
-        def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        def rename(src: _Path, dst: _Path, *args: int | None, **kwargs: int | None) -> None:
             watch.moved(src, dst)
             real_rename(src, dst, *args, **kwargs)
 
-        def fsync(fd: Any) -> None:
+        def fsync(fd: int | _HasFileno) -> None:
             watch.synced(fd)
             real_fsync(fd)
 
-        def fdatasync(fd: Any) -> None:
+        def fdatasync(fd: int | _HasFileno) -> None:
             watch.synced(fd)
             real_fdatasync(fd)
 
@@ -181,20 +222,20 @@ class _Watch:
         self.seq += 1
         return self.seq
 
-    def moved(self, src: Any, dst: Any) -> None:
-        event: dict[str, Any] = {"op": "replace", "seq": self._next()}
+    def moved(self, src: _Path, dst: _Path) -> None:
+        event: Event = {"op": "replace", "seq": self._next()}
         try:
             event["src"] = os.path.realpath(os.fsdecode(src))
             event["dst"] = os.path.realpath(os.fsdecode(dst))
             st = os.stat(src)
-            event.update(dev=st.st_dev, ino=st.st_ino, size=st.st_size)
+            event.update({"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size})
         except (OSError, TypeError):
             event.setdefault("src", repr(src))
             event.setdefault("dst", repr(dst))
             event.setdefault("size", -1)
         self.events.append(event)
 
-    def synced(self, fd: Any) -> None:
+    def synced(self, fd: int | _HasFileno) -> None:
         try:
             st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
         except (OSError, AttributeError, ValueError):
@@ -232,7 +273,8 @@ def serve() -> None:
     torch.set_num_threads(1)
     with open(os.path.join(root, "case.json")) as f:
         job = json.load(f)
-    case, path = job["case"], job["path"]
+    case: Case = job["case"]
+    path: str = job["path"]
     from ...rank.namespace import fill
 
     # Outside an engine the rank's names live in a plain dict: fill it, so that Learner rebinds the
@@ -260,9 +302,14 @@ def serve() -> None:
             answer(f"R {status}")
 
 
-def _probe(save: Callable[..., Any], states: Any, path: str, folder: str, watch: _Watch) -> dict[str, Any]:
+#: The learner's ``save_checkpoint(state, path)``.
+_SaveFunction = Callable[[State, str], object]
+
+
+def _probe(save: _SaveFunction, states: tuple[State, State], path: str, folder: str, watch: _Watch) -> Report:
     folder_stat = os.stat(folder)
-    report: dict[str, Any] = {"saves": [], "folder_dev": folder_stat.st_dev, "folder_ino": folder_stat.st_ino}
+    saves: list[Save] = []
+    report: Report = {"saves": saves, "folder_dev": folder_stat.st_dev, "folder_ino": folder_stat.st_ino}
     for i in range(_PROBE_SAVES):
         watch.events.clear()
         began = time.perf_counter()
@@ -273,14 +320,19 @@ def _probe(save: Callable[..., Any], states: Any, path: str, folder: str, watch:
         seconds = time.perf_counter() - began
         st = os.stat(path)
         others = sorted(n for n in os.listdir(folder) if n != os.path.basename(path))
-        report["saves"].append(
+        saves.append(
             {"seconds": seconds, "ino": st.st_ino, "size": st.st_size, "events": list(watch.events), "others": others}
         )
     return report
 
 
 def _save_until_killed(
-    save: Callable[..., Any], states: Any, path: str, first: int, watch: _Watch, answer: Callable[[str], None]
+    save: _SaveFunction,
+    states: tuple[State, State],
+    path: str,
+    first: int,
+    watch: _Watch,
+    answer: Callable[[str], None],
 ) -> None:
     """The forked saver: save the two states in turn, from ``first``, until SIGKILL; never returns."""
     try:

@@ -7,20 +7,42 @@ the case travels between them, never megabytes of tensors.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 from ...rank.exercise import first_difference
 
-__all__ = ["difference", "mismatches", "state"]
+__all__ = ["Case", "State", "TensorSpec", "difference", "mismatches", "state"]
 
 
-def state(case: Mapping[str, Any], which: int) -> dict[str, Any]:
+class TensorSpec(TypedDict):
+    """One tensor of a case's states."""
+
+    name: str
+    dtype: str  # a torch dtype's name: "bfloat16"
+    shape: list[int]
+
+
+class Case(TypedDict):
+    """A case of ``atomic-checkpoint`` (as JSON, it also goes to the saving process)."""
+
+    name: str
+    kind: str  # "round trip" or "kills"
+    tensors: list[TensorSpec]
+    seed: int
+
+
+#: A state a case saves: its tensors by name, and "step", "loss", "lr".
+State = dict[str, torch.Tensor | float]
+
+
+def state(case: Case, which: int) -> State:
     """State ``which`` (0 or 1) of the case: its tensors, in the case's dtypes, and three numbers."""
     gen = torch.Generator().manual_seed(case["seed"] * 2 + which)
-    out: dict[str, Any] = {"step": 1000 + which, "loss": 2.5 / (which + 3), "lr": 0.1 * (which + 1)}
-    for name, dtype_name, shape in case["tensors"]:
+    out: State = {"step": 1000 + which, "loss": 2.5 / (which + 3), "lr": 0.1 * (which + 1)}
+    for spec in case["tensors"]:
+        name, dtype_name, shape = spec["name"], spec["dtype"], spec["shape"]
         dtype = getattr(torch, dtype_name)
         if dtype == torch.bool:
             t = torch.randint(0, 2, shape, generator=gen).bool()
@@ -34,7 +56,7 @@ def state(case: Mapping[str, Any], which: int) -> dict[str, Any]:
     return out
 
 
-def difference(got: Any, expected: Mapping[str, Any]) -> str | None:
+def difference(got: object, expected: Mapping[str, object]) -> str | None:
     """None if ``got`` is ``expected`` exactly (same keys; tensors: dtype, shape, values; numbers: type, value)."""
     if not isinstance(got, Mapping):
         return f"load_checkpoint returned a {type(got).__name__}, expected the dict that was saved"
@@ -54,5 +76,5 @@ def difference(got: Any, expected: Mapping[str, Any]) -> str | None:
     return None
 
 
-def mismatches(got: Mapping[str, Any], expected: Mapping[str, Any]) -> int:
+def mismatches(got: Mapping[str, object], expected: Mapping[str, object]) -> int:
     return sum(difference({k: got.get(k)}, {k: v}) is not None for k, v in expected.items())

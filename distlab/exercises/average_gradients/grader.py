@@ -9,7 +9,8 @@ then still be the tensor backward made, in the memory it had: averaged in place,
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,18 @@ _SHAPES = (
 )
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    kind: str  # "mlp", "frozen first layer" or "deep"
+    dtype: str  # a torch dtype's name: "float32"
+    width: int
+    batch: int
+    seed: int
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
+    out: list[Case] = []
     for kind, dtype in _SHAPES:
         width, batch = rng.randrange(3, 17), rng.randrange(1, 9)
         out.append(
@@ -43,7 +53,7 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _model(case: dict[str, Any]) -> nn.Module:
+def _model(case: Case) -> nn.Module:
     torch.manual_seed(case["seed"])
     w = case["width"]
     layers: list[nn.Module] = [nn.Linear(5, w), nn.Tanh(), nn.Linear(w, 3)]
@@ -56,7 +66,7 @@ def _model(case: dict[str, Any]) -> nn.Module:
     return model
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     dtype = getattr(torch, case["dtype"])
     model = _model(case)
     reference = nn.parallel.DistributedDataParallel(_model(case))

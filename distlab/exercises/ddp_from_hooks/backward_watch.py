@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,9 @@ from torch import nn
 from ...rank.exercise import backward
 
 __all__ = ["Late", "Launch", "Watch"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class Watch:
         self.now = now = _Step()
         originals = (dist.all_reduce, dist.barrier, torch.futures.wait_all)
 
-        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        # In torch's place, returning a watched handle for its Work: a stand-in whose type torch cannot name.
+        def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
             now.launches.append(Launch(now.in_backward, now.ready, tensor.numel(), is_async))
             if now.in_backward:
@@ -94,14 +99,8 @@ class Watch:
             work = originals[0](tensor, *args, **kwargs)
             return _Watched(work, now) if work is not None else None
 
-        def barrier(*args: Any, **kwargs: Any) -> Any:
-            _waited(now, "dist.barrier()")
-            return originals[1](*args, **kwargs)
-
-        def wait_all(futures: list[Any]) -> list[Any]:
-            _waited(now, "torch.futures.wait_all(...)")
-            return originals[2](futures)
-
+        barrier = _noted(now, "dist.barrier()", originals[1])
+        wait_all = _noted(now, "torch.futures.wait_all(...)", originals[2])
         dist.all_reduce, dist.barrier, torch.futures.wait_all = all_reduce, barrier, wait_all
         try:
             yield now
@@ -122,41 +121,52 @@ def _waited(now: _Step, how: str) -> None:
         now.waits.append(how)
 
 
+def _noted(now: _Step, how: str, real: Callable[P, R]) -> Callable[P, R]:
+    """``real``, noting each call as a wait (``how``) first."""
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        _waited(now, how)
+        return real(*args, **kwargs)
+
+    return call
+
+
 class _Watched:
     """An all-reduce's work handle, telling the grader when it is waited on."""
 
-    def __init__(self, work: Any, now: _Step) -> None:
+    def __init__(self, work: dist.Work, now: _Step) -> None:
         self._work, self._now = work, now
 
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
+    def wait(self, *args: timedelta, **kwargs: timedelta) -> bool:  # Work.wait(timeout)
         _waited(self._now, "work.wait()")
         return self._work.wait(*args, **kwargs)
 
-    def synchronize(self) -> Any:
+    def synchronize(self) -> None:
         _waited(self._now, "work.synchronize()")
         return self._work.synchronize()
 
-    def get_future(self) -> torch.futures.Future[Any]:
+    def get_future(self) -> torch.futures.Future[object]:
         # A future of torch's own type (torch.futures.wait_all takes no other), completed with the work's.
         watched = _WatchedFuture(self._now)
         self._work.get_future().add_done_callback(watched.complete)
         return watched
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._work, name)
 
 
-class _WatchedFuture(torch.futures.Future[Any]):
+# Of object: the all-reduce's result is handed on as it is, and torch types set_exception's argument as a result.
+class _WatchedFuture(torch.futures.Future[object]):
     def __init__(self, now: _Step) -> None:
         super().__init__()
         self._now = now
 
-    def complete(self, done: torch.futures.Future[Any]) -> None:
+    def complete(self, done: torch.futures.Future[object]) -> None:
         try:
             self.set_result(done.value())
         except Exception as exc:  # noqa: BLE001 - the all-reduce's own error, handed on to whoever waits
             self.set_exception(exc)
 
-    def wait(self) -> Any:
+    def wait(self) -> object:
         _waited(self._now, "work.get_future().wait()")
         return super().wait()

@@ -23,8 +23,8 @@ the learner's result: every step runs on every rank, and the first problem is re
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -44,32 +44,47 @@ _KINDS = (
 _HUGE_CAP = 25 * 2**20  # DDP's default bucket size: more than any model here
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class _Model(TypedDict):
+    """What a case's model is made from."""
+
+    kind: str  # "mlp", "deep" or "deep, frozen first layer"
+    dtype: str  # a torch dtype's name: "float32"
+    width: int
+    seed: int
+
+
+class Case(_Model):
+    name: str
+    batch: int
+    steps: int
+    cap: int  # bucket_cap_bytes
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
-    for kind, cap, dtype in _KINDS:
+    out: list[Case] = []
+    for kind, cap_kind, dtype in _KINDS:
         width, batch, steps = rng.randrange(4, 17), rng.randrange(1, 9), rng.choice((2, 3))
-        case: dict[str, Any] = {"kind": kind, "dtype": dtype, "width": width, "batch": batch, "steps": steps}
-        case["seed"] = rng.randrange(2**31)
-        sizes = _sizes(case)
-        if cap == "tiny":
-            case["cap"] = rng.randrange(1, min(sizes))
-        elif cap == "mid":  # a cap that groups several gradients and still makes several buckets
-            case["cap"] = rng.randrange(min(sizes) + 1, sum(sizes) // 2)
-            while not 2 <= _expected(sizes, case["cap"]) < len(sizes):
-                case["cap"] = rng.randrange(min(sizes) + 1, sum(sizes) // 2)
+        model: _Model = {"kind": kind, "dtype": dtype, "width": width, "seed": rng.randrange(2**31)}
+        sizes = _sizes(model)
+        if cap_kind == "tiny":
+            cap = rng.randrange(1, min(sizes))
+        elif cap_kind == "mid":  # a cap that groups several gradients and still makes several buckets
+            cap = rng.randrange(min(sizes) + 1, sum(sizes) // 2)
+            while not 2 <= _expected(sizes, cap) < len(sizes):
+                cap = rng.randrange(min(sizes) + 1, sum(sizes) // 2)
         else:
-            case["cap"] = _HUGE_CAP
-        buckets = _expected(sizes, case["cap"])
-        case["name"] = (
-            f"{kind}, width {width}, bucket cap {case['cap']} B ({buckets} bucket{'s' if buckets > 1 else ''}), "
+            cap = _HUGE_CAP
+        buckets = _expected(sizes, cap)
+        name = (
+            f"{kind}, width {width}, bucket cap {cap} B ({buckets} bucket{'s' if buckets > 1 else ''}), "
             f"{steps} steps, {dtype}"
         )
-        out.append(case)
+        out.append({**model, "batch": batch, "steps": steps, "cap": cap, "name": name})
     return out
 
 
-def _model(case: dict[str, Any]) -> nn.Module:
+def _model(case: _Model) -> nn.Module:
     torch.manual_seed(case["seed"])
     w = case["width"]
     layers: list[nn.Module] = [nn.Linear(5, w), nn.Tanh(), nn.Linear(w, 3)]
@@ -82,7 +97,7 @@ def _model(case: dict[str, Any]) -> nn.Module:
     return model
 
 
-def _ready_order(case: dict[str, Any]) -> list[int]:
+def _ready_order(case: _Model) -> list[int]:
     """Indices (in model.parameters()) of the parameters that get a gradient, in the order backward gives them."""
     model = _model(case)
     order: list[int] = []
@@ -100,7 +115,7 @@ def _ready_order(case: dict[str, Any]) -> list[int]:
     return order
 
 
-def _sizes(case: dict[str, Any]) -> list[int]:
+def _sizes(case: _Model) -> list[int]:
     """Bytes of each gradient, in the order backward produces them."""
     params = list(_model(case).parameters())
     return [params[i].numel() * params[i].element_size() for i in _ready_order(case)]
@@ -126,7 +141,7 @@ def _expected_no_overflow(sizes: list[int], cap: int) -> int:
     return count + (1 if held else 0)
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     dtype = getattr(torch, case["dtype"])
     world = dist.get_world_size()
     model = _model(case)
@@ -142,7 +157,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     overlap = _Overlap(sizes, case["cap"], watch.element_size)
 
     problem: str | None = None
-    measured: dict[str, Any] = {}
+    measured: dict[str, float] = {}
     for step in range(case["steps"]):
         x = torch.randn(case["batch"], 5, generator=gen, dtype=dtype)
         y = torch.randn(case["batch"], 3, generator=gen, dtype=dtype)
@@ -185,7 +200,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
 def _gradients(
     model: nn.Module,
     reference: nn.parallel.DistributedDataParallel,
-    local: dict[str, Any],
+    local: dict[str, torch.Tensor | None],
     world: int,
     tol: dict[str, float],
     step: int,
@@ -206,7 +221,8 @@ def _gradients(
                 f"`{name}`'s gradient {at} is {world} times DDP's, the sum over the ranks, not the mean: "
                 "divide by the world size"
             )
-        if local[name] is not None and first_difference(p.grad, local[name], **tol) is None:
+        own = local[name]
+        if own is not None and first_difference(p.grad, own, **tol) is None:
             return (
                 f"`{name}`'s gradient {at} is this rank's own, unchanged: it was not reduced across the ranks "
                 "(is its hook registered, and is every bucket's result copied back to p.grad in finish()?)"

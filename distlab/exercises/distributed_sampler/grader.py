@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Literal, Protocol, SupportsInt, TypedDict, cast
 
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
@@ -27,7 +28,34 @@ from ...rank.exercise import Learner, failed, passed
 _RESHUFFLE_FROM = 10
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    length: int  # the data set's
+    shuffle: bool
+    seed: int
+
+
+class _Sampler(Protocol):
+    """What the grader asks of a learner's ShardSampler (a missing method raises in their code's place)."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self) -> Iterator[SupportsInt]: ...
+    def __len__(self) -> int: ...
+
+
+class _Runs(TypedDict):
+    """One rank's samplers' indices, sent to every rank."""
+
+    epoch0: list[int]
+    len: int
+    epoch1: list[int]
+    again: list[int]
+    other_seed: list[int]
+    in_order: list[int]
+    view: list[list[int]]  # rank r's epoch 0, as a sampler built here for rank r gives it
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
     n = world_size
     sizes = [
@@ -48,16 +76,16 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     ]
 
 
-def _listed(sampler: Any) -> list[int]:
+def _listed(sampler: _Sampler) -> list[int]:
     sampler.set_epoch(0)
     return [int(i) for i in sampler]
 
 
-def _runs(case: dict[str, Any], learner: Learner, rank: int, world: int) -> dict[str, Any]:
+def _runs(case: Case, learner: Learner, rank: int, world: int) -> _Runs:
     """What this rank's samplers give: the learner's code runs here, before any collective of the grader's."""
     make = learner["ShardSampler"]
     n, shuffle, seed = case["length"], case["shuffle"], case["seed"]
-    sampler = make(n, world, rank, shuffle=shuffle, seed=seed)
+    sampler: _Sampler = make(n, world, rank, shuffle=shuffle, seed=seed)
     sampler.set_epoch(0)
     epoch0 = [int(i) for i in sampler]
     length = len(sampler)
@@ -76,10 +104,10 @@ def _runs(case: dict[str, Any], learner: Learner, rank: int, world: int) -> dict
     }
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = _runs(case, learner, rank, world)
-    every: list[Any] = [None] * world
+    every: list[_Runs] = [mine] * world  # each replaced by that rank's
     dist.all_gather_object(every, mine)  # the grader's one collective, made on every rank whatever the learner did
 
     problem = _problem(case, every, world)
@@ -100,7 +128,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     return passed("the same indices as torch's DistributedSampler" if measured["same_as_torch"] else "", **measured)
 
 
-def _problem(case: dict[str, Any], every: list[dict[str, Any]], world: int) -> tuple[int, str] | None:
+def _problem(case: Case, every: list[_Runs], world: int) -> tuple[int, str] | None:
     """(the rank it concerns, what is wrong and the likely mistake), or None; the same on every rank."""
     n, shuffle = case["length"], case["shuffle"]
     split = [every[r]["epoch0"] for r in range(world)]
@@ -129,7 +157,11 @@ def _problem(case: dict[str, Any], every: list[dict[str, Any]], world: int) -> t
                     "the split must depend only on the arguments (and the epoch), not on the process's own rank "
                     "or its global random state"
                 )
-    for label, key in (("epoch 1", "epoch1"), ("seed + 1", "other_seed")):
+    reshuffled: tuple[tuple[str, Literal["epoch1", "other_seed"]], ...] = (
+        ("epoch 1", "epoch1"),
+        ("seed + 1", "other_seed"),
+    )
+    for label, key in reshuffled:
         other = _split_problem(n, world, [every[r][key] for r in range(world)], f" ({label})")
         if other is not None:
             return other[0], other[1]

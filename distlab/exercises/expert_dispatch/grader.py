@@ -13,8 +13,8 @@ results put back in the wrong rows, tokens sent to the wrong expert.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -27,9 +27,18 @@ from ...telemetry.ops import collective_name
 _TOL: Tolerance = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    tokens: int  # per rank
+    capacity: int  # per expert
+    skew: float  # the share of tokens routed to expert 0 whatever their draw
+    dim: int
+    seed: int
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
+    out: list[Case] = []
     # (name, tokens, capacity as a share of tokens / experts, skew): the plain case first.
     shapes = (
         ("even routing, room for every token", rng.randrange(8, 17), 4.0, 0.0),
@@ -39,14 +48,21 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     )
     for name, tokens, factor, skew in shapes:
         capacity = 1 if factor is None else max(1, int(factor * tokens / world_size))
-        case: dict[str, Any] = {"tokens": tokens, "capacity": capacity, "skew": skew, "dim": rng.randrange(3, 9),
-                "seed": rng.randrange(2**31)}
-        case["name"] = f"{name}: {tokens} tokens per rank, capacity {capacity}"
-        out.append(case)
+        dim, case_seed = rng.randrange(3, 9), rng.randrange(2**31)
+        out.append(
+            {
+                "tokens": tokens,
+                "capacity": capacity,
+                "skew": skew,
+                "dim": dim,
+                "seed": case_seed,
+                "name": f"{name}: {tokens} tokens per rank, capacity {capacity}",
+            }
+        )
     return out
 
 
-def _inputs(case: dict[str, Any], rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(case: Case, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s tokens and their experts: the same on every rank that makes them."""
     gen = torch.Generator().manual_seed(case["seed"] + 7919 * rank)
     x = torch.randn(case["tokens"], case["dim"], generator=gen)
@@ -56,7 +72,7 @@ def _inputs(case: dict[str, Any], rank: int, world: int) -> tuple[torch.Tensor, 
     return x, expert_of
 
 
-def _expert(case: dict[str, Any], index: int) -> nn.Module:
+def _expert(case: Case, index: int) -> nn.Module:
     torch.manual_seed(case["seed"] + 104729 * (index + 1))
     return nn.Sequential(nn.Linear(case["dim"], 2 * case["dim"]), nn.Tanh(), nn.Linear(2 * case["dim"], case["dim"]))
 
@@ -86,7 +102,13 @@ class _Collectives(torchcompat_dispatch.DispatchMode):
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.seen: list[tuple[str, int]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., object],
+        types: tuple[type, ...],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         name = collective_name(func)
         if name is not None:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -96,7 +118,7 @@ class _Collectives(torchcompat_dispatch.DispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     rank, world = dist.get_rank(), dist.get_world_size()
     x, expert_of = _inputs(case, rank, world)
     experts = [_expert(case, e) for e in range(world)]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,17 @@ from ...theory import parameter_server_received_bytes
 _STEPS = 3
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    shapes: list[list[int]]  # the params' shapes
+    dtype: str  # a torch dtype's name: "float32"
+    lr: float
+    seed: int
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
+    out: list[Case] = []
     for dtype in ("float32", "float64", "float32"):
         shapes = []
         for _ in range(rng.randrange(1, 5)):
@@ -51,7 +60,7 @@ def _shape(shape: list[int]) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     step_fn = learner["parameter_server_step"]
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype, lr = getattr(torch, case["dtype"]), case["lr"]
@@ -96,7 +105,7 @@ def _problem(
     world: int,
     step: int,
     kept: list[torch.Tensor],
-    params: list[Any],
+    params: Sequence[object],  # the list the learner was given, whatever it put in it
     old: list[torch.Tensor],
     new: list[torch.Tensor],
     worker_sum: list[torch.Tensor],
@@ -115,7 +124,8 @@ def _problem(
     for i, (p, q) in enumerate(zip(kept, new)):
         if like(p, q):
             continue
-        if i < len(params) and params[i] is not p and isinstance(params[i], torch.Tensor) and like(params[i], q):
+        passed_now = params[i] if i < len(params) else None
+        if passed_now is not p and isinstance(passed_now, torch.Tensor) and like(passed_now, q):
             return (
                 f"{where} params[{i}] was replaced by a new tensor, the one passed is unchanged: update the "
                 "tensors in place (p.copy_(...), or recv straight into p): a model's parameters are those tensors"

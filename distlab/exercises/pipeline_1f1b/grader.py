@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -29,14 +30,34 @@ from torch import nn
 
 from ...rank.exercise import Learner, backward, failed, first_difference, grad_of, passed
 from ...theory.pipeline import bubble_fraction, pipeline_schedule
-from .schedule import Layout, Recorder, laid_out, late_send
+from .schedule import Action, Layout, Recorder, laid_out, late_send
 
 _STAGES = 2
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    micro_batches: int
+    timed: bool
+    batch: int
+    d_in: int
+    width: int
+    d_out: int
+    seed: int
+
+
+class _Stage(TypedDict):
+    """What a stage recorded of the learner's step, sent to the other."""
+
+    actions: list[Action]
+    in_flight: int  # the most micro-batches it had in flight
+    idle: float  # its share of the step's time (timed)
+    cores: list[int]  # those it may run on
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
+    out: list[Case] = []
     for kind, m in (("small", 2), ("small", rng.randrange(3, 7)), ("small", rng.randrange(5, 9)), ("timed", 8)):
         if kind == "timed":  # enough work per micro-batch that compute, not messages, fills the step
             d_in, width, d_out, batch = 64, 512, 16, 64
@@ -62,7 +83,7 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _halves(case: dict[str, Any]) -> tuple[nn.Module, nn.Module]:
+def _halves(case: Case) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(case["seed"])
     w = case["width"]
     first = nn.Sequential(nn.Linear(case["d_in"], w), nn.Tanh(), nn.Linear(w, w), nn.Tanh())
@@ -70,7 +91,7 @@ def _halves(case: dict[str, Any]) -> tuple[nn.Module, nn.Module]:
     return first, second
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     if dist.get_world_size() != _STAGES:
         raise ValueError(f"pipeline-1f1b is graded with {_STAGES} ranks, not {dist.get_world_size()}")
     r, m = dist.get_rank(), case["micro_batches"]
@@ -97,7 +118,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     recorder = Recorder(stage, r)
     activation_shape = (case["batch"], case["width"])
 
-    def step() -> tuple[Any, float]:
+    def step() -> tuple[object, float]:
         dist.barrier()  # both stages start the clock together
         start = time.perf_counter()
         with recorder.watching():
@@ -112,17 +133,17 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
         recorder.clear()
     returned, total_s = step()
     # Every rank gathers what the other recorded, whatever its own result: none may leave the other waiting.
-    mine = {
+    mine: _Stage = {
         "actions": recorder.actions,
         "in_flight": _most_in_flight(recorder.order),
         "idle": 1.0 - min(recorder.busy_s / total_s, 1.0) if total_s > 0 else 0.0,
         "cores": sorted(os.sched_getaffinity(0)),
     }
-    both: list[Any] = [None] * _STAGES
+    both: list[_Stage] = [mine] * _STAGES  # each replaced by that stage's
     dist.all_gather_object(both, mine)
     layout = laid_out([stage_of["actions"] for stage_of in both])
     theory = bubble_fraction(_STAGES, m, "1f1b")
-    measured: dict[str, Any] = {f"in_flight_stage_{s}": both[s]["in_flight"] for s in range(_STAGES)}
+    measured: dict[str, float] = {f"in_flight_stage_{s}": both[s]["in_flight"] for s in range(_STAGES)}
     measured.update(bubble_theory=round(theory, 4))
     if layout is not None:
         measured.update(bubble_of_order=round(layout.whole, 4))
@@ -157,7 +178,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- mistakes in words
 
 
-def _bubble_mistake(layout: Layout | None, theory: float, actions: list[list[Any]]) -> tuple[int | None, str] | None:
+def _bubble_mistake(layout: Layout | None, theory: float, actions: list[list[Action]]) -> tuple[int | None, str] | None:
     """(the stage to blame, or None for both; what is wrong) when the order idles more than 1F1B's, else None."""
     if layout is None or layout.whole <= theory + 1e-9:
         return None
@@ -171,7 +192,7 @@ def _bubble_mistake(layout: Layout | None, theory: float, actions: list[list[Any
     )
 
 
-def _timed_note(both: list[dict[str, Any]], r: int, m: int, theory: float) -> str:
+def _timed_note(both: list[_Stage], r: int, m: int, theory: float) -> str:
     idle = f"idle {both[r]['idle']:.0%} of the step (timed) against theory's {theory:.0%}"
     if len(set().union(*(stage_of["cores"] for stage_of in both))) < _STAGES:
         # One core runs one stage at a time: what the clock shows is the sharing, not a bubble.
@@ -184,7 +205,7 @@ def _timed_note(both: list[dict[str, Any]], r: int, m: int, theory: float) -> st
     )
 
 
-def _loss_mistake(returned: Any, mean_loss: float, losses: list[float]) -> str | None:
+def _loss_mistake(returned: object, mean_loss: float, losses: list[float]) -> str | None:
     if isinstance(returned, torch.Tensor) and returned.numel() == 1:
         returned = returned.item()
     if not isinstance(returned, (int, float)):

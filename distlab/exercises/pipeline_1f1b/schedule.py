@@ -19,19 +19,32 @@ exactly, and an order that keeps a stage waiting longer (a message sent late) gi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Literal, ParamSpec, TypeVar, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ...rank.torchcompat_c10d import point_to_point_functions, replaced_point_to_point
 
 __all__ = ["NO_GRAD_INPUT", "Layout", "Recorder", "laid_out", "late_send"]
 
-Action = tuple[Any, ...]
+#: ("F", i) / ("B", i): forward / backward of micro-batch i.
+Step = tuple[Literal["F", "B"], int]
+#: ("post", handle, channel, seq, role): a message posted.
+Post = tuple[Literal["post"], int, str, int, str]
+#: ("wait", handle): waiting for a message.
+Wait = tuple[Literal["wait"], int]
+Action = Step | Post | Wait
+#: What torch's send, recv, isend, irecv and barrier return.
+_Returned = dist.Work | int | None
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 NO_GRAD_INPUT = (
     "stage 1's input does not require a gradient, so stage 0 would get none: set requires_grad on the received "
@@ -42,7 +55,7 @@ _COST = {"F": 1, "B": 2}
 _P2P = ("send", "recv", "isend", "irecv", "barrier")
 
 
-def _set_backwards(tensor_backward: Callable[..., Any], autograd_backward: Callable[..., Any]) -> None:
+def _set_backwards(tensor_backward: Callable[..., None], autograd_backward: Callable[..., None]) -> None:
     """Make ``tensor_backward`` torch's ``Tensor.backward`` and ``autograd_backward`` its ``autograd.backward``."""
     # setattr by name: mypy refuses assigning to a method of a class (what the watch is for).
     replaced = ((torch.Tensor, "backward", tensor_backward), (torch.autograd, "backward", autograd_backward))
@@ -85,8 +98,8 @@ class Recorder:
             del self.stage.forward
             _set_backwards(*backwards)
 
-    def _forward(self, module_forward: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(*args: Any, **kwargs: Any) -> Any:
+    def _forward(self, module_forward: Callable[..., R]) -> Callable[..., R]:
+        def forward(*args: object, **kwargs: object) -> R:
             index = self._forwards
             self._forwards += 1
             if self.rank == 1 and torch.is_grad_enabled():
@@ -99,16 +112,21 @@ class Recorder:
             self.actions.append(("F", index))
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 # The gradient reaching this micro-batch's output: its backward through this stage begins.
-                # torch leaves Tensor.register_hook unannotated.
-                out.register_hook(lambda grad, index=index: self.actions.append(("B", index)))
+                # torch leaves Tensor.register_hook unannotated: typed here as documented.
+                register = cast("Callable[[Callable[[torch.Tensor], None]], object]", out.register_hook)
+
+                def backward_begins(grad: torch.Tensor, index: int = index) -> None:
+                    self.actions.append(("B", index))
+
+                register(backward_begins)
             return out
 
         return forward
 
-    def _timed(self, backward: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, backward: Callable[P, R]) -> Callable[P, R]:
         depth = 0
 
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
             nonlocal depth
             depth += 1  # Tensor.backward calls torch.autograd.backward: time the outer call only
             began = time.perf_counter()
@@ -128,12 +146,12 @@ class Recorder:
         self.actions.append(("post", handle, channel, seq, role))
         return handle
 
-    def _p2p(self, original: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    def _p2p(self, original: Mapping[str, Callable[..., _Returned]]) -> dict[str, Callable[..., _Returned | _Request]]:
         # Two stages: every message goes to, or comes from, the other one.
         out, into = f"{self.rank}>{1 - self.rank}", f"{1 - self.rank}>{self.rank}"
         inside = False  # torch's recv is its irecv and a wait: a call within a call is the same message
 
-        def run(name: str, *args: Any, **kwargs: Any) -> Any:
+        def run(name: str, *args: object, **kwargs: object) -> _Returned:
             nonlocal inside
             inside = True
             try:
@@ -141,25 +159,26 @@ class Recorder:
             finally:
                 inside = False
 
-        def blocking(name: str, channel: str, role: str) -> Callable[..., Any]:
-            def call(*args: Any, **kwargs: Any) -> Any:
+        def blocking(name: str, channel: str, role: str) -> Callable[..., _Returned | _Request]:
+            def call(*args: object, **kwargs: object) -> _Returned | _Request:
                 if inside:
                     return original[name](*args, **kwargs)
                 if name == "barrier" and kwargs.get("async_op", args[1] if len(args) > 1 else False):
                     handle = self._post(channel, role)
-                    return _Request(run(name, *args, **kwargs), self, handle)
+                    work = run(name, *args, **kwargs)  # a Work: the barrier is asynchronous
+                    return _Request(work, self, handle) if isinstance(work, dist.Work) else work
                 self.actions.append(("wait", self._post(channel, role)))
                 return run(name, *args, **kwargs)
 
             return call
 
-        def posted(name: str, channel: str, role: str) -> Callable[..., Any]:
-            def call(*args: Any, **kwargs: Any) -> Any:
+        def posted(name: str, channel: str, role: str) -> Callable[..., _Returned | _Request]:
+            def call(*args: object, **kwargs: object) -> _Returned | _Request:
                 if inside:
                     return original[name](*args, **kwargs)
                 handle = self._post(channel, role)
                 work = run(name, *args, **kwargs)
-                return _Request(work, self, handle) if work is not None else None
+                return _Request(work, self, handle) if isinstance(work, dist.Work) else work
 
             return call
 
@@ -175,14 +194,14 @@ class Recorder:
 class _Request:
     """A request of isend or irecv (or an asynchronous barrier), telling the recorder when it is waited on."""
 
-    def __init__(self, work: Any, recorder: Recorder, handle: int) -> None:
+    def __init__(self, work: dist.Work, recorder: Recorder, handle: int) -> None:
         self._work, self._recorder, self._handle = work, recorder, handle
 
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
+    def wait(self, *args: timedelta, **kwargs: timedelta) -> bool:  # Work.wait(timeout)
         self._recorder.actions.append(("wait", self._handle))
         return self._work.wait(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._work, name)
 
 

@@ -19,9 +19,9 @@ import operator
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import ParamSpec, TypedDict, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,9 @@ import torch.distributed as dist
 from ...rank.exercise import Learner, Tolerance, failed, first_difference, passed
 from ...rank.torchcompat_c10d import point_to_point_functions, replaced_point_to_point
 from ...theory import ring_allreduce_sent_bytes
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # The collectives a learner could reach for instead of building the ring (those this torch has).
 _COLLECTIVES = (
@@ -52,7 +55,15 @@ _ABSURDLY_SLOW = 20.0
 _TIMED_REPEATS = 3
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    shape: list[int]
+    dtype: str  # a torch dtype's name: "float32"
+    timed: bool
+    seed: int
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
     n = world_size
 
@@ -76,7 +87,7 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
         ([rng.randrange(2, n)] if n > 2 else [3], "float32"),  # at 3 and 4 ranks: fewer elements than ranks
         ([not_divisible(rng.randrange(1_000_000, 1_500_000))], "float32"),  # timed
     ]
-    out = []
+    out: list[Case] = []
     for index, (shape, dtype) in enumerate(shapes):
         timed = index == len(shapes) - 1
         elements = math.prod(shape)
@@ -86,7 +97,7 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _input(case: dict[str, Any], rank: int) -> torch.Tensor:
+def _input(case: Case, rank: int) -> torch.Tensor:
     """Rank ``rank``'s input: the same on every rank that makes it."""
     gen = torch.Generator().manual_seed(case["seed"] + 7919 * rank)
     dtype = getattr(torch, case["dtype"])
@@ -101,7 +112,7 @@ class _Watch:
 
     def __init__(self) -> None:
         self.collectives: list[str] = []
-        self.sent: dict[Any, int] = {}
+        self.sent: dict[object, int] = {}  # by peer, as the learner named it
         self._depth = 0  # dist.send may call isend: count only the outermost call
 
     @property
@@ -113,7 +124,7 @@ class _Watch:
         # The sends counted where torch looks them up itself too: batch_isend_irecv checks a P2POp's op
         # against distributed_c10d's own isend, and dist.send calls that isend.
         counted = {name: self._counted(real) for name, real in point_to_point_functions(_SENDS).items()}
-        saved: list[tuple[str, Any]] = []
+        saved: list[tuple[str, object]] = []
         try:
             for name in _COLLECTIVES:
                 real = getattr(dist, name, None)
@@ -126,17 +137,17 @@ class _Watch:
             for name, real in reversed(saved):
                 setattr(dist, name, real)
 
-    def _recorded(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def _recorded(self, name: str, real: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(real)
-        def recorded(*args: Any, **kwargs: Any) -> Any:
+        def recorded(*args: P.args, **kwargs: P.kwargs) -> R:
             self.collectives.append(name)
             return real(*args, **kwargs)
 
         return recorded
 
-    def _counted(self, real: Callable[..., Any]) -> Callable[..., Any]:
+    def _counted(self, real: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(real)  # keeps the name: P2POp tells sends from receives by it
-        def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        def counted(tensor: torch.Tensor, *args: object, **kwargs: object) -> R:
             if self._depth == 0:
                 peer = args[0] if args else kwargs.get("dst", kwargs.get("group_dst"))
                 self.sent[peer] = self.sent.get(peer, 0) + tensor.numel() * tensor.element_size()
@@ -149,7 +160,7 @@ class _Watch:
         return counted
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     world, me = dist.get_world_size(), dist.get_rank()
     inputs = [_input(case, r) for r in range(world)]
     reference = inputs[me].clone()
@@ -163,7 +174,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     sent, elements = watch.sent_bytes, tensor.numel()
     size_bytes = elements * tensor.element_size()
     theory = ring_allreduce_sent_bytes(size_bytes, world)
-    measured: dict[str, Any] = {"sent_bytes": sent, "theory_bytes": theory}
+    measured: dict[str, float] = {"sent_bytes": sent, "theory_bytes": theory}
     mistake = (
         _collectives_used(watch)
         or _wrong_result(tensor, returned, reference, inputs, me, one_phase=sent <= _one_phase_bytes(tensor, world))
@@ -220,7 +231,7 @@ def _tolerance(dtype: torch.dtype) -> Tolerance:
 
 def _wrong_result(
     tensor: torch.Tensor,
-    returned: Any,
+    returned: object,
     reference: torch.Tensor,
     inputs: list[torch.Tensor],
     me: int,
@@ -309,7 +320,7 @@ def _mixed(counts: tuple[int, ...], xs: list[torch.Tensor], index: int) -> torch
     return functools.reduce(operator.add, (k * x[index] for k, x in zip(counts, xs)))
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> Any:
+def _close(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> torch.Tensor:
     if a.is_floating_point():
         return torch.isclose(a, b, **tol)
     return a == b
@@ -351,7 +362,7 @@ def _too_few_bytes(sent: int, theory: float) -> str | None:
     )
 
 
-def _median_s(function: Callable[[torch.Tensor], Any], data: torch.Tensor) -> float:
+def _median_s(function: Callable[[torch.Tensor], object], data: torch.Tensor) -> float:
     """Median seconds of ``function`` on a fresh copy of ``data``, between barriers, after one warm-up."""
     times = []
     for attempt in range(_TIMED_REPEATS + 1):

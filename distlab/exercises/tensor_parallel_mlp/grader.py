@@ -13,13 +13,17 @@ from __future__ import annotations
 import functools
 import operator
 import random
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import ParamSpec, TypedDict, TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...rank.exercise import Learner, Tolerance, backward, failed, first_difference, grad_of, passed
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _KINDS = (
     ("2-D input", "float32"),
@@ -29,9 +33,18 @@ _KINDS = (
 )
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    dtype: str  # a torch dtype's name: "float32"
+    d: int  # the model's width
+    hidden: int
+    shape: list[int]  # the input's
+    seed: int
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
+    out: list[Case] = []
     for kind, dtype in _KINDS:
         d = rng.randrange(3, 21)  # any d: only hidden is split
         per_rank = rng.randrange(8, 17) if kind == "wide hidden layer" else rng.randrange(1, 7)
@@ -50,13 +63,23 @@ def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
+def _counting(count: Callable[[], None], real: Callable[P, R]) -> Callable[P, R]:
+    """``real``, calling ``count()`` first at each call."""
+
+    def counted(*args: P.args, **kwargs: P.kwargs) -> R:
+        count()
+        return real(*args, **kwargs)
+
+    return counted
+
+
 def _mlp(
     x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor | float
 ) -> torch.Tensor:
     return F.gelu(x @ w1.T + b1) @ w2.T + b2
 
 
-def _shard_problem(model: Any, shards: dict[str, torch.Tensor], r: int, k: int, tol: Tolerance) -> str | None:
+def _shard_problem(model: object, shards: dict[str, torch.Tensor], r: int, k: int, tol: Tolerance) -> str | None:
     """What is wrong with the shards the learner kept on this rank, in words (None if right)."""
     where = (
         f"rank {r} keeps rows {r * k}:{(r + 1) * k} of w1 and b1, columns {r * k}:{(r + 1) * k} of w2, and all of b2"
@@ -91,7 +114,7 @@ def _shard_problem(model: Any, shards: dict[str, torch.Tensor], r: int, k: int, 
     return None
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     dtype = getattr(torch, case["dtype"])
     n, r = dist.get_world_size(), dist.get_rank()
     d, hidden = case["d"], case["hidden"]
@@ -132,9 +155,10 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     phase = "forward"
     all_reduce = dist.all_reduce
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
+    def count() -> None:
         counts[phase] += 1
-        return all_reduce(*args, **kwargs)
+
+    counted = _counting(count, all_reduce)
 
     x_in = x.clone().requires_grad_()
     dist.all_reduce = counted
@@ -201,7 +225,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
     return passed(**measured)
 
 
-def _unusable(y: Any, y_ref: torch.Tensor) -> str | None:
+def _unusable(y: object, y_ref: torch.Tensor) -> str | None:
     """Why backward cannot run on the learner's output (None if it can)."""
     if not isinstance(y, torch.Tensor):
         return f"forward returned a {type(y).__name__}, expected a tensor"

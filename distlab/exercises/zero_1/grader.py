@@ -20,7 +20,8 @@ with ZeRO stage 1).
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -37,38 +38,59 @@ _TOL: Tolerance = {"rtol": 1e-5, "atol": 1e-6}
 _KINDS = (("mlp", 1e-7), ("deep", 1.0), ("deep", 1e-7))
 
 
-def cases(world_size: int, seed: int) -> list[dict[str, Any]]:
+class Case(TypedDict):
+    name: str
+    kind: str  # "mlp" or "deep"
+    scale: float  # of the loss
+    batch: int
+    steps: int
+    lr: float
+    inputs: int
+    width: int
+    seed: int
+
+
+def cases(world_size: int, seed: int) -> list[Case]:
     rng = random.Random(seed * 1000 + world_size)
-    out = []
+    out: list[Case] = []
     for kind, scale in _KINDS:
-        case = {"kind": kind, "scale": scale, "batch": rng.randrange(2, 9), "steps": rng.randrange(3, 6)}
-        case["lr"] = rng.choice((1e-3, 3e-3, 1e-2))
+        batch, steps = rng.randrange(2, 9), rng.randrange(3, 6)
+        lr = rng.choice((1e-3, 3e-3, 1e-2))
         while True:  # a parameter count the world size does not divide
-            case["inputs"], case["width"] = rng.randrange(3, 9), rng.randrange(3, 20)
-            numel = sum(p.numel() for p in _layers(case).parameters())
+            inputs, width = rng.randrange(3, 9), rng.randrange(3, 20)
+            numel = sum(p.numel() for p in _layers(kind, inputs, width).parameters())
             if numel % world_size:
                 break
-        case["seed"] = rng.randrange(2**31)
         small = ", gradients ~1e-7" if scale != 1.0 else ""
-        case["name"] = f"{kind}, {numel} parameters, {case['steps']} steps, lr {case['lr']:g}{small}"
-        out.append(case)
+        out.append(
+            {
+                "kind": kind,
+                "scale": scale,
+                "batch": batch,
+                "steps": steps,
+                "lr": lr,
+                "inputs": inputs,
+                "width": width,
+                "seed": rng.randrange(2**31),
+                "name": f"{kind}, {numel} parameters, {steps} steps, lr {lr:g}{small}",
+            }
+        )
     return out
 
 
-def _layers(case: dict[str, Any]) -> nn.Module:
-    w = case["width"]
-    layers: list[nn.Module] = [nn.Linear(case["inputs"], w), nn.Tanh(), nn.Linear(w, 3)]
-    if case["kind"] == "deep":
+def _layers(kind: str, inputs: int, w: int) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(inputs, w), nn.Tanh(), nn.Linear(w, 3)]
+    if kind == "deep":
         layers[2:2] = [nn.Linear(w, w + 1), nn.ReLU(), nn.Linear(w + 1, w, bias=False), nn.Tanh()]
     return nn.Sequential(*layers)
 
 
-def _model(case: dict[str, Any]) -> nn.Module:
+def _model(case: Case) -> nn.Module:
     torch.manual_seed(case["seed"])
-    return _layers(case)
+    return _layers(case["kind"], case["inputs"], case["width"])
 
 
-def _flat(tensors: Any) -> torch.Tensor:
+def _flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
@@ -91,11 +113,11 @@ def _first_step_variants(before: torch.Tensor, mean: torch.Tensor, lr: float, wo
     }
 
 
-def _held_bytes(optimizer: Any, exclude: set[int]) -> int:
+def _held_bytes(optimizer: object, exclude: set[int]) -> int:
     """Bytes of the distinct tensor storages reachable from ``optimizer``, but those in ``exclude``."""
     seen_objects: set[int] = set()
     storages: dict[int, int] = {}
-    todo = [optimizer]
+    todo: list[object] = [optimizer]
     while todo:
         thing = todo.pop()
         if id(thing) in seen_objects or isinstance(thing, (str, bytes, int, float, bool, type(None))):
@@ -120,7 +142,7 @@ def _held_bytes(optimizer: Any, exclude: set[int]) -> int:
     return sum(storages.values())
 
 
-def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
+def grade(case: Case, learner: Learner) -> Mapping[str, object]:
     world = dist.get_world_size()
     model, reference = _model(case), _model(case)
     params = list(model.parameters())
@@ -136,7 +158,7 @@ def grade(case: dict[str, Any], learner: Learner) -> dict[str, Any]:
         adam.zero_grad(set_to_none=True)
         backward(case["scale"] * nn.functional.mse_loss(reference(x), y))
         backward(case["scale"] * nn.functional.mse_loss(model(x), y))
-        mean = _flat(p.grad for p in reference.parameters())
+        mean = _flat(grad_of(p) for p in reference.parameters())
         dist.all_reduce(mean)  # the grader's own: on every rank, every step
         mean /= world
         offset = 0
