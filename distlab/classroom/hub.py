@@ -153,4 +153,4 @@ def _instructor_view(c: Config, klass: Class) -> None:
     """The instructor's view, a hub service (``instructor``)."""
     from .instructor import configure as add_view
 
-    add_view(c, klass)
+    add_view(c, klass.instructors, klass.port)

@@ -4,7 +4,7 @@
     GET  /services/distlab-instructor/api/class                          -> roster.class_state
     POST /services/distlab-instructor/api/learners/<name>/labs/<id>/stop -> roster.stop_lab
 
-``configure(c, klass)`` (called by ``hub.configure``) adds the service, run by the hub as
+``configure(c, instructors, proxy_port)`` (called by ``hub.configure``) adds the service, run by the hub as
 ``python -m distlab.classroom.instructor`` on 127.0.0.1, and its role: list and read the users and
 their servers (who the learners are, whose server runs) and ``access:servers`` (to call each
 learner's server's ``/distlab`` endpoints with the service's own token). The class's instructors
@@ -26,7 +26,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from tornado.web import Application
     from traitlets.config import Config
 
-    from .hub import Class
 
 __all__ = ["SERVICE", "configure", "main", "make_app"]
 
@@ -55,23 +54,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def configure(c: Config, klass: Class) -> None:
-    """Add the view to JupyterHub's configuration ``c`` for ``klass`` (``hub.Class``)."""
-    port = getattr(klass, "instructor_port", None) or _free_port()
+def configure(c: Config, instructors: Sequence[str], proxy_port: int) -> None:
+    """Add the view to JupyterHub's configuration ``c`` for a class taught by ``instructors`` whose hub
+    is served on ``proxy_port`` (``hub.Class``'s fields: ``hub.configure`` passes them)."""
+    port = _free_port()
     c.JupyterHub.services.append({
         "name": SERVICE,
         "url": f"http://127.0.0.1:{port}",
         "command": [sys.executable, "-m", "distlab.classroom.instructor"],
         "oauth_no_confirm": True,  # the hub's own instructors' tool: no "authorize this application?" page
         "display": True,  # in the hub's Services menu, for who may open it
-        "environment": {ENV_INSTRUCTORS: ",".join(klass.instructors), ENV_PROXY: f"http://127.0.0.1:{klass.port}"},
+        "environment": {ENV_INSTRUCTORS: ",".join(instructors), ENV_PROXY: f"http://127.0.0.1:{proxy_port}"},
     })
     c.JupyterHub.load_roles.append({"name": SERVICE, "services": [SERVICE], "scopes": list(SCOPES)})
-    if klass.instructors:
+    if instructors:
         # They are the hub's admins (hub.configure), whose role has access:services already; this
         # keeps the view theirs if an instructor is ever made no admin.
         c.JupyterHub.load_roles.append({
-            "name": f"{SERVICE}-users", "users": list(klass.instructors),
+            "name": f"{SERVICE}-users", "users": list(instructors),
             "scopes": [f"access:services!service={SERVICE}"],
         })
 
