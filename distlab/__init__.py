@@ -29,6 +29,7 @@ __all__ = [
     "RankError",
     "__version__",
     "attach",
+    "auto",
     "chaos",
     "current_lab",
     "divergence",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from .errors import CellTimeout, DistlabError, LabUsageError, RankError
     from .front.lab import Lab, attach, start
     from .front.lab import current as current_lab
+    from .front.magics import auto
     from .notebook.cell_lint import lint
     from .rank.chaos import chaos
     from .rank.divergence import divergence
@@ -67,6 +69,7 @@ _LAZY = {
     "chaos": "rank.chaos",  # on a rank, in a cell: faults on a schedule
     "divergence": "rank.divergence",  # on a rank, in a cell: the first op where replicas part
     "lint": "notebook.cell_lint",  # a cell's collectives that only some ranks reach, before it runs
+    "auto": "front.magics",  # every plain cell of this notebook on the ranks: %dist auto on
 }
 _RENAMED = {"current_lab": "current"}  # public name -> its name in its module
 _SUBMODULES = ("theory", "quiz", "exercises", "errors", "checkpoint", "checks", "notebook", "rank")

@@ -166,6 +166,37 @@ def test_a_ddp_cell_is_linted_before_it_runs_and_strict_refuses_it(ipython, caps
 
 
 @pytest.mark.cluster
+def test_auto_mode_runs_plain_cells_on_the_ranks_across_a_restart_until_turned_off_or_stopped(ipython, capsys):
+    with pytest.raises(UsageError, match=r"^auto mode runs cells on a lab, and none is running: %dist start"):
+        ipython.run_line_magic("dist", "auto on")
+    with pytest.raises(distlab.LabUsageError, match="none is running"):
+        distlab.auto(True)
+    ipython.run_line_magic("dist", "start -n 2")
+    with pytest.raises(UsageError, match="%dist auto takes on or off, got maybe"):
+        ipython.run_line_magic("dist", "auto maybe")
+    ipython.run_line_magic("dist", "auto on")
+    capsys.readouterr()
+    ipython.run_cell("placed = f'on rank {rank}'\nprint(placed)\n")
+    out = capsys.readouterr().out
+    assert "(auto: on 2 ranks" in out and "[rank 0] on rank 0" in out and "[rank 1] on rank 1" in out
+    assert "placed" not in ipython.user_ns
+    ipython.run_cell("%%local\nhere = 41 + 1\nprint('local', here)\n")
+    assert ipython.user_ns["here"] == 42 and "[rank" not in capsys.readouterr().out
+    assert [r.rank for r in ipython.run_cell("%dist status").result] == [0, 1]  # a magic stays here
+    ipython.run_line_magic("dist", "restart")
+    ipython.run_cell("print('after restart', rank)\n")
+    assert "[rank 1] after restart 1" in capsys.readouterr().out
+    distlab.auto(False)
+    ipython.run_cell("plain = 7\n")
+    assert ipython.user_ns["plain"] == 7
+    distlab.auto(True)
+    ipython.run_line_magic("dist", "stop")
+    assert "auto mode off" in capsys.readouterr().out
+    ipython.run_cell("after_stop = 8\n")
+    assert ipython.user_ns["after_stop"] == 8  # a stop leaves the notebook's cells on the notebook
+
+
+@pytest.mark.cluster
 def test_status_subset_restart_and_stop_through_the_magics(ipython, capsys):
     ipython.run_line_magic("dist", "start -n 2")
     table = ipython.run_line_magic("dist", "status")

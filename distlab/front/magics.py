@@ -7,7 +7,9 @@
     %dist run [--timeout S] FILE.py [ARGS...] | export FILE.py
     %dist debug [RANK] | stacks [RANKS] | profile [--steps N] [--warmup W] [--path FILE]
     %dist attach [LAB_ID]
+    %dist auto on|off
     %%ddp [-r RANKS] [--timeout S] [--strict]
+    %%local
     %quiz TOPIC [-n N] [--difficulty LEVEL]
     %exercise [NAME | check NAME [--seed N] | hint NAME]
 """
@@ -28,6 +30,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .. import checks
 from ..errors import LabUsageError
 from ..notebook import labs
+from ..notebook.auto_cells import AutoCells
 from ..notebook.config import LabConfig
 from ..notebook.dist_args import (
     checked,
@@ -45,10 +48,11 @@ from ..notebook.dist_args import (
 )
 from .profiling import profile_parser, show_after
 
-__all__ = ["DistMagics", "current_lab", "register", "unregister"]
+__all__ = ["DistMagics", "auto", "current_lab", "register", "unregister"]
 
 _SUBCOMMANDS = (
     "start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks", "profile", "attach",
+    "auto",
 )
 
 
@@ -60,6 +64,8 @@ class DistMagics(Magics):
         super().__init__(shell)
         self.lab: Any = None
         self._armed: Any = None  # the Profile %dist profile armed
+        #: Auto mode's input transformer (``%dist auto on``): register() puts it first in IPython's list.
+        self.auto = AutoCells(lambda: self.lab is not None and self.lab.running)
 
     # ------------------------------------------------------------------------ %dist
 
@@ -72,6 +78,7 @@ class DistMagics(Magics):
         %dist stacks [RANKS] [--native] [--all]: every rank's live frames, read now from outside it
         %dist profile [--steps N] [--warmup W] [--path FILE]: the next %%ddp cell under torch.profiler
         %dist attach [LAB_ID]: take back a lab kept past its kernel (%dist start --keep)
+        %dist auto on|off: every plain cell on the ranks, as if it were %%ddp (%%local keeps one here)
         """
         try:
             words = shlex.split(line)
@@ -104,6 +111,13 @@ class DistMagics(Magics):
             return self._profile(profile_parser().parse_args(rest))
         if sub == "attach":
             return self._attach(rest)
+        if sub == "auto":
+            if rest not in (["on"], ["off"]):
+                raise UsageError(f"%dist auto takes on or off, got {' '.join(rest) or 'nothing'}: %dist auto on")
+            try:
+                return self.set_auto(rest == ["on"])
+            except LabUsageError as exc:
+                raise UsageError(str(exc)) from None
         no_args_parser(sub).parse_args(rest)
         return getattr(self, f"_{sub}")()
 
@@ -148,6 +162,21 @@ class DistMagics(Magics):
         labs.set_current(lab, self.shell)
         print(f"attached {ranks_phrase(lab.world_size)} on {lab.backend}, as their cells left them; "
               "%%ddp cells now run on every rank")
+
+    def set_auto(self, on: bool) -> None:
+        """Plain cells to the ranks (``on``) or back to the notebook; on needs a running lab."""
+        if on and (self.lab is None or not self.lab.running):
+            lab = labs.current(self.shell)  # one distlab.start() made in this session
+            if lab is None:
+                raise LabUsageError("auto mode runs cells on a lab, and none is running: %dist start -n 2 first, "
+                                    "then %dist auto on")
+            self.lab = lab
+        self.auto.on = on
+        if on:
+            print(f"auto mode on: every plain cell now runs on the {ranks_phrase(self.lab.world_size)} as if it "
+                  "were %%ddp; %%local keeps one here, %dist auto off ends it")
+        else:
+            print("auto mode off: cells run on the notebook again; %%ddp runs one on the ranks")
 
     def _running_lab(self) -> Any:
         if self.lab is None or not self.lab.running:
@@ -265,7 +294,9 @@ class DistMagics(Magics):
             print("no lab is running")
             return
         self.lab.stop()
-        print("lab stopped: engines and controller are gone")
+        print("lab stopped: engines and controller are gone"
+              + ("; auto mode off: cells run on the notebook" if self.auto.on else ""))
+        self.auto.on = False
 
     # ------------------------------------------------------------------------ %%ddp
 
@@ -273,6 +304,7 @@ class DistMagics(Magics):
     @argument("-r", "--ranks", default=None, help="run on these ranks only, like 0,2-3")
     @argument("--timeout", type=seconds, default=None, help="seconds the cell may run")
     @argument("--strict", action="store_true", help="run nothing if the lint finds a collective only some ranks reach")
+    @argument("--auto", action="store_true", help="(written by auto mode over a plain cell: says so over its output)")
     @cell_magic
     def ddp(self, line: str, cell: str) -> None:
         """Run this cell on every rank (or -r 0,2-3), output streamed and labelled by rank. Before it
@@ -283,6 +315,8 @@ class DistMagics(Magics):
             selected = lab.ranks(args.ranks)
         except LabUsageError as exc:
             raise UsageError(str(exc)) from None
+        if args.auto:
+            print(f"(auto: on {ranks_phrase(len(selected))}; %%local runs a cell here)")
         found = lab.lint(cell)
         for finding in found:
             print(f"distlab lint: {finding}", file=sys.stderr, flush=True)
@@ -363,8 +397,25 @@ _registered: dict[int, DistMagics] = {}
 def register(ipython: Any) -> DistMagics:
     magics = DistMagics(ipython)
     ipython.register_magics(magics)
+    # First of the transforms IPython runs before it reads a cell's magics: auto mode adds one.
+    ipython.input_transformers_cleanup.insert(0, magics.auto)
     _registered[id(ipython)] = magics
     return magics
+
+
+def auto(on: bool = True) -> None:
+    """``%dist auto on|off`` from Python: every plain cell of this notebook on the ranks, or none.
+    Loads the extension if it is not loaded; needs a running lab to turn on."""
+    from IPython import get_ipython
+
+    checks.flag("on", on)
+    shell = get_ipython()
+    if shell is None:
+        raise LabUsageError("distlab.auto needs IPython or Jupyter, whose cells it runs on the ranks; "
+                            "outside them, lab.run(code) runs code on the ranks")
+    if id(shell) not in _registered:
+        shell.extension_manager.load_extension("distlab")
+    _registered[id(shell)].set_auto(on)
 
 
 def current_lab() -> Any:
@@ -375,5 +426,7 @@ def current_lab() -> Any:
 def unregister(ipython: Any) -> None:
     magics = _registered.pop(id(ipython), None)
     labs.set_current(None, ipython)
+    if magics is not None and magics.auto in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(magics.auto)
     if magics is not None and magics.lab is not None:
         magics.lab.stop()

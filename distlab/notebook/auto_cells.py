@@ -33,6 +33,9 @@ class AutoCells:
         first, text = code[0]
         if text == LOCAL or text.startswith(LOCAL + " "):
             return lines[:first] + lines[first + 1:]
-        if not self.on or text.startswith(_STAYS) or not self._running():
+        if not self.on or text.startswith(_STAYS):
+            return lines
+        if not self._running():
+            self.on = False  # the lab stopped (%dist stop, an idle limit, lab.stop()): auto mode ends with it
             return lines
         return ["%%ddp --auto\n", *lines]
