@@ -172,6 +172,8 @@ class DistMagics(Magics):
                                     "then %dist auto on")
             self.lab = lab
         self.auto.on = on
+        if self.lab is not None and self.lab.running:
+            self.lab.set_every_cell(on)
         if on:
             print(f"auto mode on: every plain cell now runs on the {ranks_phrase(self.lab.world_size)} as if it "
                   "were %%ddp; %%local keeps one here, %dist auto off ends it")

@@ -105,6 +105,9 @@ class LabCore:
         # What earlier cells left on the ranks that makes a call a collective (a sharded model, a
         # function that all-reduces), for the lint of the cells after them; a new world forgets it.
         self.linter = CellLinter()
+        #: Whether the notebook runs its plain cells on this lab's ranks (``%dist auto on``): the side
+        #: panel says so. The magics set it (``set_every_cell``); a stop ends it.
+        self.every_cell = False
         # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
         self.companions: dict[str, LabCore] = {}
 
@@ -306,6 +309,11 @@ class LabCore:
                     + "; ".join(map(str, found)) + "; fix the cell, or run it without strict")
             self.linter.check(code)  # the ranks will hold what it defines
         return self.cells.run(code, selected, timeout, stream, want, record)
+
+    def set_every_cell(self, on: bool) -> None:
+        """Say (to the side panel, through the observers) whether the notebook's plain cells run here."""
+        self.every_cell = on
+        self.bus.tell("changed")
 
     def lint(self, code: str) -> list[Finding]:
         """What :func:`distlab.lint` finds in ``code``, knowing the models and functions this lab's

@@ -97,6 +97,7 @@ class LabState(TypedDict):
     racks: list[list[int]]  # the ranks of each rack, and each rack's uplink (None: not shaped)
     uplink: str | None
     busy: bool
+    every_cell: bool
     ranks: list[RankRow]
     training: TrainingSummary
 
@@ -246,6 +247,8 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> LabState:
         "racks": lab.racks,
         "uplink": str(lab.uplink) if lab.uplink is not None else None,
         "busy": bool(busy),
+        # %dist auto on: the notebook runs every plain cell on these ranks.
+        "every_cell": lab.every_cell,
         "ranks": rows,
         "training": training_summary(lab.telemetry.records()),
     }

@@ -52,6 +52,8 @@ export interface ILabInfo {
   racks?: number[][];
   uplink?: string | null;
   busy: boolean;
+  /** `%dist auto on`: the notebook runs every plain cell on these ranks. */
+  every_cell?: boolean;
   updated: number;
   ranks: IRank[];
   training: {
@@ -301,6 +303,9 @@ class LabsPanel extends Widget {
           `${lab.backend} · launcher ${lab.launcher} · ${lab.busy ? 'running a cell' : 'idle'}`
       )
     );
+    if (lab.every_cell) {
+      box.appendChild(el('p', 'distlab-every-cell', 'auto: every plain cell runs on these ranks (%dist auto off)'));
+    }
     box.appendChild(el('p', 'distlab-training', fmtRate(lab)));
 
     const table = el('table', 'distlab-ranks');
