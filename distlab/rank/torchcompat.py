@@ -21,7 +21,7 @@ import contextlib
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypedDict, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -234,8 +234,11 @@ def _forwarding(ours: Callable[..., None], theirs: Callable[..., None]) -> Calla
     return replacement
 
 
-#: ``observer(group, op, group_peer, tensors, work)``: see :func:`observe_point_to_point`.
-PointToPointObserver = Callable[[dist.ProcessGroup, str, "int | None", Sequence[torch.Tensor], dist.Work], None]
+#: ``observer(group, op, group_peer, tensors, work)``: see :func:`observe_point_to_point` (``work`` None: an
+#: op of a NCCL batch, whose batch holds the work).
+PointToPointObserver = Callable[
+    [dist.ProcessGroup, str, "int | None", Sequence[torch.Tensor], "dist.Work | None"], None
+]
 
 #: The ProcessGroup methods every send and receive goes through, and what each is, for the observer.
 _POINT_TO_POINT = (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv"))
@@ -297,7 +300,25 @@ def group_members() -> dict[str, list[int]]:
     return members
 
 
-def flight_recorder_dump() -> dict[str, Any] | None:
+class FlightRecorderEntry(TypedDict, total=False):
+    """One entry of torch's flight-recorder dump, the keys distlab reads."""
+
+    process_group: list[str]  # [name, description]
+    pg_id: int
+    is_p2p: bool
+    collective_seq_id: int
+    profiling_name: str  # "gloo:all_reduce", "nccl:all_gather", ...
+    input_sizes: list[list[int]]
+    input_dtypes: list[str]
+
+
+class FlightRecorderDump(TypedDict):
+    """torch's flight-recorder dump: its entries (the only part distlab reads)."""
+
+    entries: list[FlightRecorderEntry]
+
+
+def flight_recorder_dump() -> FlightRecorderDump | None:
     """torch's flight recorder (the latest collectives of this process, every group), or None.
 
     ``torch._C._distributed_c10d._dump_fr_trace_json(include_collectives=True, only_active=False)``:
@@ -308,4 +329,4 @@ def flight_recorder_dump() -> dict[str, Any] | None:
         dump = json.loads(_c10d_privates._dump_fr_trace_json(True, False))
     except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
         return None
-    return dump if isinstance(dump, dict) else None
+    return FlightRecorderDump(entries=list(dump.get("entries") or [])) if isinstance(dump, dict) else None
