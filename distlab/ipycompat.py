@@ -31,12 +31,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .errors import DistlabError
 
+if TYPE_CHECKING:
+    import zmq
+
 __all__ = [
     "KNOWN_GOOD",
+    "IopubHandler",
     "IppAsyncResult",
     "IppClient",
     "IppCluster",
@@ -74,6 +78,9 @@ IppClient: TypeAlias = Any
 IppCluster: TypeAlias = Any
 #: An ipyparallel ``AsyncResult``: one call sent to an engine, that the notebook waits on.
 IppAsyncResult: TypeAlias = Any
+
+#: A handler of the client's IOPub stream: a message's frames (``ZMQStream.on_recv(..., copy=False)``).
+IopubHandler: TypeAlias = "Callable[[list[zmq.Frame]], None]"
 
 
 # --------------------------------------------------------------------------------------- versions
@@ -203,7 +210,7 @@ def engine_send_target(client: IppClient, engine_id: int) -> tuple[Any, bytes, l
     return socket, identity, list(targets)
 
 
-def wrap_iopub_dispatch(client: IppClient, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],
+def wrap_iopub_dispatch(client: IppClient, wrap: Callable[[IopubHandler], IopubHandler],
                         timeout_s: float) -> None:
     """Make the client's IOPub stream call ``wrap(ipyparallel's own handler)`` for each message.
 

@@ -77,7 +77,7 @@ class ForwardingWork(dist.Work):
     def is_success(self) -> bool:
         return bool(self.work.is_success())
 
-    def exception(self) -> object:  # what the work's own says (torch's stub: Any)
+    def exception(self) -> object:  # what the work's own says (torch's stub leaves it untyped)
         return self.work.exception()
 
     def abort(self) -> None:
