@@ -12,24 +12,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar, overload
 
 from .errors import LabUsageError
 
 __all__ = ["choice", "flag", "fraction", "instance", "non_negative", "number", "positive", "whole"]
+
+_T = TypeVar("_T")
 
 
 def _like(example: str | None) -> str:
     return f", like {example}" if example else ""
 
 
-def _from_text(value: Any, text: str | None) -> str:
+def _from_text(value: object, text: str | None) -> str:
     return f"; {text}" if text and isinstance(value, str) else ""
 
 
 def number(
     name: str,
-    value: Any,
+    value: object,
     *,
     example: str | None = None,
     kind: str = "a number",
@@ -47,7 +49,7 @@ def number(
 
 def positive(
     name: str,
-    value: Any,
+    value: object,
     *,
     example: str | None = None,
     kind: str = "a number",
@@ -63,7 +65,7 @@ def positive(
 
 def non_negative(
     name: str,
-    value: Any,
+    value: object,
     *,
     example: str | None = None,
     text: str | None = None,
@@ -76,7 +78,7 @@ def non_negative(
 
 
 def fraction(
-    name: str, value: Any, *, open_top: bool = False, text: str | None = None, error: type[Exception] = LabUsageError
+    name: str, value: object, *, open_top: bool = False, text: str | None = None, error: type[Exception] = LabUsageError
 ) -> float:
     """A number from 0 to 1 (below 1 with ``open_top``)."""
     got = number(name, value, text=text, error=error)
@@ -88,7 +90,7 @@ def fraction(
 
 def whole(
     name: str,
-    value: Any,
+    value: object,
     *,
     minimum: int = 0,
     example: str | None = None,
@@ -105,23 +107,29 @@ def whole(
     return value
 
 
-def choice(name: str, value: Any, allowed: Sequence[str], *, error: type[Exception] = LabUsageError) -> str:
+def choice(name: str, value: object, allowed: Sequence[str], *, error: type[Exception] = LabUsageError) -> str:
     """One of ``allowed`` (exactly as written there)."""
     if not isinstance(value, str) or value not in allowed:
         raise error(f"unknown {name} {value!r}: choose one of {', '.join(allowed)}")
     return value
 
 
-def flag(name: str, value: Any, *, error: type[Exception] = LabUsageError) -> bool:
+def flag(name: str, value: object, *, error: type[Exception] = LabUsageError) -> bool:
     """True or False, nothing that merely tests true."""
     if not isinstance(value, bool):
         raise error(f"{name} must be True or False (got {value!r})")
     return value
 
 
+@overload
+def instance(name: str, value: object, kind: type[_T], *, what: str, error: type[Exception] = ...) -> _T: ...
+@overload
 def instance(
-    name: str, value: Any, kind: type | tuple[type, ...], *, what: str, error: type[Exception] = LabUsageError
-) -> Any:
+    name: str, value: object, kind: tuple[type, ...], *, what: str, error: type[Exception] = ...
+) -> object: ...
+def instance(
+    name: str, value: object, kind: type | tuple[type, ...], *, what: str, error: type[Exception] = LabUsageError
+) -> object:
     """An object of ``kind`` (subclasses too); ``what`` names it for the user ("a torch.nn.Module")."""
     if not isinstance(value, kind):
         raise error(f"{name} must be {what} (got {type(value).__name__})")

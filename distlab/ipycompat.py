@@ -30,12 +30,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .errors import DistlabError
 
+if TYPE_CHECKING:
+    import zmq
+
 __all__ = [
     "KNOWN_GOOD",
+    "IopubHandler",
     "IppAsyncResult",
     "IppClient",
     "IppCluster",
@@ -74,6 +79,9 @@ IppCluster: TypeAlias = Any
 #: An ipyparallel ``AsyncResult``: one call sent to an engine, that the notebook waits on.
 IppAsyncResult: TypeAlias = Any
 
+#: A handler of the client's IOPub stream: a message's frames (``ZMQStream.on_recv(..., copy=False)``).
+IopubHandler: TypeAlias = "Callable[[list[zmq.Frame]], None]"
+
 
 # --------------------------------------------------------------------------------------- versions
 
@@ -99,7 +107,7 @@ def check_version(package: str, version: str) -> None:
         raise DistlabError(problem)
 
 
-def checked_package(name: str) -> Any:
+def checked_package(name: str) -> ModuleType:
     """The imported package ``name``, its version checked (once per process). For the compatibility
     modules alone (this one and its ``ipycompat_*`` siblings)."""
     module = importlib.import_module(name)
@@ -109,7 +117,7 @@ def checked_package(name: str) -> Any:
     return module
 
 
-def required_attribute(obj: Any, name: str, package: str, what: str) -> Any:
+def required_attribute(obj: object, name: str, package: str, what: str) -> Any:
     """``obj.name``, or one line saying that this release of ``package`` lacks what distlab needs
     (``what``: "to ..." what distlab does with it). For the compatibility modules alone."""
     try:
@@ -127,7 +135,7 @@ def required_attribute(obj: Any, name: str, package: str, what: str) -> Any:
 # ---------------------------------------------------------------------------- ipyparallel client
 
 
-def control_request(client: IppClient, targets: list[int], msg_type: str, content: dict[str, Any],
+def control_request(client: IppClient, targets: list[int], msg_type: str, content: dict[str, object],
                     timeout_s: float) -> list[dict[str, Any]] | None:
     """Send ``msg_type`` on the control channel of the engines ``targets``; their replies, or None
     when not all came within ``timeout_s`` or a target is no longer registered.
@@ -202,7 +210,7 @@ def engine_send_target(client: IppClient, engine_id: int) -> tuple[Any, bytes, l
     return socket, identity, list(targets)
 
 
-def wrap_iopub_dispatch(client: IppClient, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]],
+def wrap_iopub_dispatch(client: IppClient, wrap: Callable[[IopubHandler], IopubHandler],
                         timeout_s: float) -> None:
     """Make the client's IOPub stream call ``wrap(ipyparallel's own handler)`` for each message.
 
@@ -338,7 +346,7 @@ def patient_connection_file(deadline_s: float = 10.0) -> None:
     if getattr(load, "_distlab_patient", False):
         return
 
-    def patient_load(self: Any) -> Any:
+    def patient_load(self: object) -> object:
         deadline = time.monotonic() + deadline_s
         while True:
             try:
@@ -369,7 +377,7 @@ def on_engine() -> bool:
     return isinstance(getattr(get_ipython(), "kernel", None), kernel_class)
 
 
-def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], dict[str, Any]]) -> bool:
+def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], dict[str, object]]) -> bool:
     """Answer ``msg_type`` on this kernel's control channel with ``reply_type`` and ``answer()``'s
     content, from the kernel's control thread; False outside a kernel.
 
@@ -389,7 +397,7 @@ def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], d
         raise DistlabError(f"ipykernel {checked_package('ipykernel').__version__}'s control_handlers is no dict: "
                            "install ipykernel 7.4.x or report it (see distlab/ipycompat.py)")
 
-    def handle(stream: Any, ident: Any, parent: Any) -> None:
+    def handle(stream: object, ident: object, parent: object) -> None:  # passed through to the session
         session.send(stream, reply_type, answer(), parent, ident=ident)
 
     handlers[msg_type] = handle

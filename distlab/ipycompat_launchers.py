@@ -10,8 +10,6 @@ where an attribute is gone, one line says what to install.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .ipycompat import checked_package, required_attribute
 
 checked_package("ipyparallel")
@@ -21,7 +19,7 @@ from ipyparallel.cluster import launcher as _launchers  # noqa: E402 - after the
 __all__ = ["SlurmLauncherHooks", "start_waiting"]
 
 
-def start_waiting(launcher: Any) -> None:
+def start_waiting(launcher: object) -> None:
     """Make a ``LocalProcessLauncher`` follow the process whose pid it was given: a thread waits for
     its exit and calls the launcher's ``notify_stop``, as for a process it started itself.
 
@@ -44,19 +42,19 @@ class SlurmLauncherHooks(_launchers.SlurmEngineSetLauncher):  # type: ignore[mis
     ``#SBATCH`` lines. A subclass made of this checks, as it is made, that ipyparallel still has both.
     """
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         for name in _SLURM_HOOKS:
             required_attribute(_launchers.SlurmEngineSetLauncher, name, "ipyparallel", "submit to Slurm")
 
-    def run_command(self, command: list[str], **kwargs: Any) -> str:
+    def run_command(self, command: list[str], **kwargs: object) -> str:
         """Run a Slurm command; its output (ipyparallel's own, by default)."""
         return str(super()._run_command(command, **kwargs))
 
     def script_array_inserted(self) -> None:
         """Called once the batch script's template has its task count (nothing, by default)."""
 
-    def _run_command(self, command: list[str], **kwargs: Any) -> str:
+    def _run_command(self, command: list[str], **kwargs: object) -> str:
         return self.run_command(command, **kwargs)
 
     def _insert_job_array_in_script(self) -> None:

@@ -7,8 +7,6 @@ the notebook's dashboard; it imports ipywidgets only when a counted widget class
 
 from __future__ import annotations
 
-from typing import Any
-
 from .ipycompat import checked_package, required_attribute
 
 __all__ = ["CountedSends", "widget_messages_sent"]
@@ -25,12 +23,12 @@ class CountedSends:
     #: Messages this widget has sent to the front end since its comm opened (the opening one not counted).
     _messages_sent = 0
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         widgets = checked_package("ipywidgets")
         required_attribute(widgets.Widget, "_send", "ipywidgets", "count the messages a widget sends")
 
-    def _send(self, msg: Any, buffers: Any = None) -> None:
+    def _send(self, msg: object, buffers: object = None) -> None:  # passed on as ipywidgets gave them
         # ipywidgets' own test: nothing goes out before the comm opens, nor on a comm without a kernel.
         comm = getattr(self, "comm", None)
         if comm is not None and getattr(comm, "kernel", True) is not None:
@@ -38,6 +36,6 @@ class CountedSends:
         super()._send(msg, buffers)  # type: ignore[misc]  # a mixin: super() is the widget class after it
 
 
-def widget_messages_sent(widget: Any) -> int:
+def widget_messages_sent(widget: CountedSends) -> int:
     """Messages ``widget`` (a :class:`CountedSends` one) has sent so far."""
     return int(widget._messages_sent)

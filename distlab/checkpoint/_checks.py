@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,7 +21,7 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def check_target(path: Any) -> Path:
+def check_target(path: str | os.PathLike[str]) -> Path:
     checks.instance("path", path, (str, os.PathLike), what="a file path (str or Path)", error=TypeError)
     target = Path(path)
     if target.is_dir():
@@ -30,7 +29,7 @@ def check_target(path: Any) -> Path:
     return target
 
 
-def check_model(model: Any, verb: str) -> None:
+def check_model(model: object, verb: str) -> None:
     checks.instance("model", model, nn.Module, what="a torch.nn.Module, plain or DDP-wrapped", error=TypeError)
     if any(c.__name__ == "FullyShardedDataParallel" for c in type(model).__mro__):
         raise TypeError(
@@ -38,23 +37,23 @@ def check_model(model: Any, verb: str) -> None:
         )
 
 
-def check_optimizer(optimizer: Any) -> None:
+def check_optimizer(optimizer: object) -> None:
     if optimizer is not None:
         checks.instance("optimizer", optimizer, torch.optim.Optimizer, what="a torch.optim.Optimizer or None",
                         error=TypeError)
 
 
-def check_step(step: Any) -> None:
+def check_step(step: object) -> None:
     checks.whole("step", step, minimum=0, example="the number of optimizer steps taken so far", error=TypeError)
 
 
-def check_sampler(sampler: Any) -> None:
+def check_sampler(sampler: object) -> None:
     if sampler is not None and not (hasattr(sampler, "epoch") and callable(getattr(sampler, "set_epoch", None))):
         raise TypeError(
             f"sampler must be a DistributedSampler (or have .epoch and .set_epoch), got {type(sampler).__name__}"
         )
 
 
-def check_scheduler(scheduler: Any) -> None:
+def check_scheduler(scheduler: object) -> None:
     if scheduler is not None and not callable(getattr(scheduler, "state_dict", None)):
         raise TypeError(f"scheduler must be an LR scheduler (with state_dict), got {type(scheduler).__name__}")

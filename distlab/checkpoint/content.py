@@ -8,10 +8,16 @@ import ctypes
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sized
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 import torch
 from torch import nn
+from torch.optim.optimizer import StateDict
+
+from .rng import RngState
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 FORMAT = "distlab.checkpoint"
 VERSION = 1
@@ -25,17 +31,77 @@ class CheckpointError(ValueError):
     """A file that is not a usable distlab checkpoint, or one that does not fit what ``load`` was given."""
 
 
-def sampler_state(sampler: Any) -> dict[str, Any]:
-    state: dict[str, Any] = {"epoch": int(sampler.epoch), "type": type(sampler).__name__}
+class Sampler(Protocol):
+    """What ``save`` and ``load`` ask of a sampler: a DistributedSampler's ``epoch`` and ``set_epoch``."""
+
+    epoch: int
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+class Scheduler(Protocol):
+    """What ``save`` and ``load`` ask of an LR scheduler: its state dict, out and back in."""
+
+    def state_dict(self) -> dict[str, object]: ...
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None: ...
+
+
+class _SamplerStateBase(TypedDict):
+    epoch: int
+    type: str
+
+
+class SamplerState(_SamplerStateBase, total=False):
+    """A sampler's record: its epoch and type; a DistributedSampler's order-deciding settings too."""
+
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    dataset_len: int
+    num_replicas: int
+
+
+class SavedBy(TypedDict):
+    torch: str
+    distlab: str
+    time: float
+
+
+class Checkpoint(TypedDict):
+    """A checkpoint file's content, as ``read`` returns it (see the package's docstring)."""
+
+    format: str
+    version: int
+    step: int
+    world_size: int
+    model: dict[str, object]
+    optimizer: StateDict | None
+    optimizer_type: str | None
+    scheduler: dict[str, object] | None
+    sampler: SamplerState | None
+    rng: list[RngState]
+    extra: object
+    saved_by: SavedBy
+
+
+class WrittenCheckpoint(Checkpoint, total=False):
+    """A checkpoint as written: with the digest of the rest, which ``read`` checks and drops."""
+
+    digest: str
+
+
+def sampler_state(sampler: Sampler) -> SamplerState:
+    state: SamplerState = {"epoch": int(sampler.epoch), "type": type(sampler).__name__}
     if isinstance(sampler, torch.utils.data.DistributedSampler):
-        state.update(
-            seed=int(sampler.seed),
-            shuffle=bool(sampler.shuffle),
-            drop_last=bool(sampler.drop_last),
+        state.update({
+            "seed": int(sampler.seed),
+            "shuffle": bool(sampler.shuffle),
+            "drop_last": bool(sampler.drop_last),
             # DistributedSampler takes len() of its dataset itself; torch types it as a bare Dataset.
-            dataset_len=len(cast("Sized", sampler.dataset)),
-            num_replicas=int(sampler.num_replicas),
-        )
+            "dataset_len": len(cast("Sized", sampler.dataset)),
+            "num_replicas": int(sampler.num_replicas),
+        })
     return state
 
 
@@ -64,13 +130,13 @@ def check_plain(obj: Any, where: str) -> None:
 # ---------------------------------------------------------------------------------------- digest
 
 
-def content_digest(payload: Any) -> str:
+def content_digest(payload: object) -> str:
     h = hashlib.sha256()
     _feed(h, payload)
     return h.hexdigest()
 
 
-def _feed(h: Any, obj: Any) -> None:
+def _feed(h: _Hash, obj: object) -> None:
     """Hash ``obj`` by value: the same content gives the same digest before saving and after loading."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach()

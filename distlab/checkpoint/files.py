@@ -7,8 +7,8 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -47,7 +47,7 @@ def latest(directory: str | os.PathLike[str]) -> Path | None:
 # --------------------------------------------------------------------------------------------- write
 
 
-def write_atomic(target: Path, payload: dict[str, Any]) -> None:
+def write_atomic(target: Path, payload: Mapping[str, object]) -> None:
     """Temporary file in the same directory (same filesystem, so the rename is atomic), fsync, rename."""
     directory = target.parent
     directory.mkdir(parents=True, exist_ok=True)

@@ -7,20 +7,43 @@ import os
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict, TypeGuard
 
 import torch
 from torch import nn
+from torch.optim.optimizer import StateDict
 
 from ..rank.models import unwrap
 from ._checks import check_model, check_optimizer, check_sampler, check_scheduler, rank_world
-from .content import FORMAT, VERSION, CheckpointError, content_digest, sampler_state
+from .content import (
+    FORMAT,
+    VERSION,
+    Checkpoint,
+    CheckpointError,
+    Sampler,
+    SamplerState,
+    Scheduler,
+    WrittenCheckpoint,
+    content_digest,
+    sampler_state,
+)
 from .rng import derived_seed, reseed, restore_rng_state
 
 # ---------------------------------------------------------------------------------------------- load
 
 
-def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+class Loaded(TypedDict):
+    """What ``load`` returns (see its docstring)."""
+
+    step: int
+    epoch: int | None
+    extra: object
+    world_size: int
+    rng: str  # "restored" or "reseeded"
+    path: Path
+
+
+def read(path: str | os.PathLike[str]) -> Checkpoint:
     """The checkpoint at ``path`` as a dict, checked (format, version, digest) but applied to nothing.
 
     Tensors are on the CPU. Useful to look inside: ``read(p)["step"]``, ``read(p)["model"].keys()``.
@@ -46,7 +69,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"{source} is not a readable checkpoint (truncated, damaged, or not a torch file): {name}: {text}"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    if not _marked(payload):
         keys = sorted(map(str, payload))[:6] if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(
             f"{source} is not a distlab checkpoint (found {keys}); for a plain torch.save file use "
@@ -68,9 +91,9 @@ def load(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    sampler: Any = None,
-    scheduler: Any = None,
-) -> dict[str, Any]:
+    sampler: Sampler | None = None,
+    scheduler: Scheduler | None = None,
+) -> Loaded:
     """Restore a checkpoint into ``model`` (and ``optimizer``, ``sampler``, ``scheduler``) on this rank.
 
     Nothing is changed unless everything fits. This rank's RNG states are restored (or re-seeded from
@@ -86,20 +109,20 @@ def load(
     payload = read(source)
     bare = unwrap(model)
     _check_model_fits(payload["model"], bare, source)
-    if optimizer is not None:
-        _check_optimizer_fits(payload, optimizer, source)
+    optimizer_state = None if optimizer is None else _check_optimizer_fits(payload, optimizer, source)
     if sampler is not None:
         _check_sampler_fits(payload["sampler"], sampler, source)
-    if scheduler is not None and payload["scheduler"] is None:
+    scheduler_state = payload["scheduler"]
+    if scheduler is not None and scheduler_state is None:
         raise CheckpointError(f"{source} holds no scheduler state (saved without scheduler=): load without it")
 
     bare.load_state_dict(payload["model"])
-    if optimizer is not None:
-        optimizer.load_state_dict(payload["optimizer"])
-    if scheduler is not None:
-        scheduler.load_state_dict(payload["scheduler"])
+    if optimizer is not None and optimizer_state is not None:  # both or neither (above)
+        optimizer.load_state_dict(optimizer_state)
+    if scheduler is not None and scheduler_state is not None:  # the state is there for a scheduler (above)
+        scheduler.load_state_dict(scheduler_state)
     epoch = None if payload["sampler"] is None else payload["sampler"]["epoch"]
-    if sampler is not None:
+    if sampler is not None and epoch is not None:  # a sampler is loaded only from a file that has one (above)
         sampler.set_epoch(epoch)
     rank, _ = rank_world()
     states = payload["rng"]
@@ -119,7 +142,7 @@ def load(
     }
 
 
-def _check_model_fits(saved: Mapping[str, Any], bare: nn.Module, source: Path) -> None:
+def _check_model_fits(saved: Mapping[str, object], bare: nn.Module, source: Path) -> None:
     wanted = bare.state_dict()
     missing = [k for k in wanted if k not in saved]
     unexpected = [k for k in saved if k not in wanted]
@@ -141,7 +164,8 @@ def _check_model_fits(saved: Mapping[str, Any], bare: nn.Module, source: Path) -
             )
 
 
-def _check_optimizer_fits(payload: Mapping[str, Any], optimizer: torch.optim.Optimizer, source: Path) -> None:
+def _check_optimizer_fits(payload: Checkpoint, optimizer: torch.optim.Optimizer, source: Path) -> StateDict:
+    """The optimizer's saved state, if it fits ``optimizer``."""
     saved = payload["optimizer"]
     if saved is None:
         raise CheckpointError(f"{source} holds no optimizer state (saved without optimizer=): load without it")
@@ -154,22 +178,34 @@ def _check_optimizer_fits(payload: Mapping[str, Any], optimizer: torch.optim.Opt
         raise CheckpointError(
             f"{source} does not fit this optimizer: parameters per group {have} in the checkpoint, {want} here"
         )
+    return saved
 
 
-def _check_sampler_fits(saved: Mapping[str, Any] | None, sampler: Any, source: Path) -> None:
+def _check_sampler_fits(saved: SamplerState | None, sampler: Sampler, source: Path) -> None:
     if saved is None:
         raise CheckpointError(f"{source} holds no sampler epoch (saved without sampler=): load without it")
     if not isinstance(sampler, torch.utils.data.DistributedSampler) or "seed" not in saved:
         return
     now = sampler_state(sampler)
     # num_replicas may differ (that is the re-sharding); these decide the order of the whole epoch.
-    for field, how in (("dataset_len", "dataset length"), ("seed", "seed"), ("shuffle", "shuffle"),
-                       ("drop_last", "drop_last")):
+    for field, how in _ORDER_FIELDS:
         if now[field] != saved[field]:
             raise CheckpointError(
                 f"{source} was saved with a sampler of {how} {saved[field]!r}, this one has {now[field]!r}: "
                 "the data order would not continue; build the DistributedSampler as before"
             )
+
+
+#: A DistributedSampler's settings that decide the order of a whole epoch, and their names in messages.
+_ORDER_FIELDS: tuple[tuple[Literal["dataset_len", "seed", "shuffle", "drop_last"], str], ...] = (
+    ("dataset_len", "dataset length"), ("seed", "seed"), ("shuffle", "shuffle"), ("drop_last", "drop_last"),
+)
+
+
+def _marked(payload: object) -> TypeGuard[WrittenCheckpoint]:
+    """Whether ``payload`` (what torch.load read) is a dict with distlab's format mark: what ``save`` wrote,
+    its version and digest still to be checked."""
+    return isinstance(payload, dict) and payload.get("format") == FORMAT
 
 
 def _few(keys: list[str], shown: int = 4) -> str:

@@ -6,18 +6,47 @@ from __future__ import annotations
 import hashlib
 import random
 import sys
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 # ----------------------------------------------------------------------------------------------- rng
 
 
-def rng_state() -> dict[str, Any]:
+class PythonRngState(TypedDict):
+    """``random.getstate()`` as plain data."""
+
+    version: int
+    internal: torch.Tensor
+    gauss_next: float | None
+
+
+class NumpyRngState(TypedDict):
+    """``numpy.random.get_state()`` as plain data."""
+
+    name: str
+    keys: torch.Tensor
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+
+class _RngStateBase(TypedDict):
+    torch: torch.Tensor
+    python: PythonRngState
+
+
+class RngState(_RngStateBase, total=False):
+    """One process's RNG states (:func:`rng_state`): CUDA's where it was in use, numpy's where imported."""
+
+    cuda: list[torch.Tensor]
+    numpy: NumpyRngState
+
+
+def rng_state() -> RngState:
     """This process's RNG states, as plain data (tensors, ints, floats, strings)."""
     version, internal, gauss_next = random.getstate()
-    state: dict[str, Any] = {
+    state: RngState = {
         "torch": torch.get_rng_state(),
         "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
                    "gauss_next": gauss_next},
@@ -32,7 +61,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: Mapping[str, Any]) -> None:
+def restore_rng_state(state: RngState) -> None:
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss_next"]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -22,11 +22,28 @@ from ._checks import (
     check_target,
     rank_world,
 )
-from .content import FORMAT, VERSION, check_plain, content_digest, sampler_state
+from .content import (
+    FORMAT,
+    VERSION,
+    Sampler,
+    Scheduler,
+    WrittenCheckpoint,
+    check_plain,
+    content_digest,
+    sampler_state,
+)
 from .files import write_atomic
-from .rng import rng_state
+from .rng import RngState, rng_state
 
 # ---------------------------------------------------------------------------------------------- save
+
+
+class _RankPart(TypedDict):
+    """What each rank sends rank 0: what it saves (checked to agree) and its RNG states."""
+
+    step: int
+    path: str
+    rng: RngState
 
 
 def save(
@@ -35,9 +52,9 @@ def save(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     step: int,
-    sampler: Any = None,
-    scheduler: Any = None,
-    extra: Any = None,
+    sampler: Sampler | None = None,
+    scheduler: Scheduler | None = None,
+    extra: object = None,
 ) -> Path:
     """Write a checkpoint to ``path`` atomically; returns the path. Collective: call it on every rank.
 
@@ -55,7 +72,7 @@ def save(
     if is_zero_optimizer(optimizer):
         # ZeRO shards optimizer state across ranks; this collective brings it whole onto rank 0.
         optimizer.consolidate_state_dict(to=0)
-    mine = {"step": step, "path": str(target), "rng": rng_state()}
+    mine: _RankPart = {"step": step, "path": str(target), "rng": rng_state()}
     gathered = _gather_to_zero(mine, rank, world)
     failure: BaseException | None = None
     if rank == 0:
@@ -80,13 +97,13 @@ def _payload(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     step: int,
-    sampler: Any,
-    scheduler: Any,
-    extra: Any,
+    sampler: Sampler | None,
+    scheduler: Scheduler | None,
+    extra: object,
     world: int,
-    rng: list[dict[str, Any]],
-) -> dict[str, Any]:
-    payload: dict[str, Any] = {
+    rng: list[RngState],
+) -> WrittenCheckpoint:
+    payload: WrittenCheckpoint = {
         "format": FORMAT,
         "version": VERSION,
         "step": step,
@@ -106,10 +123,11 @@ def _payload(
     return payload
 
 
-def _gather_to_zero(mine: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]] | None:
+def _gather_to_zero(mine: _RankPart, rank: int, world: int) -> list[_RankPart] | None:
     if world == 1:
         return [mine]
-    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    # Every place filled by gather_object on rank 0 (this rank's part until then).
+    gathered: list[_RankPart] | None = [mine] * world if rank == 0 else None
     try:
         dist.gather_object(mine, gathered, dst=0)
     except RuntimeError as exc:
@@ -121,8 +139,9 @@ def _gather_to_zero(mine: dict[str, Any], rank: int, world: int) -> list[dict[st
     return gathered
 
 
-def _check_agreement(gathered: list[dict[str, Any]]) -> None:
-    for field in ("step", "path"):
+def _check_agreement(gathered: list[_RankPart]) -> None:
+    fields: tuple[Literal["step", "path"], ...] = ("step", "path")
+    for field in fields:
         values = [g[field] for g in gathered]
         if len(set(values)) > 1:
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))

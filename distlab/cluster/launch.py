@@ -9,8 +9,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, TypedDict
 
 import ipyparallel as ipp
 
@@ -22,6 +22,9 @@ from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
 from .nodes import Network
 from .processes import pid_alive, wait_for
 from .slurm import SlurmEngineSetLauncher
+
+if TYPE_CHECKING:
+    import zmq
 
 __all__ = [
     "HEARTBEAT_MISSES",
@@ -120,14 +123,28 @@ def controller_address(cluster: ipp.Cluster) -> str:
     return location or cluster.controller_location or socket.gethostname()
 
 
-def controller_start_args(network: Network | None) -> dict[str, Any]:
+class ControllerStartArgs(TypedDict, total=False):
+    """Keyword arguments for ipyparallel's ``Cluster.start_controller_sync``."""
+
+    controller_cmd: list[str]
+
+
+class EngineStartArgs(TypedDict, total=False):
+    """Keyword arguments for ipyparallel's ``Cluster.start_engines_sync``."""
+
+    engine_cmd: list[str]
+    environment: dict[str, str]
+    engine_args: list[str]
+
+
+def controller_start_args(network: Network | None) -> ControllerStartArgs:
     """Keyword arguments for ``Cluster.start_controller_sync``: on emulated nodes, run it on the switch."""
     if network is None:
         return {}
     return {"controller_cmd": [*network.exec_prefix(None), sys.executable, "-m", "ipyparallel.controller"]}
 
 
-def engine_start_args(local: bool, prefix: list[str] | None = None) -> dict[str, Any]:
+def engine_start_args(local: bool, prefix: list[str] | None = None) -> EngineStartArgs:
     """Keyword arguments for ``Cluster.start_engines_sync``; ``prefix`` runs them on an emulated node."""
     if local:
         # Engines on this machine run our entry point, which imports torch while they register.
@@ -201,8 +218,8 @@ def guard_iopub(client: ipp.Client, timeout_s: float = 5.0) -> None:
     """
     from IPython import get_ipython
 
-    def guarded(dispatch: Callable[[Any], None]) -> Callable[[Any], None]:
-        def on_recv(parts: Any) -> None:
+    def guarded(dispatch: ipycompat.IopubHandler) -> ipycompat.IopubHandler:
+        def on_recv(parts: list[zmq.Frame]) -> None:
             try:
                 dispatch(parts)
             except AttributeError:

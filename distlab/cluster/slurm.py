@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traitlets import Float, List
+from traitlets.config import Config
 
 from ..errors import DistlabError, LabUsageError
 from ..ipycompat_launchers import SlurmLauncherHooks
@@ -64,7 +65,7 @@ class SlurmEngineSetLauncher(SlurmLauncherHooks):
     query_command = List(["squeue"], config=True, help="How the job's state is asked ['squeue']")
     command_timeout = Float(60.0, config=True, help="Seconds sbatch, scancel and squeue may take")
 
-    def __init__(self, work_dir: str = ".", config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, work_dir: str = ".", config: Config | None = None, **kwargs: object) -> None:
         super().__init__(work_dir=work_dir, config=config, **kwargs)
         self._script_dir: str | None = None
         self._state: JobState | None = None

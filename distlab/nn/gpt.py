@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 from .. import checks
 
@@ -199,7 +202,7 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def tensor_parallel_plan(model: GPT, sequence_parallel: bool = False) -> dict[str, Any]:
+def tensor_parallel_plan(model: GPT, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
     """The plan for ``torch.distributed.tensor.parallel.parallelize_module(model, mesh, plan)``.
 
     Megatron-LM's split (Shoeybi et al., 2019): in each block q, k, v and fc are split by output
@@ -234,7 +237,7 @@ def tensor_parallel_plan(model: GPT, sequence_parallel: bool = False) -> dict[st
     checks.flag("sequence_parallel", sequence_parallel)
     # Without sequence parallelism a block's input and output are whole on every rank (Replicate).
     sequence = Shard(1) if sequence_parallel else Replicate()
-    plan: dict[str, Any] = {}
+    plan: dict[str, ParallelStyle] = {}
     for i in range(len(model.blocks)):
         prefix = f"blocks.{i}"
         plan.update(

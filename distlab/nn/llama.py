@@ -16,14 +16,24 @@ heads from the width of its local ``wq`` / ``wk`` outputs, so a tensor-parallel 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    SelectiveCheckpointContext,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    from ..scale.models import ModelConfig
 
 __all__ = ["Transformer", "TransformerStage", "stage_modules", "tensor_parallel_plan"]
 
@@ -40,7 +50,7 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         llama = config.architecture == "llama"
         self.head_dim = config.dim // config.heads
@@ -71,7 +81,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.llama = config.architecture == "llama"
         self.w1 = nn.Linear(config.dim, config.ffn_dim, bias=not self.llama)
@@ -87,7 +97,7 @@ class FeedForward(nn.Module):
         return out
 
 
-def _norm(config: Any) -> nn.Module:
+def _norm(config: ModelConfig) -> nn.Module:
     if config.architecture == "llama":
         return nn.RMSNorm(config.dim, eps=1e-5)
     return nn.LayerNorm(config.dim)
@@ -96,7 +106,7 @@ def _norm(config: Any) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm residual block: x + attention(norm(x)), then x + feed_forward(norm(x))."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.attention_norm = _norm(config)
         self.attention = Attention(config)
@@ -119,7 +129,9 @@ _SAVED = {
 }
 
 
-def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _policy(
+    ctx: SelectiveCheckpointContext, op: Callable[..., object], *args: object, **kwargs: object
+) -> CheckpointPolicy:
     name = op.__name__.split(".")[0]
     return CheckpointPolicy.MUST_SAVE if name in _SAVED else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -139,7 +151,7 @@ class TransformerStage(nn.Module):
     """Consecutive blocks of a transformer; the first stage also embeds token ids, the last also ends in
     the final norm and output head (logits). The whole model is the one stage that does both."""
 
-    def __init__(self, config: Any, layers: Sequence[int], first: bool, last: bool) -> None:
+    def __init__(self, config: ModelConfig, layers: Sequence[int], first: bool, last: bool) -> None:
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab, config.dim) if first else None
@@ -166,12 +178,12 @@ class TransformerStage(nn.Module):
         return x
 
 
-def Transformer(config: Any) -> TransformerStage:
+def Transformer(config: ModelConfig) -> TransformerStage:
     """The whole model: one stage holding every layer, the embedding and the head."""
     return TransformerStage(config, range(config.layers), first=True, last=True)
 
 
-def stage_modules(config: Any, pp: int, chunks: int, rank: int) -> list[TransformerStage]:
+def stage_modules(config: ModelConfig, pp: int, chunks: int, rank: int) -> list[TransformerStage]:
     """The stage modules pipeline rank ``rank`` of ``pp`` holds: ``chunks`` of the ``pp * chunks``
     stages (rank r holds r, r + pp, ...: torch's interleaved layout; one stage without interleaving),
     each ``layers / (pp * chunks)`` consecutive layers."""
@@ -185,7 +197,7 @@ def stage_modules(config: Any, pp: int, chunks: int, rank: int) -> list[Transfor
 
 def tensor_parallel_plan(
     stage: TransformerStage, loss_parallel: bool = True, sequence_parallel: bool = False
-) -> dict[str, Any]:
+) -> dict[str, ParallelStyle]:
     """torchtitan's Llama plan (its ``apply_tp``): wq, wk, wv, w1, w3 split by output columns, wo and w2
     by input rows (Megatron-LM's split). Without ``sequence_parallel``: per block one all-reduce after
     attention and one after the MLP in forward, and one each for their inputs' gradients in backward
@@ -206,7 +218,7 @@ def tensor_parallel_plan(
 
     sequence = Shard(1) if sequence_parallel else Replicate()  # a block's input and output
     door = PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))
-    plan: dict[str, Any] = {}
+    plan: dict[str, ParallelStyle] = {}
     for name, block in stage.layers.items():
         p = f"layers.{name}"
         plan.update({f"{p}.attention": door, f"{p}.feed_forward": door})

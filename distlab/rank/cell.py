@@ -12,7 +12,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TextIO
 
 from ..wire import CELL_FILE, LEARNER_FILE, CellError, CellReply
 from . import children, heal, hooks, postmortem
@@ -31,7 +31,7 @@ _cell_phase = "ending"
 _interrupt_pending = False
 
 
-def _interrupt_cell_code(signum: int, frame: Any) -> None:
+def _interrupt_cell_code(signum: int, frame: types.FrameType | None) -> None:
     """SIGINT handler while a cell is being handled: interrupt the cell's code, never the reply.
 
     distlab stops a rank's cell with SIGINT, and a cell can end on its own just as the signal is
@@ -62,7 +62,7 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
     shell = get_ipython()
     filename = CELL_FILE.format(rank=rank)
 
-    def prepare() -> Callable[[], Any]:
+    def prepare() -> Callable[[], object]:
         source = shell.transform_cell(code) if shell is not None else code
         # Register the source so tracebacks show the offending line, as in a notebook.
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -74,7 +74,7 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
             last = ast.Expression(final.value)
         namespace = user_namespace()
 
-        def run() -> Any:
+        def run() -> object:
             try:
                 exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell is the point
                 return eval(compile(last, filename, "eval"), namespace) if last is not None else None
@@ -104,7 +104,7 @@ def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
     :func:`run_cell`, with no value.
     """
 
-    def prepare() -> Callable[[], Any]:
+    def prepare() -> Callable[[], object]:
         linecache.cache[path] = (len(text), None, text.splitlines(True), path)
         code = compile(text, path, "exec", dont_inherit=True)  # not distlab's __future__ imports
         module = types.ModuleType("__main__")
@@ -126,7 +126,7 @@ def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
     return run_prepared(path, prepare, "value")
 
 
-def run_prepared(filename: str, prepare: Callable[[], Callable[[], Any]], want: str) -> CellReply:
+def run_prepared(filename: str, prepare: Callable[[], Callable[[], object]], want: str) -> CellReply:
     """Run what ``prepare`` makes ready, stoppable by SIGINT, and pack its reply.
 
     ``prepare`` (reading, compiling) runs before the code starts; the function it returns is the
@@ -171,7 +171,7 @@ def run_prepared(filename: str, prepare: Callable[[], Callable[[], Any]], want: 
         hooks.cell_ended()  # open watches' last steps, tqdm bars' last state: sent before the reply
 
 
-def _flush_written(stream: Any) -> None:
+def _flush_written(stream: TextIO) -> None:
     """Flush a stream the cell wrote to, so that its text goes out before what the end hooks send.
 
     ipykernel's flush waits for its IO thread even with nothing to send (two thread switches, per

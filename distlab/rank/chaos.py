@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -45,9 +45,13 @@ from ..errors import LabUsageError
 from . import heal
 from .hooks import at_cell_end
 
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
 __all__ = ["chaos"]
 
-_handles: list[Any] = []
+_handles: list[RemovableHandle] = []
 _cut_here: list[int] = []  # the node whose link this rank cut in the running cell
 #: A node's one interface (``cluster.nodes``).
 _LINK = "eth0"
@@ -82,7 +86,7 @@ def chaos(
         # torchft counts a step when its quorum agrees to commit it, before the optimizer steps.
         return healing.manager.current_step() if healing is not None else state["count"]
 
-    def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+    def before(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         step = this_step() if heal.current() is not None else state["count"] + 1
         if rank in slow:
             time.sleep(slow[rank])
@@ -93,7 +97,7 @@ def chaos(
                     if p.grad is not None:
                         p.grad.fill_(math.nan)
 
-    def after(optimizer: Any, args: Any, kwargs: Any) -> None:
+    def after(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         state["count"] += 1
         step = this_step()
         if kill.get(rank) == step:
@@ -181,7 +185,7 @@ def _seconds(schedule: Mapping[int, float] | None, world: int) -> dict[int, floa
     return out
 
 
-def _items(name: str, schedule: Mapping[int, Any] | None, world: int) -> list[tuple[int, Any]]:
+def _items(name: str, schedule: Mapping[int, object] | None, world: int) -> list[tuple[int, object]]:
     if schedule is None:
         return []
     if not isinstance(schedule, Mapping):

@@ -8,12 +8,11 @@ rank-side module named as text, spares the notebook importing what the ranks run
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
 
 __all__ = ["on_rank"]
 
 
-def on_rank(call: tuple[str, str, tuple[Any, ...]]) -> Any:
+def on_rank(call: tuple[str, str, tuple[object, ...]]) -> object:
     """Run ``distlab.rank.<module>.<name>(*args)``, for ``call = (module, name, args)``, on the engine
     that receives this call. One argument, not three and the args: ipyparallel pickles each
     argument of a call on its own (on an empty cell's path, six pickles a rank became one)."""

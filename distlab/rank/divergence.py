@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from types import FrameType
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from ..errors import format_ranks
 from ..wire import CELL_FILE
 from .torchcompat import tree_leaves
-from .torchcompat_dispatch import DispatchMode, op_name
+from .torchcompat_dispatch import DispatchMode, Op, op_name
 
 __all__ = ["Divergence", "divergence"]
 
@@ -86,7 +87,9 @@ class _Recorder(DispatchMode):  # torch's TorchDispatchMode
         self.ops: list[_Op] = []
         self._module_of = module_of
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> object:
         out = func(*args, **(kwargs or {}))
         digest = hashlib.blake2b(digest_size=16)
         for leaf in tree_leaves(out):
@@ -104,7 +107,7 @@ class _Recorder(DispatchMode):  # torch's TorchDispatchMode
 
 def _cell_line() -> int:
     """The line of the running cell this op was called from (0 if none)."""
-    frame: Any = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     prefix, suffix = CELL_FILE.split("{rank}")
     while frame is not None:
         name = frame.f_code.co_filename
@@ -124,7 +127,7 @@ def _digest(tensor: torch.Tensor) -> str:
     return hashlib.blake2b(_bytes(tensor), digest_size=16).hexdigest()
 
 
-def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Divergence:
+def divergence(model: torch.nn.Module, batch: object, backward: bool = False) -> Divergence:
     """One step of ``model`` on ``batch`` (rank 0's, on every rank), every op's output hashed and
     compared across the ranks of the default group: the first op whose outputs differ. Every rank
     calls it (it uses collectives) and gets the same report. ``backward=True``: the backward's ops too
@@ -136,10 +139,10 @@ def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Di
     names = {module: name for name, module in inner.named_modules()}
     stack: list[str] = []
 
-    def enter(module: torch.nn.Module, _inputs: Any) -> None:
+    def enter(module: torch.nn.Module, _inputs: tuple[object, ...]) -> None:
         stack.append(_label(names[module], module))
 
-    def leave(module: torch.nn.Module, _inputs: Any, _output: Any) -> None:
+    def leave(module: torch.nn.Module, _inputs: tuple[object, ...], _output: object) -> None:
         stack.pop()  # a forward hook's return value would replace the module's output: None
 
     hooks = []
@@ -157,7 +160,7 @@ def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Di
     finally:
         for hook in hooks:
             hook.remove()
-    everyone: list[Any] = [None] * dist.get_world_size()
+    everyone: list[list[_Op]] = [[] for _ in range(dist.get_world_size())]  # each filled by all_gather_object
     dist.all_gather_object(everyone, recorder.ops)
     report = _first_difference(everyone)
     if report.parted and report.module and not report.different_ops:
@@ -165,7 +168,7 @@ def divergence(model: torch.nn.Module, batch: Any, backward: bool = False) -> Di
     return report
 
 
-def _from_rank_0(value: Any) -> Any:
+def _from_rank_0(value: object) -> object:
     """Rank 0's batch, on every rank: its tensors broadcast (in tuples, lists and dicts too)."""
     if isinstance(value, (tuple, list)):
         return type(value)(_from_rank_0(v) for v in value)
@@ -210,7 +213,7 @@ def _with_state(report: Divergence, inner: torch.nn.Module, names: dict[torch.nn
         return report
     state = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
     mine = {name: _digest(tensor) for name, tensor in state}
-    everyone: list[Any] = [None] * dist.get_world_size()
+    everyone: list[dict[str, str]] = [{} for _ in range(dist.get_world_size())]  # filled by all_gather_object
     dist.all_gather_object(everyone, mine)
     differ = [name for name in mine if len({d.get(name) for d in everyone}) > 1]
     return Divergence(report.ops, True, report.index, report.op, report.module, report.line, report.source,

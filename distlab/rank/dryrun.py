@@ -36,9 +36,10 @@ import json
 import multiprocessing
 import sys
 import time
-from contextlib import nullcontext
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, TypedDict, final
 
 import torch
 import torch.distributed as dist
@@ -49,9 +50,18 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
 from ..nn.llama import TransformerStage, stage_modules, tensor_parallel_plan
+from ..scale.models import ModelConfig
 from ..theory import in_flight_micro_batches
 from . import torchcompat_fake
 from .dryrun_counts import Collectives, LocalFlops
+
+if TYPE_CHECKING:
+    from ..scale.plan import PlanJSON
+    from ..scale.report import CollectiveJSON, DryRunJSON, MemoryJSON, RankKindJSON
+
+#: What one micro-batch's backward starts from, per stage module: the loss (and None), or the stage's
+#: output and the gradient that would come back for it.
+Backward = list[tuple[torch.Tensor, "torch.Tensor | None"]]
 
 __all__ = [
     "MESH", "backward", "dry_run", "main", "mesh_dims", "micro_batch", "micro_batches",
@@ -59,7 +69,7 @@ __all__ = [
 ]
 
 MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-def _kinds(plan: dict[str, Any]) -> list[tuple[str, int, int, int | None]]:
+def _kinds(plan: PlanJSON) -> list[tuple[str, int, int, int | None]]:
     """(name, ranks of this kind, the rank run, its stage) for each distinct kind of rank."""
     world, pp = plan["gpus"], plan["pp"]
     if pp == 1:
@@ -72,7 +82,7 @@ def _kinds(plan: dict[str, Any]) -> list[tuple[str, int, int, int | None]]:
     return kinds
 
 
-def parallelize(plan: dict[str, Any], cfg: Any, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
+def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
     with torch.device("meta"):  # no memory: the weights are made (as fake tensors) under FakeTensorMode
         modules = stage_modules(cfg, plan["pp"], plan["chunks"], stage)
     dp_mesh = mesh["dp_shard"] if plan["dp"] == "fsdp" else mesh["dp_replicate", "dp_shard"]
@@ -86,16 +96,14 @@ def parallelize(plan: dict[str, Any], cfg: Any, mesh: DeviceMesh, stage: int) ->
         if plan["tp"] > 1:
             tp_plan = tensor_parallel_plan(module, sequence_parallel=plan["sequence_parallel"])
             parallelize_module(module, mesh["tp"], tp_plan)
-        kwargs: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard}
-        if policy is not None:
-            kwargs["mp_policy"] = policy
+        mp_policy = policy if policy is not None else MixedPrecisionPolicy()  # fully_shard's default
         for block in module.layers.values():
-            fully_shard(block, **kwargs)
-        fully_shard(module, **kwargs)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
     return modules
 
 
-def _local_bytes(tensors: Any) -> int:
+def _local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     total = 0
     for t in tensors:
         if t is None:
@@ -105,12 +113,12 @@ def _local_bytes(tensors: Any) -> int:
     return total
 
 
-def micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage], tp: bool) -> list[Any]:
+def micro_batch(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], tp: bool) -> Backward:
     """One micro-batch's forward through this rank's stage modules: what each backward starts from
     (the loss, or the stage's output and the gradient that would come back for it)."""
     batch, seq = plan["micro_batch_size"], plan["seq_len"]
     dtype = torch.bfloat16 if plan["precision"] == "bf16" else torch.float32
-    losses: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    losses: Backward = []
     for module in modules:
         if module.tok_embeddings is not None:
             x = torch.randint(0, cfg.vocab, (batch, seq))
@@ -127,13 +135,13 @@ def micro_batch(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage],
     return losses
 
 
-def backward(losses: list[Any], tp: bool) -> None:
+def backward(losses: Backward, tp: bool) -> None:
     for out, grad in reversed(losses):
         with loss_parallel() if tp and isinstance(out, DTensor) else nullcontext():
             out.backward(grad)
 
 
-def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, stage: int | None) -> dict[str, Any]:
+def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int, stage: int | None) -> RankKindJSON:
     dims = {"pp": plan["pp"], **mesh_dims(plan)}
     dist.init_process_group("fake", store=torchcompat_fake.fake_store(), rank=rank, world_size=plan["gpus"])
     try:
@@ -201,9 +209,9 @@ def _run_kind(plan: dict[str, Any], cfg: Any, name: str, ranks: int, rank: int, 
 
 
 def tracked_step(
-    plan: dict[str, Any], cfg: Any, modules: list[TransformerStage], optimizer: Any,
-    counter: Collectives | None = None, *modes: Any,
-) -> dict[str, int]:
+    plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], optimizer: torch.optim.Optimizer,
+    counter: Collectives | None = None, *modes: AbstractContextManager[object],
+) -> MemoryJSON:
     """One micro-batch's forward and backward, then the optimizer's step, under torch's MemTracker (and
     ``counter`` and ``modes``, dispatch modes around the same step): what this rank holds, in bytes, by
     category. Activations are the peak up to the end of backward less the parameters and the optimizer's
@@ -235,7 +243,7 @@ def tracked_step(
             "activations": forward_backward_peak - parameters - optimizer_bytes, "peak": peak}
 
 
-def _point_to_point(plan: dict[str, Any], cfg: Any, modules: list[TransformerStage]) -> list[dict[str, Any]]:
+def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage]) -> list[CollectiveJSON]:
     """Each stage boundary's send and receive per micro-batch: a block's output, (micro_batch_size,
     seq_len, dim) in the compute dtype, forward, and its gradient backward. Every stage module but the
     model's last sends one forward; every one but the first receives one."""
@@ -244,38 +252,38 @@ def _point_to_point(plan: dict[str, Any], cfg: Any, modules: list[TransformerSta
     sends = sum(1 for m in modules if m.output is None)
     recvs = sum(1 for m in modules if m.tok_embeddings is None)
 
-    def one(op: str, calls: int, phase: str) -> dict[str, Any]:
+    def one(op: str, calls: int, phase: str) -> CollectiveJSON:
         return {"op": op, "dim": "pp", "group_size": 2, "bytes": size, "calls_per_micro_batch": calls, "phase": phase}
 
     found = [one("send", sends, "forward"), one("recv", sends, "backward")] if sends else []
     return found + ([one("recv", recvs, "forward"), one("send", recvs, "backward")] if recvs else [])
 
 
-def _sequence_split(plan: dict[str, Any]) -> int:
+def _sequence_split(plan: PlanJSON) -> int:
     """How many ways a block's input is split along the sequence: tp under sequence parallelism."""
     return int(plan["tp"]) if plan["sequence_parallel"] else 1
 
 
-def mesh_dims(plan: dict[str, Any]) -> dict[str, int]:
+def mesh_dims(plan: PlanJSON) -> dict[str, int]:
     dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
     shard = {"ddp": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
     replicate = dp // shard
     return {"dp_replicate": replicate, "dp_shard": shard, "cp": plan["cp"], "tp": plan["tp"]}
 
 
-def micro_batches(plan: dict[str, Any]) -> int:
+def micro_batches(plan: PlanJSON) -> int:
     dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
     return int(plan["global_batch_tokens"] // (plan["seq_len"] * plan["micro_batch_size"] * dp))
 
 
-def dry_run(plan: dict[str, Any]) -> dict[str, Any]:
+def dry_run(plan: PlanJSON) -> DryRunJSON:
     """The report (``distlab.scale.report.DryRunReport``'s JSON) of ``plan`` (``Plan.to_json()``)."""
     if plan["cp"] > 1:
         raise ValueError("cp > 1 is not dry-run: context parallelism is not built here yet; use cp=1")
     if plan["precision"] == "fp8":
         raise ValueError("precision='fp8' is not dry-run: fp8 needs torchao's Float8Linear, not installed; use 'bf16'")
     start = time.perf_counter()
-    cfg = SimpleNamespace(**plan["model"])
+    cfg = ModelConfig(**plan["model"])
     kinds = [_forked(plan, cfg, kind) for kind in _kinds(plan)]
     m = micro_batches(plan)
     return {"plan": plan, "parameters": _count(cfg), "kinds": kinds, "seconds": time.perf_counter() - start,
@@ -283,7 +291,7 @@ def dry_run(plan: dict[str, Any]) -> dict[str, Any]:
             * plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])}
 
 
-def _forked(plan: dict[str, Any], cfg: Any, kind: tuple[str, int, int, int | None]) -> dict[str, Any]:
+def _forked(plan: PlanJSON, cfg: ModelConfig, kind: tuple[str, int, int, int | None]) -> RankKindJSON:
     """One rank kind's run in a child forked from this process, which has made no group yet.
 
     Each kind is a different rank of the same world: a new process group and a mesh of the same
@@ -296,7 +304,7 @@ def _forked(plan: dict[str, Any], cfg: Any, kind: tuple[str, int, int, int | Non
     child.start()
     send.close()
     try:
-        outcome: dict[str, Any] = receive.recv()
+        outcome: RankKindJSON | _Failed = receive.recv()
     except EOFError:
         outcome = {"error": f"the run of the {kind[0]} died (exit status {child.exitcode})"}
     child.join()
@@ -305,14 +313,19 @@ def _forked(plan: dict[str, Any], cfg: Any, kind: tuple[str, int, int, int | Non
     return outcome
 
 
-def _child(send: Any, plan: dict[str, Any], cfg: Any, kind: tuple[str, int, int, int | None]) -> None:
+@final
+class _Failed(TypedDict):
+    error: str
+
+
+def _child(send: Connection, plan: PlanJSON, cfg: ModelConfig, kind: tuple[str, int, int, int | None]) -> None:
     try:
         send.send(_run_kind(plan, cfg, *kind))
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it as one line
         send.send({"error": f"{kind[0]}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
 
 
-def _count(cfg: Any) -> int:
+def _count(cfg: ModelConfig) -> int:
     with torch.device("meta"):
         model = stage_modules(cfg, 1, 1, 0)[0]
     return sum(p.numel() for p in model.parameters())  # shared (tied) weights are counted once

@@ -6,15 +6,18 @@ rank's FLOPs (:class:`LocalFlops`, by torch's formulas on its local ops).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import flop_registry
 
 from . import torchcompat_fake
-from .torchcompat_dispatch import DispatchMode, collective_group, op_name
+from .torchcompat_dispatch import DispatchMode, Op, collective_group, op_name
+
+if TYPE_CHECKING:
+    from ..scale.report import CollectiveJSON
 
 __all__ = ["FLOPS", "Collectives", "LocalFlops"]
 
@@ -34,7 +37,7 @@ _OUTPUT_FIRST = {"_allgather_base_", "_reduce_scatter_base_", "allgather_", "red
                  "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_"}
 
 
-def _nbytes(value: Any) -> int:
+def _nbytes(value: object) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)):
@@ -49,7 +52,9 @@ class Collectives(DispatchMode):
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.dims_of, self.phase, self.calls = dims_of, "forward", Counter[tuple[str, str, int, int, str]]()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> object:
         kwargs = kwargs or {}
         if func.namespace in ("c10d", "_c10d_functional") and op_name(func) in _OPS:
             name = op_name(func)
@@ -60,7 +65,7 @@ class Collectives(DispatchMode):
             self.calls[(_OPS[name], dim, size, payload, self.phase)] += 1
         return func(*args, **kwargs)
 
-    def report(self) -> list[dict[str, Any]]:
+    def report(self) -> list[CollectiveJSON]:
         return [
             {"op": op, "dim": dim, "group_size": size, "bytes": payload, "calls_per_micro_batch": calls, "phase": phase}
             for (op, dim, size, payload, phase), calls in sorted(self.calls.items())
@@ -84,7 +89,9 @@ class LocalFlops(DispatchMode):
         self.flops = 0
         self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> object:
         if any(t is DTensor for t in types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))

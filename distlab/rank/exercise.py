@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import sys
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -73,7 +73,7 @@ class Learner(Mapping[str, Any]):
     namespace, so it passes the rank's names (``rank``, ``world_size``, ``torch``, ...) itself.
     """
 
-    def __init__(self, blob: bytes, lab_names: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, blob: bytes, lab_names: Mapping[str, object] | None = None) -> None:
         import pickle
 
         self.blob = blob
@@ -98,7 +98,7 @@ def _learners_function(function: types.FunctionType) -> bool:
     return module is None or function.__globals__ is not vars(module)
 
 
-def _rebind(objects: Iterable[Any], lab_names: Mapping[str, Any]) -> None:
+def _rebind(objects: Iterable[object], lab_names: Mapping[str, object]) -> None:
     """Point the learner's functions at this rank's lab names, and name their code as the learner's."""
     seen: set[int] = set()
     todo = list(objects)
@@ -134,7 +134,7 @@ def _renamed(code: types.CodeType) -> types.CodeType:
     return code.replace(co_filename=LEARNER_FILE, co_consts=consts)
 
 
-def _grader(exercise: str) -> Any:
+def _grader(exercise: str) -> types.ModuleType:
     return import_module(f"distlab.exercises.{exercise.replace('-', '_')}.grader")
 
 
@@ -146,7 +146,7 @@ def case_names(exercise: str, world_size: int, seed: int) -> CellReply:
 def grade_case(exercise: str, blob: bytes, seed: int, index: int, rank: int) -> CellReply:
     """Run case ``index`` of the exercise on this rank, stoppable as a cell is; reply as a cell does."""
 
-    def prepare() -> Any:
+    def prepare() -> Callable[[], object]:
         import torch.distributed as dist
 
         grader = _grader(exercise)
@@ -161,12 +161,12 @@ def grade_case(exercise: str, blob: bytes, seed: int, index: int, rank: int) -> 
 
 
 # ``message`` positional only: the numbers measured (a ``**dict``) can never be taken for it.
-def passed(message: str = "", /, **measured: Any) -> dict[str, Any]:
+def passed(message: str = "", /, **measured: object) -> dict[str, object]:
     """This rank's part of the case is right; ``measured``: numbers shown beside the case."""
     return {"passed": True, "message": message, "measured": measured}
 
 
-def failed(message: str, **measured: Any) -> dict[str, Any]:
+def failed(message: str, **measured: object) -> dict[str, object]:
     """This rank's part of the case is wrong: ``message`` says what, where, and the likely mistake."""
     return {"passed": False, "message": message, "measured": measured}
 
@@ -178,7 +178,7 @@ class Tolerance(TypedDict, total=False):
     atol: float
 
 
-def first_difference(got: Any, expected: Any, rtol: float = 0.0, atol: float = 0.0) -> str | None:
+def first_difference(got: object, expected: Any, rtol: float = 0.0, atol: float = 0.0) -> str | None:
     """None if the tensors agree (exactly by default), else the first wrong element, in words.
 
     "shape (3, 4), expected (4, 4)"; "element [2, 1]: 6.0, expected 3.0 (2 of 12 elements wrong)".
@@ -223,7 +223,7 @@ def grad_of(tensor: torch.Tensor) -> torch.Tensor:
     return grad
 
 
-def _number(value: Any) -> str:
+def _number(value: torch.Tensor) -> str:
     x = value.item()
     if isinstance(x, float) and math.isfinite(x):
         return f"{x:.6g}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +23,7 @@ __all__ = ["collective_trace", "record_point_to_point"]
 # none of it on gloo (torchcompat.observe_point_to_point says why).
 _lock = threading.Lock()  # the observer runs on any thread that sends (a pipeline's too)
 _latest: dict[tuple[str, str, int], PointToPointEntry] = {}
-_pending: dict[tuple[str, str, int], collections.deque[Any]] = {}  # works not yet completed, oldest first
+_pending: dict[tuple[str, str, int], collections.deque[dist.Work]] = {}  # works not yet completed, oldest first
 # Each group's name, description and members' global ranks (by group rank), read once: a send
 # is on a pipeline's hot path.
 _groups: dict[int, tuple[str, str, list[int]]] = {}
@@ -40,7 +39,7 @@ def record_point_to_point() -> None:
     torchcompat.observe_point_to_point(_posted)
 
 
-def _group(group: Any) -> tuple[str, str, list[int]]:
+def _group(group: dist.ProcessGroup) -> tuple[str, str, list[int]]:
     known = _groups.get(id(group))
     if known is None or known[0] != str(group.group_name):  # new, or a new group where a gone one was
         members = [dist.get_global_rank(group, i) for i in range(group.size())]
@@ -48,7 +47,9 @@ def _group(group: Any) -> tuple[str, str, list[int]]:
     return known
 
 
-def _posted(group: Any, op: str, group_peer: int | None, tensors: Sequence[torch.Tensor], work: Any) -> None:
+def _posted(
+    group: dist.ProcessGroup, op: str, group_peer: int | None, tensors: Sequence[torch.Tensor], work: dist.Work | None
+) -> None:
     with _lock:
         name, desc, members = _group(group)
         # A receive from any source has no peer: -1 stands for "any".
@@ -86,7 +87,7 @@ def _point_to_point() -> list[CollectiveEntry]:
         return entries
 
 
-def _completed(work: Any) -> bool:
+def _completed(work: dist.Work) -> bool:
     try:
         return bool(work.is_completed())
     except Exception:  # noqa: BLE001 - a work of a torn-down group: it will never complete
@@ -108,7 +109,7 @@ def collective_trace(last: int) -> list[CollectiveEntry]:
     if not dump:
         return trace  # no recorder in this torch build: nothing more to say
     members = torchcompat.group_members()
-    by_group: dict[str, list[dict[str, Any]]] = {}
+    by_group: dict[str, list[torchcompat.FlightRecorderEntry]] = {}
     for e in dump.get("entries") or ():
         by_group.setdefault(str((e.get("process_group") or [""])[0]), []).append(e)
     for name, entries in by_group.items():

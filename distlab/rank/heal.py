@@ -36,7 +36,7 @@ import os
 import time
 import warnings
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,11 @@ from ..wire import HEALING_RANK_ENVIRONMENT
 from . import quorums, torchcompat_torchft
 from .hooks import at_cell_end
 from .identity import address_toward
+
+if TYPE_CHECKING:
+    from torchft.checkpointing.pg_transport import PGTransport
+    from torchft.optim import OptimizerWrapper
+    from torchft.process_group import ProcessGroupGloo
 
 __all__ = [
     "Healing", "WorldFinished", "current", "ended_step", "heal", "is_replacement", "set_lighthouse", "share_state",
@@ -145,10 +150,10 @@ class Healing:
         self.ddp: torch.nn.Module = torchcompat_torchft.healing_ddp_class()(self.manager, model)
         self.opt = _healing_optimizer_class()(self.manager, optimizer)
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> _HealState:
         return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
 
-    def _load(self, state: dict[str, Any]) -> None:
+    def _load(self, state: _HealState) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optim"])
 
@@ -157,8 +162,15 @@ class Healing:
         self.pg.shutdown()
 
 
+class _HealState(TypedDict):
+    """What a live peer sends a healing rank: the model's and the optimizer's state dicts."""
+
+    model: dict[str, object]
+    optim: dict[str, object]
+
+
 @functools.cache
-def _healing_optimizer_class() -> Any:
+def _healing_optimizer_class() -> type[OptimizerWrapper]:
     from torchft.optim import OptimizerWrapper
 
     class HealingOptimizer(OptimizerWrapper):
@@ -195,7 +207,7 @@ def _healing_optimizer_class() -> Any:
 
 
 @functools.cache
-def _recording_pg_class() -> Any:
+def _recording_pg_class() -> type[ProcessGroupGloo]:
     from torchft.process_group import ProcessGroupGloo
 
     class RecordingGloo(ProcessGroupGloo):
@@ -219,13 +231,13 @@ def _recording_pg_class() -> Any:
 
 
 @functools.cache
-def _recording_transport_class() -> Any:
+def _recording_transport_class() -> type[PGTransport]:
     from torchft.checkpointing.pg_transport import PGTransport
 
     class RecordingTransport(PGTransport):
         """torchft's transfer of a live peer's state over the quorum's group, timed and counted."""
 
-        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> object:
             t0 = time.perf_counter()
             state = super().recv_checkpoint(src_rank, metadata, step, timeout)
             seconds = time.perf_counter() - t0
@@ -239,7 +251,7 @@ def _recording_transport_class() -> Any:
     return RecordingTransport
 
 
-def _tensor_bytes(state: Any) -> int:
+def _tensor_bytes(state: object) -> int:
     """The bytes of the tensors in a nested state dict."""
     if isinstance(state, torch.Tensor):
         return state.nelement() * state.element_size()
@@ -254,7 +266,7 @@ _current: Healing | None = None
 _last: Healing | None = None  # the one the last healing cell made, once it ended
 
 
-def heal(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, Any]:
+def heal(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, OptimizerWrapper]:
     """``model, opt = distlab.heal(model, opt)`` on every rank of a lab started with ``heal=True``.
 
     Returns the model wrapped for a per-step quorum (gradients averaged over the ranks alive) and

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LAB_NAMES", "fill", "rebound", "restore_lab_names", "user_namespace"]
 
@@ -10,23 +13,23 @@ __all__ = ["LAB_NAMES", "fill", "rebound", "restore_lab_names", "user_namespace"
 LAB_NAMES = ("rank", "world_size", "local_rank", "device", "torch", "dist", "distlab")
 
 # Outside an engine (a unit test calling rank functions in-process) cells get a namespace of their own.
-_fallback: dict[str, Any] = {}
+_fallback: dict[str, object] = {}
 
 # What ``fill`` gave the cells last: what :func:`restore_lab_names` puts back.
-_given: dict[str, Any] = {}
+_given: dict[str, object] = {}
 
 
-def user_namespace() -> dict[str, Any]:
+def user_namespace() -> dict[str, object]:
     from IPython import get_ipython
 
     shell = get_ipython()
     if shell is None:
         return _fallback
-    namespace: dict[str, Any] = shell.user_ns
+    namespace: dict[str, object] = shell.user_ns
     return namespace
 
 
-def fill(rank: int, world_size: int, local_rank: int, device: Any) -> None:
+def fill(rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
     """Give cells ``rank``, ``world_size``, ``local_rank``, ``device``, ``torch``, ``dist``, ``distlab``."""
     import torch
     import torch.distributed as dist
@@ -41,7 +44,7 @@ def fill(rank: int, world_size: int, local_rank: int, device: Any) -> None:
     user_namespace().update(_given)
 
 
-def rebound(namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+def rebound(namespace: dict[str, object] | None = None) -> dict[str, object]:
     """The names of :data:`LAB_NAMES` the cells rebound or deleted: {name: what distlab gave}.
 
     ``rank = dist.get_rank()`` or ``device = torch.device("cpu")`` on a CPU rank gives the same
@@ -76,7 +79,7 @@ def restore_lab_names() -> str | None:
     )
 
 
-def _same(name: str, value: Any, given: Any) -> bool:
+def _same(name: str, value: object, given: object) -> bool:
     if value is given:
         return True
     if name == "device" and isinstance(value, str) and value == str(given):
@@ -89,7 +92,7 @@ def _same(name: str, value: Any, given: Any) -> bool:
         return False
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     if hasattr(value, "__name__") and type(value).__name__ == "module":
         return f"module {value.__name__}"
     text = repr(value)

@@ -25,22 +25,35 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from functools import partial
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from ..nn.llama import stage_modules
+from ..nn.llama import TransformerStage, stage_modules
+from ..scale.models import ModelConfig
 from .dryrun import MESH, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
 from .dryrun_counts import LocalFlops
 
-__all__ = ["collective_times", "compute_rate", "copy_rate", "run_plan"]
+if TYPE_CHECKING:
+    from ..scale.plan import PlanJSON
+    from ..scale.report import MemoryJSON
+
+__all__ = ["PlanRun", "collective_times", "compute_rate", "copy_rate", "run_plan"]
 
 
-def _initialised(modules: list[Any]) -> None:
+class PlanRun(TypedDict):
+    """What :func:`run_plan` returns to ``scale.measure``."""
+
+    step_s: list[float]
+    memory: MemoryJSON
+    micro_batches: int
+
+
+def _initialised(modules: list[TransformerStage]) -> None:
     """Real weights for modules built on the meta device: small normal values, norms at one. (Memory
     left as it came could hold NaNs and denormals, which slow a CPU's matmuls by orders of magnitude.)"""
     torch.manual_seed(0)
@@ -54,7 +67,9 @@ def _initialised(modules: list[Any]) -> None:
                     p.normal_(0.0, 0.02)
 
 
-def _step(plan: dict[str, Any], cfg: Any, modules: list[Any], optimizer: Any, count: int) -> None:
+def _step(
+    plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], optimizer: torch.optim.Optimizer, count: int
+) -> None:
     tp = plan["tp"] > 1
     for _ in range(count):
         backward(micro_batch(plan, cfg, modules, tp), tp)
@@ -62,13 +77,13 @@ def _step(plan: dict[str, Any], cfg: Any, modules: list[Any], optimizer: Any, co
     optimizer.zero_grad(set_to_none=True)
 
 
-def run_plan(plan: dict[str, Any], steps: int = 5, warmup: int = 2) -> dict[str, Any]:
+def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
     """``plan`` trained for ``warmup + steps`` steps on this lab: each timed step's seconds (the
     slowest rank's), and the memory of one more step, tracked as the dry run tracks it."""
     if plan["gpus"] != dist.get_world_size():
         raise ValueError(f"the plan is for {plan['gpus']} GPUs and this lab has {dist.get_world_size()} ranks: "
                          f"make the plan with gpus={dist.get_world_size()}")
-    cfg = SimpleNamespace(**plan["model"])
+    cfg = ModelConfig(**plan["model"])
     dims = {"pp": plan["pp"], **mesh_dims(plan)}
     mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
     modules = parallelize(plan, cfg, mesh, 0)
@@ -91,7 +106,7 @@ def run_plan(plan: dict[str, Any], steps: int = 5, warmup: int = 2) -> dict[str,
     return {"step_s": seconds, "memory": memory, "micro_batches": count}
 
 
-def _timed(work: Any, repeats: int, group: Any = None) -> float:
+def _timed(work: Callable[[], object], repeats: int, group: dist.ProcessGroup | None = None) -> float:
     """The median seconds of ``work()`` over ``repeats`` runs, every rank (of ``group``) running at once."""
     work()  # warm: first-call allocations, thread pools
     times = []
@@ -103,19 +118,19 @@ def _timed(work: Any, repeats: int, group: Any = None) -> float:
     return statistics.median(times)
 
 
-def compute_rate(plan: dict[str, Any], size: int = 1024, repeats: int = 5) -> dict[str, float]:
+def compute_rate(plan: PlanJSON, size: int = 1024, repeats: int = 5) -> dict[str, float]:
     """This rank's fp32 matmul rate (``size`` x ``size`` matrices) and the rate it reaches on one
     micro-batch's forward and backward of ``plan``'s whole model (no parallelism, no collective),
     every rank at once; FLOPs by torch's formulas, as the dry run counts them."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     matmul_s = _timed(lambda: torch.mm(a, b), repeats * 4)
-    cfg = SimpleNamespace(**plan["model"])
+    cfg = ModelConfig(**plan["model"])
     with torch.device("meta"):
         modules = stage_modules(cfg, 1, 1, 0)
     for module in modules:
         module.checkpointing = plan["checkpointing"]
     _initialised(modules)
-    alone = {**plan, "tp": 1, "sequence_parallel": False}
+    alone: PlanJSON = {**plan, "tp": 1, "sequence_parallel": False}
     torch.manual_seed(1)
 
     def step() -> None:
@@ -153,7 +168,9 @@ def collective_times(
     return times
 
 
-def _collective(op: str, whole: torch.Tensor, part: torch.Tensor, group: Any) -> Any:
+def _collective(
+    op: str, whole: torch.Tensor, part: torch.Tensor, group: dist.ProcessGroup | None
+) -> Callable[[], object]:
     if op == "all_gather":
         return partial(dist.all_gather_single, whole, part, group=group)
     if op == "reduce_scatter":

@@ -16,11 +16,11 @@ import os
 import sysconfig
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ..wire import LEARNER_FILE
 from .namespace import LAB_NAMES
-from .value_summary import EXACT_LIMIT, REPR_CHARS, SAMPLE, safe_str, summarise, summarise_safely
+from .value_summary import EXACT_LIMIT, REPR_CHARS, SAMPLE, ValueSummary, safe_str, summarise, summarise_safely
 
 __all__ = ["EXACT_LIMIT", "REPR_CHARS", "SAMPLE", "describe", "drop", "keep", "summarise"]
 
@@ -82,7 +82,32 @@ def drop() -> None:
     gc.collect()
 
 
-def describe(max_frames: int = 12, max_locals: int = 30) -> dict[str, Any] | None:
+class FrameDescription(TypedDict):
+    """One frame of :func:`describe`'s failure."""
+
+    filename: str
+    where: str
+    lineno: int
+    function: str
+    line: str
+    library: bool
+    locals: list[ValueSummary]
+    more_locals: int
+    skipped: int
+
+
+class FailureDescription(TypedDict):
+    """The kept failure as plain data (:func:`describe`)."""
+
+    ename: str
+    evalue: str
+    filename: str
+    context: str
+    frames: list[FrameDescription]
+    frames_total: int
+
+
+def describe(max_frames: int = 12, max_locals: int = 30) -> FailureDescription | None:
     """The kept failure as plain data, or None when this rank keeps none.
 
     ``{"ename", "evalue", "filename", "context", "frames": [...], "frames_total"}`` (``context``:
@@ -188,7 +213,7 @@ def _where(filename: str) -> str:
     return filename
 
 
-def _describe_frame(frame: types.FrameType, lineno: int, max_locals: int) -> dict[str, Any]:
+def _describe_frame(frame: types.FrameType, lineno: int, max_locals: int) -> FrameDescription:
     code = frame.f_code
     library = _is_library(code.co_filename)
     limit = min(max_locals, LIBRARY_LOCALS) if library else max_locals
@@ -207,10 +232,11 @@ def _describe_frame(frame: types.FrameType, lineno: int, max_locals: int) -> dic
         "library": library,
         "locals": shown,
         "more_locals": max(0, len(names) - limit),
+        "skipped": 0,  # set by describe
     }
 
 
-def _shown_names(frame: types.FrameType, lineno: int) -> list[tuple[str, Any]]:
+def _shown_names(frame: types.FrameType, lineno: int) -> list[tuple[str, object]]:
     """The frame's local names worth showing, in order.
 
     At a module's top level (a cell, a script) the locals are the whole namespace: only the names

@@ -23,10 +23,15 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..wire import ProfileTrace
 from . import hooks
+
+if TYPE_CHECKING:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.utils.hooks import RemovableHandle
 from .namespace import user_namespace
 
 __all__ = ["profile_trace", "start_profile"]
@@ -37,14 +42,14 @@ class _Armed:
     steps: int
     warmup: int
     tid: int  # the native id of the thread that runs cells (the engine's main thread)
-    profiler: Any  # torch.profiler.profile
-    hook: Any  # the optimizer hook's handle
+    profiler: torch.profiler.profile
+    hook: RemovableHandle  # the optimizer hook's
     scheduled: bool = False  # the first optimizer step has come: torch's schedule drives the profiler
     optimizer_steps: int = 0
 
 
 _armed: _Armed | None = None
-_kept: tuple[Any, _Armed] | None = None  # the stopped profiler and how it ran, until read
+_kept: tuple[torch.profiler.profile, _Armed] | None = None  # the stopped profiler and how it ran, until read
 
 
 def start_profile(steps: int, warmup: int) -> None:
@@ -92,7 +97,7 @@ def profile_trace() -> ProfileTrace | None:
     }
 
 
-def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _on_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
     armed = _armed
     if armed is None:
         return
@@ -132,7 +137,7 @@ def _end_recording() -> None:
     _kept = (armed.profiler, armed)
 
 
-def _activities() -> list[Any]:
+def _activities() -> list[ProfilerActivity]:
     """The CPU, and the rank's GPU where its device is one (never a CUDA context made for nothing)."""
     from torch.profiler import ProfilerActivity, supported_activities
 

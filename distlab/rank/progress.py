@@ -25,8 +25,11 @@ import itertools
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any, Protocol, SupportsFloat, SupportsIndex
 
 from ..wire import PROGRESS_KEY, ProgressBar, ProgressPublish
 from . import hooks
@@ -46,12 +49,18 @@ _NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tqdm.notebook": (("tqdm", "tqdm_notebook"), ("trange", "tnrange")),
 }
 
+class _Bar(Protocol):
+    """A bar as the reporter reads it (distlab's ``RankBar``)."""
+
+    def _distlab_state(self, closed: bool) -> ProgressBar: ...
+
+
 @dataclass
 class _Entry:
     state: ProgressBar
     #: False for a bar that closed and does not stay (tqdm's ``leave``).
     shown: bool
-    bar: weakref.ref[Any]
+    bar: weakref.ref[_Bar]
     #: Moved in the running cell: a bar left open by an earlier cell is shown again once it moves.
     active: bool = True
 
@@ -68,7 +77,7 @@ class _Reporter:
         self.publisher = publisher
         self._source = publisher.source(PROGRESS_KEY, self._build, PUBLISH_INTERVAL_S)
 
-    def report(self, bar: Any, state: ProgressBar, shown: bool = True) -> None:
+    def report(self, bar: _Bar, state: ProgressBar, shown: bool = True) -> None:
         """A bar changed (``shown`` False: it closed and does not stay)."""
         with self._lock:
             entry = self._bars.get(state["id"])
@@ -139,7 +148,7 @@ def _moved(before: ProgressBar, now: ProgressBar) -> bool:
 _reporter: _Reporter | None = None
 _ids = itertools.count()
 _bar_class: type | None = None
-_originals: dict[tuple[str, str], Any] = {}  # (module, name) -> what tqdm had there
+_originals: dict[tuple[str, str], object] = {}  # (module, name) -> what tqdm had there
 _hooked_modules: list[str] = []  # modules this patch made as they were imported
 _finder: _PatchOnImport | None = None
 
@@ -154,7 +163,7 @@ class _Nowhere:
         pass
 
 
-def _number(value: Any) -> int | float:
+def _number(value: SupportsFloat) -> int | float:
     number = float(value)
     return int(number) if number.is_integer() else number
 
@@ -164,7 +173,7 @@ def _make_bar_class() -> type:
     ``async for`` works as with ``tqdm.auto``) that reports instead of drawing."""
     from tqdm.asyncio import tqdm_asyncio
 
-    # tqdm's classes are generic in its stub only: tqdm_asyncio[Any] would fail at run time.
+    # tqdm's classes are generic in its stub only: tqdm_asyncio[int] would fail at run time.
     class RankBar(tqdm_asyncio):  # type: ignore[type-arg]  # generic in the stub only (above)
         """tqdm on a distlab rank: drawn in the notebook, one widget for every rank's bars."""
 
@@ -219,7 +228,7 @@ def _make_bar_class() -> type:
     return RankBar
 
 
-def _report(bar: Any, closed: bool, shown: bool = True) -> None:
+def _report(bar: _Bar, closed: bool, shown: bool = True) -> None:
     reporter = _reporter
     if reporter is not None:
         with contextlib.suppress(Exception):  # a progress bar must never break the loop it counts
@@ -233,12 +242,12 @@ def _rank_bar() -> type:
     return _bar_class
 
 
-def _trange(*args: Any, **kwargs: Any) -> Any:
+def _trange(*args: SupportsIndex, **kwargs: Any) -> object:
     """``tqdm(range(*args), **kwargs)``, drawn in the notebook."""
     return _rank_bar()(range(*args), **kwargs)
 
 
-def _patch(module: Any) -> None:
+def _patch(module: ModuleType) -> None:
     bars, ranges = _NAMES[module.__name__]
     for name in (*bars, *ranges):
         key = (module.__name__, name)
@@ -252,29 +261,31 @@ class _PatchingLoader(importlib.abc.Loader):
     it only chooses between tqdm's terminal and notebook bars (importing ipywidgets on the rank to
     see if it can draw a widget there), and on a rank the choice is distlab's bar."""
 
-    def __init__(self, loader: Any, name: str) -> None:
+    def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
         self._loader = loader
         self._name = name
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         if self._name == "tqdm.autonotebook":
-            module.__all__ = ["tqdm", "trange"]
+            vars(module)["__all__"] = ["tqdm", "trange"]  # the module as tqdm.autonotebook names it
         else:
             self._loader.exec_module(module)
         _hooked_modules.append(self._name)
         _patch(module)
 
-    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... as the real loader has them
+    def __getattr__(self, name: str) -> object:  # get_source, is_package, ... as the real loader has them
         return getattr(self._loader, name)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Finds tqdm's modules as the other finders do, and hands them to a patching loader."""
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname not in _NAMES:
             return None
         for finder in sys.meta_path:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["PUBLISH_INTERVAL_S", "Publisher", "Sender", "Source", "engine_sender", "rank_publisher"]
 
@@ -28,9 +27,9 @@ __all__ = ["PUBLISH_INTERVAL_S", "Publisher", "Sender", "Source", "engine_sender
 PUBLISH_INTERVAL_S = 0.1
 
 #: ipyparallel's ``publish_data``: {key: payload}.
-Sender = Callable[[dict[str, Any]], None]
+Sender = Callable[[dict[str, object]], None]
 #: What a source sends: ``build(final)`` (final: the cell is ending, or the source closing), or None for nothing.
-Build = Callable[[bool], Any]
+Build = Callable[[bool], object]
 
 #: How long a publish waits for another one in progress (the thread's, or a flush) before giving up.
 _SEND_WAIT_S = 2.0
@@ -190,7 +189,7 @@ class Publisher:
         """Build each source's payload and send them in one ``publish_data`` (caller holds ``_sending``)."""
         if self.error is not None or not batch:
             return
-        payloads: dict[str, Any] = {}
+        payloads: dict[str, object] = {}
         try:
             for src, final in batch:
                 payload = src._build(final)

@@ -40,7 +40,7 @@ from .torchcompat_dispatch import resolve_process_group
 __all__ = ["StagedReceive", "needs_staging", "stage_functional_all_gathers", "staged"]
 
 
-def needs_staging(group: Any, tensors: Sequence[torch.Tensor]) -> bool:
+def needs_staging(group: dist.ProcessGroup | None, tensors: Sequence[torch.Tensor]) -> bool:
     """Whether ``tensors`` are CUDA tensors that ``group`` (a gloo group) cannot send or receive as they are."""
     if not any(t.is_cuda for t in tensors):
         return False
@@ -49,7 +49,10 @@ def needs_staging(group: Any, tensors: Sequence[torch.Tensor]) -> bool:
     return False
 
 
-def staged(original: Callable[..., Any], group: Any, op: str, tensors: Sequence[torch.Tensor], *args: Any) -> Any:
+def staged(
+    original: Callable[..., dist.Work], group: dist.ProcessGroup, op: str, tensors: Sequence[torch.Tensor],
+    *args: object,
+) -> StagedSend:
     """``original(group, tensors, *args)`` with host copies standing in for ``tensors``."""
     if op == "send":
         return StagedSend(original(group, [t.detach().cpu() for t in tensors], *args))
@@ -64,7 +67,7 @@ class StagedSend(ForwardingWork):
 class StagedReceive(StagedSend):
     """A receive into host buffers whose ``wait`` copies them into the CUDA tensors asked for."""
 
-    def __init__(self, work: Any, targets: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
+    def __init__(self, work: dist.Work, targets: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
         super().__init__(work)
         self._targets, self._buffers = targets, buffers
 
@@ -81,7 +84,7 @@ class StagedReceive(StagedSend):
 
 
 #: The torch.library registrations (kept: a Library's kernels go when it is collected), by dispatch key.
-_functional_kernels: dict[str, Any] = {}
+_functional_kernels: dict[str, torch.library.Library] = {}
 #: torch's own, untyped: the kernel registry.
 _Library: Any = torch.library.Library
 
@@ -101,22 +104,26 @@ def stage_functional_all_gathers(dispatch_key: str = "CUDA") -> None:
     _functional_kernels[dispatch_key] = library
 
 
-def _group(group_name: Any) -> Any:
+def _group(group_name: str | dist.ProcessGroup) -> dist.ProcessGroup:
     # torch 2.11 passes the group's registered name; 2.13's schema takes the group itself as well.
     return group_name if isinstance(group_name, dist.ProcessGroup) else resolve_process_group(group_name)
 
 
-def _all_gather(tensor: torch.Tensor, group_size: int, group_name: Any) -> torch.Tensor:
+def _all_gather(tensor: torch.Tensor, group_size: int, group_name: str | dist.ProcessGroup) -> torch.Tensor:
     out = torch.empty((tensor.shape[0] * group_size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     return _all_gather_out(tensor, group_size, group_name, out=out)
 
 
-def _all_gather_out(tensor: torch.Tensor, group_size: int, group_name: Any, *, out: torch.Tensor) -> torch.Tensor:
+def _all_gather_out(
+    tensor: torch.Tensor, group_size: int, group_name: str | dist.ProcessGroup, *, out: torch.Tensor
+) -> torch.Tensor:
     gathered = torch.empty(out.shape, dtype=out.dtype, device="cpu")
     dist.all_gather_single(gathered, tensor.detach().to("cpu").contiguous(), group=_group(group_name))
     out.copy_(gathered)
     return out
 
 
-def _all_gather_coalesced(tensors: list[torch.Tensor], group_size: int, group_name: Any) -> list[torch.Tensor]:
+def _all_gather_coalesced(
+    tensors: list[torch.Tensor], group_size: int, group_name: str | dist.ProcessGroup
+) -> list[torch.Tensor]:
     return [_all_gather(t, group_size, group_name) for t in tensors]

@@ -21,7 +21,7 @@ import contextlib
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Protocol, TypedDict, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -108,7 +108,7 @@ def storage_id(storage: torch.UntypedStorage) -> int:
     return int(storage._cdata)
 
 
-def tree_leaves(value: Any) -> list[Any]:
+def tree_leaves(value: object) -> list[object]:
     """The leaves of nested lists, tuples and dicts (an op's arguments or results), in order.
 
     ``torch.utils._pytree.tree_leaves``: the flattening torch's dispatcher uses for an op's
@@ -135,7 +135,7 @@ def swappable_reducer(model: torch.nn.Module) -> bool:
     return reducer is not None and hasattr(reducer, "_update_process_group")
 
 
-def set_reducer_group(model: torch.nn.Module, group: Any) -> None:
+def set_reducer_group(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
     """Make a DDP model's reducer run its all-reduces on ``group`` from the next backward on.
 
     ``Reducer._update_process_group``: the call DDP's own (private) ``_update_process_group`` makes
@@ -145,10 +145,13 @@ def set_reducer_group(model: torch.nn.Module, group: Any) -> None:
     model.reducer._update_process_group(group)  # type: ignore[union-attr,operator]  # private, unannotated
 
 
+_T = TypeVar("_T")
+
+
 class _C10dPrivates(Protocol):
     """What distlab calls in ``torch._C._distributed_c10d`` that torch's stub of it does not list."""
 
-    def _create_work_from_future(self, future: torch.futures.Future[Any], /) -> dist.Work: ...
+    def _create_work_from_future(self, future: torch.futures.Future[_T], /) -> dist.Work: ...
 
     def _dump_fr_trace_json(self, include_collectives: bool, only_active: bool, /) -> str: ...
 
@@ -157,7 +160,7 @@ class _C10dPrivates(Protocol):
 _c10d_privates = cast(_C10dPrivates, torch._C._distributed_c10d)
 
 
-def work_from_future(future: torch.futures.Future[Any]) -> dist.Work:
+def work_from_future(future: torch.futures.Future[_T]) -> dist.Work:
     """A ``Work`` that completes when ``future`` does, for a Python ``ProcessGroup`` to return.
 
     ``torch._C._distributed_c10d._create_work_from_future``: a process group's ``allreduce`` must
@@ -203,8 +206,8 @@ def forget_process_groups() -> None:
 
 
 def replace_group_functions(
-    init: Callable[..., Any], destroy: Callable[..., Any]
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    init: Callable[..., None], destroy: Callable[..., None]
+) -> tuple[Callable[..., None], Callable[..., None]]:
     """Make ``init_process_group`` call ``init`` and ``destroy_process_group`` call ``destroy``; return torch's two.
 
     Both are defined in ``torch.distributed.distributed_c10d`` and re-exported by
@@ -223,19 +226,25 @@ def replace_group_functions(
     return torch_init, torch_destroy
 
 
-def _forwarding(ours: Callable[..., Any], theirs: Callable[..., Any]) -> Callable[..., Any]:
+def _forwarding(ours: Callable[..., None], theirs: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(theirs)
-    def replacement(*args: Any, **kwargs: Any) -> Any:
+    def replacement(*args: object, **kwargs: object) -> None:
         return ours(*args, **kwargs)
 
     return replacement
 
 
+#: ``observer(group, op, group_peer, tensors, work)``: see :func:`observe_point_to_point` (``work`` None: an
+#: op of a NCCL batch, whose batch holds the work).
+PointToPointObserver = Callable[
+    [dist.ProcessGroup, str, "int | None", Sequence[torch.Tensor], "dist.Work | None"], None
+]
+
 #: The ProcessGroup methods every send and receive goes through, and what each is, for the observer.
 _POINT_TO_POINT = (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv"))
 
 
-def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[torch.Tensor], Any], None]) -> None:
+def observe_point_to_point(observer: PointToPointObserver) -> None:
     """Call ``observer(group, op, group_peer, tensors, work)`` each time a process group posts a send
     or a receive (``op`` "send" or "recv"; ``group_peer`` the peer's rank in ``group``, None for a
     receive from any source). Once per process; a later call changes nothing.
@@ -249,7 +258,7 @@ def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[to
     never reaches the caller. The same wrapper sends and receives a CUDA tensor on gloo through a
     host copy (``staging``), which gloo cannot do itself.
     """
-    cls: Any = dist.ProcessGroup  # torch._C._distributed_c10d.ProcessGroup, as torch.distributed names it
+    cls = dist.ProcessGroup  # torch._C._distributed_c10d.ProcessGroup, as torch.distributed names it
     if getattr(cls, "_distlab_observed", False):
         return
     for method, op in _POINT_TO_POINT:
@@ -258,13 +267,15 @@ def observe_point_to_point(observer: Callable[[Any, str, int | None, Sequence[to
         # attribute as it was (pybind11's method descriptor, which binds ``self``).
         vars(observed)["__wrapped__"] = cls.__dict__[method]  # a function's attribute, through its __dict__
         setattr(cls, method, observed)
-    cls._distlab_observed = True
+    setattr(cls, "_distlab_observed", True)  # noqa: B010 - a mark of distlab's own on torch's class
 
 
-def _observed(original: Callable[..., Any], op: str, observer: Callable[..., None]) -> Callable[..., Any]:
+def _observed(
+    original: Callable[..., dist.Work], op: str, observer: PointToPointObserver
+) -> Callable[..., dist.Work]:
     with_peer = op == "send" or original.__name__ == "recv"
 
-    def method(self: Any, tensors: Sequence[torch.Tensor], *args: Any) -> Any:
+    def method(self: dist.ProcessGroup, tensors: Sequence[torch.Tensor], *args: int) -> dist.Work:
         # gloo cannot send or receive a CUDA tensor as it is (ranks sharing a GPU): rank/staging.py.
         work = staging.staged(original, self, op, tensors, *args) if staging.needs_staging(self, tensors) \
             else original(self, tensors, *args)
@@ -289,7 +300,25 @@ def group_members() -> dict[str, list[int]]:
     return members
 
 
-def flight_recorder_dump() -> dict[str, Any] | None:
+class FlightRecorderEntry(TypedDict, total=False):
+    """One entry of torch's flight-recorder dump, the keys distlab reads."""
+
+    process_group: list[str]  # [name, description]
+    pg_id: int
+    is_p2p: bool
+    collective_seq_id: int
+    profiling_name: str  # "gloo:all_reduce", "nccl:all_gather", ...
+    input_sizes: list[list[int]]
+    input_dtypes: list[str]
+
+
+class FlightRecorderDump(TypedDict):
+    """torch's flight-recorder dump: its entries (the only part distlab reads)."""
+
+    entries: list[FlightRecorderEntry]
+
+
+def flight_recorder_dump() -> FlightRecorderDump | None:
     """torch's flight recorder (the latest collectives of this process, every group), or None.
 
     ``torch._C._distributed_c10d._dump_fr_trace_json(include_collectives=True, only_active=False)``:
@@ -300,4 +329,4 @@ def flight_recorder_dump() -> dict[str, Any] | None:
         dump = json.loads(_c10d_privates._dump_fr_trace_json(True, False))
     except Exception:  # noqa: BLE001 - no recorder in this build, or one that cannot dump: nothing to say
         return None
-    return dump if isinstance(dump, dict) else None
+    return FlightRecorderDump(entries=list(dump.get("entries") or [])) if isinstance(dump, dict) else None

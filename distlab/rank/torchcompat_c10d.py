@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -26,14 +25,14 @@ __all__ = ["ForwardingWork", "point_to_point_functions", "replaced_point_to_poin
 # ------------------------------------------------------------------ point-to-point functions
 
 
-def point_to_point_functions(names: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
+def point_to_point_functions(names: tuple[str, ...]) -> dict[str, Callable[..., object]]:
     """torch's functions ``names`` ("send", "isend", "recv", "irecv", "barrier", ...), as
     ``torch.distributed.distributed_c10d`` holds them now: what :func:`replaced_point_to_point` replaces."""
     return {name: getattr(c10d, name) for name in names}
 
 
 @contextlib.contextmanager
-def replaced_point_to_point(replacements: Mapping[str, Callable[..., Any]]) -> Iterator[None]:
+def replaced_point_to_point(replacements: Mapping[str, Callable[..., object]]) -> Iterator[None]:
     """Within the block, each function of ``torch.distributed`` named in ``replacements`` is its
     replacement, for a user's call and for torch's own; restored after.
 
@@ -65,7 +64,7 @@ class ForwardingWork(dist.Work):
     makes such a receive fail.
     """
 
-    def __init__(self, work: Any) -> None:
+    def __init__(self, work: dist.Work) -> None:
         super().__init__()
         self.work = work
 
@@ -78,11 +77,14 @@ class ForwardingWork(dist.Work):
     def is_success(self) -> bool:
         return bool(self.work.is_success())
 
-    def exception(self) -> Any:
+    def exception(self) -> object:  # what the work's own says (torch's stub leaves it untyped)
         return self.work.exception()
 
     def abort(self) -> None:
-        self.work.abort()
+        # torch 2.13's Work has no abort (nor its stub): forwarded where the work has one, else nothing to do.
+        abort = getattr(self.work, "abort", None)
+        if abort is not None:
+            abort()
 
     def _source_rank(self) -> int:
         return int(self.work._source_rank())

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import torch
 
@@ -21,7 +21,7 @@ from . import torchcompat_release  # noqa: F401 - checks the torch release befor
 
 __all__ = ["compiled_original", "inside_compiled_call", "load_dynamo", "not_compiled"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., object])
 
 
 def not_compiled(fn: _F) -> _F:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TypeAlias, TypeVar
 
 import torch
 import torch.distributed as dist
+
+# OpOverload: what a dispatch mode's ``__torch_dispatch__`` receives as ``func``; torch names it nowhere public.
+from torch._ops import OpOverload
 
 # TorchDispatchMode: the class ``__torch_dispatch__``'s documentation builds on, from a private module.
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,6 +26,7 @@ from . import torchcompat_release  # noqa: F401 - checks the torch release befor
 
 __all__ = [
     "DispatchMode",
+    "Op",
     "collective_group",
     "collective_group_size",
     "dispatch_mode",
@@ -42,11 +46,16 @@ __all__ = [
 #: The base class of a mode that sees every op of this thread (``__torch_dispatch__``).
 DispatchMode = TorchDispatchMode
 
+#: An op as ``__torch_dispatch__`` receives it (``torch._ops.OpOverload``), whatever it takes and returns.
+Op: TypeAlias = "OpOverload[..., object]"
+
+_Mode = TypeVar("_Mode", bound=TorchDispatchMode)
+
 
 # ------------------------------------------------------------------------------------ ops
 
 
-def op_name(func: Any) -> str:
+def op_name(func: Op) -> str:
     """An op's name within its namespace ("_allgather_base_" for ``c10d::_allgather_base_``).
 
     ``OpOverload._schema.name``: the op's registered name; the public ``__name__`` adds the overload
@@ -55,7 +64,7 @@ def op_name(func: Any) -> str:
     return str(func._schema.name).split("::")[-1]
 
 
-def op_returns_alias(func: Any) -> bool:
+def op_returns_alias(func: Op) -> bool:
     """Whether an op's schema lets a result alias an input (a view, an in-place or ``out=`` op).
 
     ``OpOverload._schema.returns[i].alias_info``: the schema is the only place torch says so before
@@ -64,7 +73,7 @@ def op_returns_alias(func: Any) -> bool:
     return any(ret.alias_info is not None for ret in func._schema.returns)
 
 
-def push_dispatch_mode(mode: Any) -> None:
+def push_dispatch_mode(mode: TorchDispatchMode) -> None:
     """Put a ``TorchDispatchMode`` on this thread's mode stack until :func:`pop_dispatch_mode`.
 
     ``torch.utils._python_dispatch._push_mode``: a mode's ``with`` block cannot span the two hooks
@@ -75,7 +84,7 @@ def push_dispatch_mode(mode: Any) -> None:
     _push_mode(mode)
 
 
-def pop_dispatch_mode(mode: Any) -> bool:
+def pop_dispatch_mode(mode: object) -> bool:
     """Take ``mode`` off this thread's mode stack if it is on top; False (and nothing popped) otherwise.
 
     ``_get_current_dispatch_mode`` / ``_pop_mode``: a mode entered after ours and still open is not
@@ -90,7 +99,7 @@ def pop_dispatch_mode(mode: Any) -> bool:
 
 
 @contextlib.contextmanager
-def dispatch_mode(mode: Any) -> Any:
+def dispatch_mode(mode: _Mode) -> Iterator[_Mode]:
     """``with mode:`` for a mode that may be pushed and popped by hand elsewhere."""
     push_dispatch_mode(mode)
     try:
@@ -99,7 +108,7 @@ def dispatch_mode(mode: Any) -> Any:
         pop_dispatch_mode(mode)
 
 
-def resolve_process_group(group_name: str) -> Any:
+def resolve_process_group(group_name: str) -> dist.ProcessGroup:
     """The ``ProcessGroup`` registered under ``group_name``: what a functional collective (``_c10d_functional``
     ops, DTensor's and FSDP2's) receives in place of its group.
 
@@ -110,7 +119,7 @@ def resolve_process_group(group_name: str) -> Any:
     return torch._C._distributed_c10d._resolve_process_group(dist.distributed_c10d.GroupName(group_name))
 
 
-def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+def collective_group_size(func: Op, args: Sequence[object], kwargs: Mapping[str, object]) -> int:
     """How many ranks a collective op (seen by a dispatch mode) runs over.
 
     A ``c10d`` op receives its group as a TorchScript object, turned back into the
@@ -122,7 +131,7 @@ def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, A
     with contextlib.suppress(Exception):  # private op layouts: an unknown one means the world
         if func.namespace == "c10d":
             for arg in args:
-                if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
+                if isinstance(arg, torch.ScriptObject) and "ProcessGroup" in str(arg._type()):
                     return int(dist.ProcessGroup.unbox(arg).size())
         else:
             names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
@@ -132,7 +141,7 @@ def collective_group_size(func: Any, args: Sequence[Any], kwargs: Mapping[str, A
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def collective_group(func: Op, args: Sequence[object], kwargs: Mapping[str, object]) -> dist.ProcessGroup | None:
     """The ``ProcessGroup`` a collective op (seen by a dispatch mode) runs over, or None.
 
     As :func:`collective_group_size`: a ``c10d`` op's group is a TorchScript object (``ProcessGroup.unbox``),
@@ -141,7 +150,7 @@ def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     with contextlib.suppress(Exception):  # private op layouts: an unknown one means None
         if func.namespace == "c10d":
             for arg in args:
-                if type(arg).__name__ == "ScriptObject" and "ProcessGroup" in str(arg._type()):
+                if isinstance(arg, torch.ScriptObject) and "ProcessGroup" in str(arg._type()):
                     return dist.ProcessGroup.unbox(arg)
         else:
             names = [a for a in list(args) + list(kwargs.values()) if isinstance(a, str) and a not in
@@ -151,13 +160,13 @@ def collective_group(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     return None
 
 
-def work_of(out: Any) -> Any:
+def work_of(out: object) -> dist.Work | None:
     """The ``Work`` a ``c10d`` op returned (alone or last in a tuple), as the Python class, or None.
 
     ``Work.unbox`` turns the TorchScript object the dispatcher hands back into ``dist.Work``.
     """
     candidate = out[-1] if isinstance(out, tuple) and out else out
-    if type(candidate).__name__ != "ScriptObject":
+    if not isinstance(candidate, torch.ScriptObject):
         return None
     try:
         return dist.distributed_c10d.Work.unbox(candidate)
@@ -165,7 +174,7 @@ def work_of(out: Any) -> Any:
         return None
 
 
-def future_of(work: Any) -> Any:
+def future_of(work: dist.Work) -> torch.futures.Future[object] | None:
     """``work.get_future()``, or None where the backend has none (gloo's reduce-scatter)."""
     try:
         return work.get_future()
@@ -173,11 +182,11 @@ def future_of(work: Any) -> Any:
         return None
 
 
-def wait_work(work: Any) -> None:
+def wait_work(work: dist.Work) -> None:
     work.wait()
 
 
-def wait_functional(out: Any) -> Any:
+def wait_functional(out: object) -> object:
     """Wait for a functional collective's result(s): ``_c10d_functional.wait_tensor``, as funcol does."""
     wait = torch.ops._c10d_functional.wait_tensor
     if isinstance(out, torch.Tensor):
@@ -187,7 +196,7 @@ def wait_functional(out: Any) -> Any:
     return out
 
 
-def watch_storage_resizes(callback: Callable[[Any, int], None]) -> Callable[[], None]:
+def watch_storage_resizes(callback: Callable[[torch.UntypedStorage, int], None]) -> Callable[[], None]:
     """Call ``callback(storage, bytes_before)`` after FSDP2 resizes a storage; returns the undo.
 
     FSDP2 allocates the whole weights of a layer it gathers, and frees them, by resizing their
@@ -242,9 +251,9 @@ def label_fsdp_collectives(set_label: Callable[[str | None], str | None]) -> Cal
     originals = {name: FSDPParamGroup.__dict__[name] for name in ("unshard", "post_backward")
                  if name in FSDPParamGroup.__dict__}
 
-    def labelled(original: Callable[..., Any]) -> Callable[..., Any]:
+    def labelled(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def method(self: FSDPParamGroup, *args: object, **kwargs: object) -> object:
             before = set_label(getattr(self, "_module_fqn", None) or "(root)")
             try:
                 return original(self, *args, **kwargs)

@@ -9,9 +9,14 @@ torch release is checked before any of these are touched.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 from . import torchcompat_release  # noqa: F401 - checks the torch release before anything here is used
 
@@ -25,7 +30,7 @@ __all__ = [
 ]
 
 
-def fake_store() -> Any:
+def fake_store() -> dist.Store:
     """A store for ``dist.init_process_group("fake", store=..., rank=r, world_size=n)``: torch's fake
     process-group backend, whose collectives return at once and move nothing, so one process can be any
     rank of a world of any size (``distlab.rank.dryrun``). ``torch.testing._internal.distributed.fake_pg``
@@ -36,7 +41,7 @@ def fake_store() -> Any:
     return FakeStore()
 
 
-def fake_tensor_mode() -> Any:
+def fake_tensor_mode() -> FakeTensorMode:
     """``torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)``: tensors with shapes,
     dtypes and devices but no data, and every op computed from shapes alone. Private module; the
     documented way (``torch._subclasses``) to run a model without its memory."""
@@ -45,7 +50,7 @@ def fake_tensor_mode() -> Any:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def memory_tracker(*tracked: Any) -> Any:
+def memory_tracker(*tracked: torch.nn.Module | torch.optim.Optimizer) -> MemTracker:
     """``torch.distributed._tools.mem_tracker.MemTracker`` tracking ``tracked`` (modules, optimizers):
     a dispatch mode counting the bytes of every tensor alive, FSDP2's storage resizes included, and
     its peak; it works under FakeTensorMode. Read with :func:`tracked_peak_bytes`.
@@ -58,7 +63,7 @@ def memory_tracker(*tracked: Any) -> Any:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class GlobalPeak(MemTracker):
-        def _update_peak_stats(self, peak_state: Any) -> None:
+        def _update_peak_stats(self, peak_state: object) -> None:  # a _State: only the global peak is kept
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
@@ -69,13 +74,13 @@ def memory_tracker(*tracked: Any) -> Any:
     return tracker
 
 
-def tracked_peak_bytes(tracker: Any) -> int:
+def tracked_peak_bytes(tracker: MemTracker) -> int:
     """The most bytes a :func:`memory_tracker` saw alive at once, over all devices (``"Total"``)."""
     peak = tracker.get_tracker_snapshot("peak")
     return int(sum(snap.get("Total", 0) for snap in peak.values()))
 
 
-def active_fake_mode() -> Any:
+def active_fake_mode() -> FakeTensorMode | None:
     """The FakeTensorMode active now, or None (``torch._guards.active_fake_mode``). DTensor propagates
     shardings by running each new op signature at its global shape under a FakeTensorMode: a new one
     where none is active, else the active one. A mode that counts what a rank computes (the dry run's
@@ -86,7 +91,7 @@ def active_fake_mode() -> Any:
     return active()
 
 
-def cpu_attention_flop_formulas(registry: Mapping[Any, Callable[..., int]]) -> dict[Any, Callable[..., int]]:
+def cpu_attention_flop_formulas(registry: Mapping[object, Callable[..., int]]) -> dict[object, Callable[..., int]]:
     """FLOP formulas (``torch.utils.flop_counter``'s ``flop_registry``) for CPU's fused attention ops,
     each the formula of the GPU flash-attention op it stands for (the same arguments first): the dry
     run runs CPU kernels, the step it stands for runs flash attention.

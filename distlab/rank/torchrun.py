@@ -27,7 +27,6 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any
 
 import torch.distributed as dist
 
@@ -41,7 +40,7 @@ _lab: GroupSpec | None = None
 # More than 0 while distlab itself makes or tears down the group.
 _owned = 0
 # torch's init_process_group and destroy_process_group, once replaced.
-_torch_functions: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+_torch_functions: tuple[Callable[..., None], Callable[..., None]] | None = None
 # The notes and warnings said in the group joined last: a tutorial's setup() called in five cells
 # is told once that it joined the lab's group, not five times.
 _said: set[str] = set()
@@ -87,7 +86,7 @@ def follow(spec: GroupSpec) -> None:
 
 
 def mismatch(
-    backend: Any, world_size: Any, rank: Any, lab: GroupSpec, rebound: Collection[str] = ()
+    backend: object, world_size: object, rank: object, lab: GroupSpec, rebound: Collection[str] = ()
 ) -> str | None:
     """Why ``init_process_group(backend, world_size=, rank=)`` cannot mean the lab's group, or None if it can.
 
@@ -125,7 +124,7 @@ _REBOUND = (
 )
 
 
-def torchrun_differences(call: Mapping[str, Any], lab: GroupSpec, environ: Mapping[str, str]) -> list[str]:
+def torchrun_differences(call: Mapping[str, object], lab: GroupSpec, environ: Mapping[str, str]) -> list[str]:
     """What in ``init_process_group(**call)`` the lab accepts but torchrun would refuse or hang on.
 
     Checked against torch 2.13 under ``torchrun --standalone``: a ``device_id`` on the CPU raises
@@ -152,7 +151,7 @@ def torchrun_differences(call: Mapping[str, Any], lab: GroupSpec, environ: Mappi
     return said
 
 
-def _not_an_accelerator(device_id: Any) -> bool:
+def _not_an_accelerator(device_id: object) -> bool:
     """Whether torch refuses ``device_id``: an int with no accelerator, or a device on the CPU or with no index."""
     import torch
 
@@ -206,7 +205,7 @@ def _note(text: str, warning: bool = False) -> None:
         print(f"distlab: {text}", flush=True)
 
 
-def _init_process_group(*args: Any, **kwargs: Any) -> None:
+def _init_process_group(*args: object, **kwargs: object) -> None:
     """``init_process_group`` on a lab's rank: joins the lab's group (see the module's docstring)."""
     assert _torch_functions is not None
     init = _torch_functions[0]
@@ -231,7 +230,7 @@ def _init_process_group(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _destroy_process_group(group: Any = None) -> None:
+def _destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
     """``destroy_process_group`` on a lab's rank: the default group stays up for the next cells."""
     assert _torch_functions is not None
     destroy = _torch_functions[1]
@@ -242,12 +241,12 @@ def _destroy_process_group(group: Any = None) -> None:
     return None
 
 
-def _passed_the_cells(name: str, arguments: Mapping[str, Any]) -> bool:
+def _passed_the_cells(name: str, arguments: Mapping[str, object]) -> bool:
     """Whether the value passed as ``name`` is what the cell's namespace now holds under that name."""
     passed, held = arguments.get(name), namespace.user_namespace().get(name)
     return passed is held or (type(passed) is type(held) and passed == held)
 
 
 @functools.cache
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+def _signature(fn: Callable[..., object]) -> inspect.Signature:
     return inspect.signature(fn)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -25,7 +25,31 @@ SAMPLE = 1 << 20
 REPR_CHARS = 80
 
 
-def summarise_safely(value: Any) -> dict[str, Any]:
+class ValueSummary(TypedDict, total=False):
+    """One value as plain data (:func:`summarise`); ``kind`` and ``type`` always, the rest by kind."""
+
+    kind: str  # "tensor" | "module" | "container" | "array" | "value"
+    type: str
+    name: str  # a postmortem's local: its name
+    parameters: int
+    training: bool
+    length: int
+    items: str
+    shape: list[int]
+    dtype: str
+    device: str
+    requires_grad: bool
+    stats: dict[str, float]
+    nan: int
+    inf: int
+    note: str
+    placements: list[str]
+    mesh: list[int]
+    local_shape: list[int]
+    repr: str
+
+
+def summarise_safely(value: object) -> ValueSummary:
     """:func:`summarise`, or the value's type alone when summarising it raises."""
     try:
         return summarise(value)
@@ -33,7 +57,7 @@ def summarise_safely(value: Any) -> dict[str, Any]:
         return {"kind": "value", "type": _type_name(value), "repr": f"<not summarised: {type(exc).__name__}>"}
 
 
-def summarise(value: Any) -> dict[str, Any]:
+def summarise(value: object) -> ValueSummary:
     """One value as plain data: ``{"kind": "tensor" | "module" | "container" | "array" | "value", "type", ...}``.
 
     - tensor: ``shape``, ``dtype``, ``device``, ``requires_grad``, ``stats`` (min, max, mean, norm
@@ -68,8 +92,8 @@ def summarise(value: Any) -> dict[str, Any]:
     return {"kind": "value", "type": _type_name(value), "repr": _short_repr(value)}
 
 
-def _tensor(t: torch.Tensor) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _tensor(t: torch.Tensor) -> ValueSummary:
+    out: ValueSummary = {
         "kind": "tensor",
         "type": _type_name(t),
         "shape": list(t.shape),
@@ -95,7 +119,7 @@ def _tensor(t: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def _fill_stats(out: dict[str, Any], t: torch.Tensor) -> None:
+def _fill_stats(out: ValueSummary, t: torch.Tensor) -> None:
     if t.is_meta:
         out["note"] = "a meta tensor: no values"
         return
@@ -165,11 +189,11 @@ def _dtensor_type() -> type[DTensor] | None:
     return DTensor
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return type(value).__name__
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: object) -> str:
     try:
         text = repr(value)
     except Exception as exc:  # noqa: BLE001 - a broken __repr__ is the object's problem, not the postmortem's

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .. import checks
 from ..errors import LabUsageError
@@ -65,7 +66,7 @@ class Calibration:
     network: Network
     plan: Plan  # the calibration plan (its model, sequence and micro-batch)
     #: What was measured: matmul rate, the model's rate, copy rate, and each link's timed sizes.
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, object] = field(default_factory=dict)
 
     @property
     def efficiency(self) -> float:
@@ -106,13 +107,33 @@ class Measurement:
         return min(self.step_times_s), max(self.step_times_s)
 
 
-def _lab(lab: Any, what: str) -> Any:
+class _RankRow(Protocol):
+    @property
+    def rank(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+
+
+class _Lab(Protocol):
+    """What calibrate and measure ask of a lab (the ``Lab`` a person uses has it)."""
+
+    @property
+    def world_size(self) -> int: ...
+    def run(
+        self, code: str, *, timeout: float | None = ..., stream: bool = ..., record: bool = ...
+    ) -> Mapping[int, Any]: ...
+    def status(self) -> Sequence[_RankRow]: ...
+
+
+def _lab(lab: _Lab, what: str) -> _Lab:
     if not all(hasattr(lab, name) for name in ("run", "status", "world_size")):
         raise TypeError(f"{what} takes a running lab, like scale.{what}(distlab.current_lab()); got {lab!r}")
     return lab
 
 
-def _on_ranks(lab: Any, call: str, timeout: float) -> dict[int, Any]:
+def _on_ranks(lab: _Lab, call: str, timeout: float) -> dict[int, Any]:
     """``distlab.rank.planrun.<call>`` on every rank: {rank: what it returned}."""
     code = f"from distlab.rank import planrun as _planrun\n_planrun.{call}"
     return dict(lab.run(code, stream=False, record=False, timeout=timeout))
@@ -130,7 +151,7 @@ def _fits(times: dict[str, dict[int, float]], ranks: int) -> dict[str, tuple[flo
     return found
 
 
-def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calibration:
+def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Calibration:
     """The lab as a machine the predictor knows (module doc): ``hardware=`` and ``network=`` for
     ``scale.predict``. ``plan``: whose model (with its sequence length and micro-batch) the efficiency
     is measured on; by default ``CALIBRATION_MODEL`` at 256 tokens, 4 sequences per micro-batch, fp32."""
@@ -155,7 +176,7 @@ def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calib
     first = next(iter(hosts.values()))
     heads = [members[0] for members in hosts.values()]
     links: dict[str, dict[str, tuple[float, float]]] = {}
-    timed: dict[str, Any] = {}
+    timed: dict[str, dict[str, dict[int, float]]] = {}
     for name, members in (("node", first), ("network", heads)):
         if len(members) >= 2:
             got = _on_ranks(lab, f"collective_times({_SIZES!r}, ranks={members!r}, ops={_OPS!r})", timeout)
@@ -192,7 +213,7 @@ def calibrate(lab: Any, plan: Plan | None = None, timeout: float = 300) -> Calib
     return Calibration(hardware=hardware, network=net, plan=plan, measured=measured)
 
 
-def measure(lab: Any, plan: Plan, steps: int = 5, warmup: int = 2, timeout: float = 600) -> Measurement:
+def measure(lab: _Lab, plan: Plan, steps: int = 5, warmup: int = 2, timeout: float = 600) -> Measurement:
     """``plan`` run on ``lab`` (module doc): ``steps`` timed steps after ``warmup``, and one step's memory."""
     lab = _lab(lab, "measure")
     checks.instance("plan", plan, Plan, what="a scale.Plan", error=TypeError)

@@ -6,10 +6,25 @@ the modules from the same fields, and a test holds the two counts together.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
-__all__ = ["MODELS", "ModelConfig", "parameters"]
+__all__ = ["MODELS", "ModelConfig", "ModelJSON", "parameters"]
+
+
+class ModelJSON(TypedDict):
+    """A :class:`ModelConfig` as JSON (``ModelConfig.to_json()``): what the dry run builds the model from."""
+
+    name: str
+    architecture: str
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn_dim: int
+    vocab: int
+    max_seq_len: int
+    tied_embeddings: bool
 
 
 @dataclass(frozen=True)
@@ -36,8 +51,12 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.heads
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> ModelJSON:
+        return ModelJSON(
+            name=self.name, architecture=self.architecture, dim=self.dim, layers=self.layers, heads=self.heads,
+            kv_heads=self.kv_heads, ffn_dim=self.ffn_dim, vocab=self.vocab, max_seq_len=self.max_seq_len,
+            tied_embeddings=self.tied_embeddings,
+        )
 
 
 def _llama(name: str, dim: int, layers: int, heads: int, ffn: int) -> ModelConfig:

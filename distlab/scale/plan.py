@@ -11,14 +11,14 @@ one line saying why and what to change, as :mod:`distlab.checks` does for every 
 from __future__ import annotations
 
 import difflib
-from dataclasses import KW_ONLY, asdict, dataclass
-from typing import Any
+from dataclasses import KW_ONLY, dataclass
+from typing import TypedDict
 
 from .. import checks
 from ..errors import LabUsageError
-from .models import MODELS, ModelConfig
+from .models import MODELS, ModelConfig, ModelJSON
 
-__all__ = ["CHECKPOINTING", "DP", "PRECISIONS", "SCHEDULES", "Plan"]
+__all__ = ["CHECKPOINTING", "DP", "PRECISIONS", "SCHEDULES", "Plan", "PlanJSON"]
 
 DP = ("ddp", "fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -32,7 +32,7 @@ def _divisors(n: int) -> str:
     return ", ".join(map(str, found)) if found else "1"
 
 
-def _model(model: Any) -> ModelConfig:
+def _model(model: object) -> ModelConfig:
     if isinstance(model, ModelConfig):
         return model
     if not isinstance(model, str):
@@ -42,6 +42,29 @@ def _model(model: Any) -> ModelConfig:
         hint = f"did you mean {' or '.join(map(repr, close))}?" if close else f"known: {', '.join(MODELS)}"
         raise LabUsageError(f"unknown model {model!r}: {hint} (or pass a scale.ModelConfig)")
     return MODELS[model]
+
+
+class PlanJSON(TypedDict):
+    """A :class:`Plan` as JSON (``Plan.to_json()``), what the dry run and a lab's ranks are sent: its fields,
+    the model as its full config, the model's name, and ``sequence_parallel`` as it will run."""
+
+    model: ModelJSON
+    gpus: int
+    seq_len: int
+    global_batch_tokens: int
+    tp: int
+    pp: int
+    cp: int
+    dp: str
+    shard: int | None
+    micro_batch_size: int
+    schedule: str
+    chunks: int
+    precision: str
+    checkpointing: str
+    optimizer: str
+    sequence_parallel: bool
+    model_name: str
 
 
 @dataclass(frozen=True)
@@ -117,13 +140,16 @@ class Plan:
         )
         return {"pp": self.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": self.cp, "tp": self.tp}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PlanJSON:
         """The plan as JSON-ready data, the model as its full config (the dry run needs no table)."""
-        out = asdict(self)
-        out["model"] = self.config.to_json()
-        out["model_name"] = self.model if isinstance(self.model, str) else self.model.name
-        out["sequence_parallel"] = self.sequence_parallel_on
-        return out
+        return PlanJSON(
+            model=self.config.to_json(), gpus=self.gpus, seq_len=self.seq_len,
+            global_batch_tokens=self.global_batch_tokens, tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp,
+            shard=self.shard, micro_batch_size=self.micro_batch_size, schedule=self.schedule, chunks=self.chunks,
+            precision=self.precision, checkpointing=self.checkpointing, optimizer=self.optimizer,
+            sequence_parallel=self.sequence_parallel_on,
+            model_name=self.model if isinstance(self.model, str) else self.model.name,
+        )
 
     # ------------------------------------------------------------------------------ checks
 

@@ -42,10 +42,14 @@ GiB), which the published-runs table shows as the gap.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..theory import collective_time_s, pipeline_step_time_s
 from .hardware import Hardware, Network, hardware_named, network_named
+
+if TYPE_CHECKING:
+    from .plan import Plan
+    from .report import CollectiveCount, DryRunReport, RankKind
 
 __all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "predict", "predict_report"]
 
@@ -87,7 +91,7 @@ class Prediction:
         )
 
 
-def dimension_sizes(plan: Any) -> dict[str, int]:
+def dimension_sizes(plan: Plan) -> dict[str, int]:
     """Each mesh dimension's size for ``plan`` (``MESH_ORDER``)."""
     dp = plan.gpus // (plan.tp * plan.pp * plan.cp)
     if plan.dp == "fsdp":
@@ -95,11 +99,12 @@ def dimension_sizes(plan: Any) -> dict[str, int]:
     elif plan.dp == "ddp":
         replicate, shard = dp, 1
     else:  # hsdp: shard inside groups of plan.shard, replicate across them
-        replicate, shard = dp // plan.shard, plan.shard
+        shard = plan.shard or 1  # Plan.check requires it for hsdp
+        replicate = dp // shard
     return {"pp": plan.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": plan.cp, "tp": plan.tp}
 
 
-def links(plan: Any, hardware: Hardware) -> dict[str, str]:
+def links(plan: Plan, hardware: Hardware) -> dict[str, str]:
     """Which link each dimension's groups cross: "node" when a group's ranks share a node, else
     "network" ("none" for a dimension of size 1: no group, nothing crosses)."""
     sizes = dimension_sizes(plan)
@@ -113,7 +118,7 @@ def links(plan: Any, hardware: Hardware) -> dict[str, str]:
     return found
 
 
-def _collective_s(c: Any, link: str, hardware: Hardware, network: Network) -> float:
+def _collective_s(c: CollectiveCount, link: str, hardware: Hardware, network: Network) -> float:
     if c.op not in _COLLECTIVE_OPS or c.group_size < 2:
         return 0.0
     bandwidth, latency = (
@@ -127,7 +132,7 @@ def _collective_s(c: Any, link: str, hardware: Hardware, network: Network) -> fl
     return collective_time_s(c.op, size, c.group_size, bandwidth, latency)
 
 
-def _point_to_point_s(c: Any, link: str, hardware: Hardware, network: Network) -> float:
+def _point_to_point_s(c: CollectiveCount, link: str, hardware: Hardware, network: Network) -> float:
     bandwidth, latency = (
         (hardware.node_link_bytes_per_s, hardware.node_link_latency_s)
         if link == "node"
@@ -137,7 +142,7 @@ def _point_to_point_s(c: Any, link: str, hardware: Hardware, network: Network) -
 
 
 def _kind_time(
-    kind: Any, plan: Any, micro_batches: int, hw: Hardware, net: Network, dims: dict[str, str], efficiency: float
+    kind: RankKind, plan: Plan, micro_batches: int, hw: Hardware, net: Network, dims: dict[str, str], efficiency: float
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
     peak = hw.peak_flops.get(plan.precision) or hw.peak_flops["bf16"]
@@ -190,7 +195,7 @@ def _exposed_beside(seconds: float, calls: int, compute_s: float, overlap: float
     return max(0.0, seconds - overlap * compute_s) + overlap * seconds / (calls or 1)
 
 
-def _optimizer_s(kind: Any, hw: Hardware) -> float:
+def _optimizer_s(kind: RankKind, hw: Hardware) -> float:
     memory = kind.memory
     # The optimizer reads the gradients sharded, as many bytes as the parameters (fp32 both): under a
     # pipeline ``memory["gradients"]`` is the unsharded accumulation, reduced before the step.
@@ -199,7 +204,7 @@ def _optimizer_s(kind: Any, hw: Hardware) -> float:
 
 
 def predict_report(
-    report: Any,
+    report: DryRunReport,
     hardware: str | Hardware = "h100-sxm",
     network: str | Network = "ib-400g",
     efficiency: float | None = None,
@@ -245,10 +250,10 @@ def predict_report(
 
 
 def predict(
-    plan: Any,
+    plan: Plan,
     hardware: str | Hardware = "h100-sxm",
     network: str | Network = "ib-400g",
-    report: Any | None = None,
+    report: DryRunReport | None = None,
     efficiency: float | None = None,
 ) -> Prediction:
     """``plan``'s step time, tokens/s per GPU, MFU and memory per GPU on ``hardware`` and ``network``

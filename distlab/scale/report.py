@@ -7,15 +7,65 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypedDict, final
 
-from .plan import Plan
+from .plan import Plan, PlanJSON
 
-__all__ = ["MEMORY", "CollectiveCount", "DryRunReport", "RankKind"]
+__all__ = [
+    "MEMORY", "CollectiveCount", "CollectiveJSON", "DryRunJSON", "DryRunReport", "MemoryJSON", "MemoryKey", "RankKind",
+    "RankKindJSON",
+]
 
 #: The memory categories of a rank kind, in bytes.
-MEMORY = ("parameters", "gradients", "optimizer", "activations", "peak")
+MemoryKey = Literal["parameters", "gradients", "optimizer", "activations", "peak"]
+MEMORY: tuple[MemoryKey, ...] = ("parameters", "gradients", "optimizer", "activations", "peak")
 _GIB = 2**30
+
+
+class CollectiveJSON(TypedDict):
+    """A :class:`CollectiveCount` in the dry run's JSON."""
+
+    op: str
+    dim: str
+    group_size: int
+    bytes: int
+    calls_per_micro_batch: int
+    phase: str
+
+
+class MemoryJSON(TypedDict):
+    """A rank kind's bytes by :data:`MEMORY`, in the dry run's JSON."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+    peak: int
+
+
+@final  # no other keys: a failed run's {"error": ...} is told apart by its key
+class RankKindJSON(TypedDict):
+    """A :class:`RankKind` in the dry run's JSON."""
+
+    name: str
+    ranks: int
+    rank: int
+    stage: int | None
+    memory: MemoryJSON
+    collectives: list[CollectiveJSON]
+    flops_per_micro_batch: float
+    recompute_flops_per_micro_batch: float
+
+
+class DryRunJSON(TypedDict):
+    """The dry run's report as JSON (``python -m distlab.rank.dryrun``'s output; :class:`DryRunReport`'s source)."""
+
+    plan: PlanJSON
+    parameters: int
+    kinds: list[RankKindJSON]
+    seconds: float
+    micro_batches: int
+    tokens_per_step: int
 
 
 @dataclass(frozen=True)
@@ -69,7 +119,7 @@ class DryRunReport:
     tokens_per_step: int
 
     @classmethod
-    def from_json(cls, plan: Plan, data: dict[str, Any]) -> DryRunReport:
+    def from_json(cls, plan: Plan, data: DryRunJSON) -> DryRunReport:
         kinds = [
             RankKind(
                 name=k["name"], ranks=int(k["ranks"]), rank=int(k["rank"]), stage=k["stage"],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from ..rank import torchcompat, torchcompat_compile
 from ..records import AllReduceBucket, Collective
 from ..theory.collectives import COLLECTIVES, bus_bandwidth_factor
 from .ops import CollectiveTiming, Stamped
+
+if TYPE_CHECKING:
+    from .ops import OpObserver
 
 __all__ = ["BucketTiming", "CommTimer", "TimedGroup", "attach", "detach", "summarize", "summarize_collectives",
            "timed_all_reduce"]
@@ -42,7 +45,11 @@ class BucketTiming(Stamped):
     done: float | None = None
     #: A blocking all-reduce (``Watch.all_reduce``): none of it overlaps compute.
     blocking: bool = False
-    events: tuple[Any, Any] | None = None
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+
+#: A reduction as ``dist.all_reduce`` takes it: ``dist.ReduceOp.SUM`` (a ``RedOpType``) or a ``ReduceOp``.
+ReduceOpLike: TypeAlias = "dist.ReduceOp.RedOpType | dist.ReduceOp"
 
 
 @dataclass
@@ -52,7 +59,7 @@ class CommTimer:
     enabled: bool = False
     timings: list[BucketTiming] = field(default_factory=list)
     #: The stand-in group the reducer holds while the model is watched.
-    group: Any = None
+    group: TimedGroup | None = None
 
 
 class TimedGroup(dist.ProcessGroup):
@@ -225,7 +232,8 @@ def summarize_collectives(
 
 
 def timed_all_reduce(
-    timings: list[BucketTiming], observer: Any, tensor: torch.Tensor, op: Any, group: Any
+    timings: list[BucketTiming], observer: OpObserver | None, tensor: torch.Tensor, op: ReduceOpLike | None,
+    group: dist.ProcessGroup | None,
 ) -> torch.Tensor:
     """``dist.all_reduce(tensor)`` timed as the next bucket of ``timings`` (``Watch.all_reduce``); the
     watch's op ``observer``, if any, does not time it again."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -45,7 +45,17 @@ def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return total
 
 
-def model_memory(model: torch.nn.Module | Iterable[torch.Tensor], optimizer: Any = None) -> dict[str, int]:
+class HeldMemory(TypedDict):
+    """What a rank holds for a model, in bytes (:func:`model_memory`)."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+
+
+def model_memory(
+    model: torch.nn.Module | Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None
+) -> HeldMemory:
     """{parameters_bytes, gradients_bytes, optimizer_bytes} this rank holds for a model.
 
     ``model`` is a module or its parameters. Optimizer state is every tensor in ``optimizer.state``

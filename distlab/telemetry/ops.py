@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -77,7 +77,7 @@ _FUNCTIONAL: dict[str, tuple[str, str]] = {
 _NAMESPACES = {"c10d": _C10D, "_c10d_functional": _FUNCTIONAL, "_c10d_functional_autograd": _FUNCTIONAL}
 
 
-def collective_name(func: Any) -> str | None:
+def collective_name(func: torchcompat_dispatch.Op) -> str | None:
     """The collective an op is ('all_gather', ...), or None for any other op."""
     table = _NAMESPACES.get(getattr(func, "namespace", ""))
     if table is None:
@@ -94,7 +94,7 @@ class Stamped:
 
     launched: float
     done: float | None
-    events: tuple[Any, Any] | None
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None
 
     def seconds(self) -> float | None:
         if self.events is not None:
@@ -125,7 +125,7 @@ class CollectiveTiming(Stamped):
     untimed: bool = False
     #: The layer it gathers or reduces, where that is known (FSDP2's units).
     layer: str | None = None
-    events: tuple[Any, Any] | None = None
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
 
 def _subclass_dispatches(cls: type) -> bool:
@@ -144,7 +144,7 @@ def _subclass_dispatches(cls: type) -> bool:
 _DISPATCHING: dict[type, bool] = {}
 
 
-def _tensor_bytes(value: Any) -> int:
+def _tensor_bytes(value: object) -> int:
     return sum(t.numel() * t.element_size() for t in torchcompat.tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
@@ -159,7 +159,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.memory = memory
         self.timings = timings
-        self._seen: dict[Any, tuple[str | None, bool]] = {}
+        self._seen: dict[torchcompat_dispatch.Op, tuple[str | None, bool]] = {}
         #: The layer whose collectives run now (set around FSDP2's gathers and reductions).
         self.label: str | None = None
 
@@ -178,8 +178,9 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         return before
 
     def __torch_dispatch__(
-        self, func: Any, types: tuple[type, ...], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
+        self, func: torchcompat_dispatch.Op, types: tuple[type, ...], args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         if any(_subclass_dispatches(t) for t in types):
             # A DTensor (or another tensor subclass) gets the op first: it runs its own ops on its
             # local tensors, and the collectives it needs (a redistribution inside the op, the
@@ -198,7 +199,9 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
             self.memory.add_outputs(out)
         return out
 
-    def _timed(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _timed(
+        self, name: str, func: torchcompat_dispatch.Op, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
         functional = func.namespace != "c10d"
         ranks = torchcompat_dispatch.collective_group_size(func, args, kwargs)
         timing = CollectiveTiming(name, 0, ranks, time.perf_counter(), layer=self.label)

@@ -10,7 +10,6 @@ parallelism over the other. Anything it cannot name gives no prediction rather t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
@@ -22,7 +21,7 @@ __all__ = ["describe"]
 _OPTIMIZERS = {"Adam": "adam", "AdamW": "adam"}
 
 
-def _optimizer_kind(optimizer: Any) -> str | None:
+def _optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
     inner = getattr(optimizer, "optim", optimizer) if models.is_zero_optimizer(optimizer) else optimizer
     name = type(inner).__name__
     if name in _OPTIMIZERS:
@@ -39,7 +38,7 @@ def _is_fsdp(model: torch.nn.Module) -> bool:
     return module_type is not None and any(isinstance(m, module_type) for m in model.modules())
 
 
-def describe(model: torch.nn.Module, params: list[torch.Tensor], optimizers: Iterable[Any],
+def describe(model: torch.nn.Module, params: list[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer],
              world_size: int) -> Layout | None:
     """{parameters, strategy, data_parallel, tensor_parallel, precision, optimizer} for ``sharded_memory``, or None."""
     opts = list(optimizers)

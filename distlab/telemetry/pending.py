@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import cast
 
 import torch
 
@@ -47,12 +46,14 @@ class PendingSteps:
         done = False
         while self._steps:
             step = self._steps[0]
-            if not wait and len(self._steps) <= MAX_WAITING and not step.done_event.query():
+            event = step.done_event
+            assert event is not None  # recorded by add
+            if not wait and len(self._steps) <= MAX_WAITING and not event.query():
                 break
-            step.done_event.synchronize()
+            event.synchronize()
             old = step.record
             assert old is not None
-            step.record = cast(StepRecord, {**old, **step.timed_fields(world_size), **metric_fields(step.metrics)})
+            step.record = {**old, **step.timed_fields(world_size), **metric_fields(step.metrics)}
             replace(old, step.record)
             self._steps.popleft()
             done = True

@@ -8,11 +8,11 @@ counts (``telemetry/storages.py``), which ``live`` is.
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
-from .memory import model_memory
+from ..records import MemoryUse
+from .memory import HeldMemory, model_memory
 from .steps import Step
 from .storages import LiveTensors
 
@@ -28,7 +28,7 @@ class StepMemory:
         self.live = live
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # the watch adds its own
 
-    def held(self) -> dict[str, int]:
+    def held(self) -> HeldMemory:
         """The model's parameters, gradients and its optimizers' state on this rank, in bytes."""
         held = model_memory(self.params)
         held["optimizer_bytes"] = sum(model_memory([], opt)["optimizer_bytes"] for opt in list(self.optimizers))
@@ -36,7 +36,8 @@ class StepMemory:
 
     def begin(self, step: Step) -> None:
         """The step begins: what is held now, and the peak counted from here."""
-        step.resident = sum(self.held().values())
+        held = self.held()
+        step.resident = held["parameters_bytes"] + held["gradients_bytes"] + held["optimizer_bytes"]
         if self.cuda is not None:
             torch.cuda.reset_peak_memory_stats(self.cuda)
             step.live_at_begin = torch.cuda.memory_allocated(self.cuda)
@@ -44,7 +45,7 @@ class StepMemory:
             self.live.reset_peak()
             step.live_at_begin = self.live.current
 
-    def record(self, step: Step) -> Any:
+    def record(self, step: Step) -> MemoryUse:
         """The step's memory record: model state now, and the step's peak (see ``records.MemoryUse``)."""
         if self.cuda is not None:
             made = torch.cuda.max_memory_allocated(self.cuda) - step.live_at_begin

@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import torch
 
 from ..rank import models
-from ..records import StepRecord
+from ..records import AllReduceBucket, Collective, MemoryUse, StepRecord
 from . import comm
 from .ops import CollectiveTiming
 
 __all__ = ["MetricFields", "Step", "metric_fields", "metric_value", "wrapped_by_zero"]
+
+
+class TimedFields(TypedDict):
+    """A step record's fields read from its timed collectives (:meth:`Step.timed_fields`)."""
+
+    allreduce: list[AllReduceBucket]
+    collectives: list[Collective]
+    comm_s: float
+    compute_s: float
 
 
 class Step:
@@ -44,9 +53,9 @@ class Step:
         self.end = 0.0  # perf_counter when it closed
         # On a GPU: recorded on the stream when the step closed; once it has completed, so has every
         # collective timed in the step and every value logged in it, and reading them waits for nothing.
-        self.done_event: Any = None
+        self.done_event: torch.cuda.Event | None = None
 
-    def timed_fields(self, world_size: int) -> dict[str, Any]:
+    def timed_fields(self, world_size: int) -> TimedFields:
         """The record's fields that read the step's timed collectives (on a GPU, their CUDA events)."""
         step_time_s = self.end - self.begin
         buckets, comm_s = comm.summarize(self.timings, self.begin, world_size)
@@ -54,13 +63,15 @@ class Step:
         comm_s = min(comm_s + in_flight_s, step_time_s)  # what was still in flight counts as exposed
         return {"allreduce": buckets, "collectives": collectives, "comm_s": comm_s, "compute_s": step_time_s - comm_s}
 
-    def new_record(self, rank: int, world_size: int, end: float, memory: Any, timed: bool = True) -> StepRecord:
+    def new_record(
+        self, rank: int, world_size: int, end: float, memory: MemoryUse | None, timed: bool = True
+    ) -> StepRecord:
         """The step's record, its update done at ``end`` (``perf_counter``): its times, its timed
         collectives (``timed=False``: none yet, see ``timed_fields``) and ``memory``; the watch adds the
         sampled norms and checksums, and the metrics."""
         self.end = end
         step_time_s = end - self.begin
-        fields: dict[str, Any] = self.timed_fields(world_size) if timed else {
+        fields: TimedFields = self.timed_fields(world_size) if timed else {
             "allreduce": [], "collectives": [], "comm_s": 0.0, "compute_s": step_time_s}
         return {
             "rank": rank,
@@ -97,7 +108,7 @@ def wrapped_by_zero(optimizer: torch.optim.Optimizer) -> bool:
                for ref in gc.get_referrers(optimizer))
 
 
-def metric_value(name: str, value: Any) -> float | torch.Tensor:
+def metric_value(name: str, value: object) -> float | torch.Tensor:
     """A logged value as the record keeps it: a float, or a GPU tensor's detached copy until its step's
     record is made (reading it at once would make the CPU wait for the GPU every step)."""
     if isinstance(value, torch.Tensor):

@@ -9,7 +9,6 @@ count). :class:`ops.OpObserver` shows each op's results to a :class:`LiveTensors
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
@@ -22,7 +21,7 @@ __all__ = ["LiveTensors", "local_tensor", "makes_storage", "storage_key"]
 local_tensor = torchcompat.local_tensor
 
 
-def storage_key(tensor: torch.Tensor) -> tuple[Any, int] | None:
+def storage_key(tensor: torch.Tensor) -> tuple[torch.UntypedStorage, int] | None:
     """(storage, bytes) of a plain tensor with real memory; None for meta, fake or subclass wrappers."""
     try:
         storage = tensor.untyped_storage()
@@ -51,12 +50,13 @@ class LiveTensors:
         self.current = 0
         self.peak = 0
         self._live: dict[int, int] = {}  # storage (its C++ object) -> bytes counted for it
-        self._refs: dict[Any, int] = {}  # weak reference -> storage; keeps the references alive
+        # weak reference -> storage; keeps the references alive
+        self._refs: dict[weakref.ref[torch.UntypedStorage], int] = {}
 
     def reset_peak(self) -> None:
         self.peak = self.current
 
-    def add_outputs(self, out: Any) -> None:
+    def add_outputs(self, out: object) -> None:
         """Count the storages an op that makes new ones (see :func:`makes_storage`) returned."""
         if isinstance(out, torch.Tensor):
             self._add(out)
@@ -78,7 +78,7 @@ class LiveTensors:
         self.current += nbytes
         self.peak = max(self.peak, self.current)
 
-    def resized(self, storage: Any, before: int) -> None:
+    def resized(self, storage: torch.UntypedStorage, before: int) -> None:
         """``storage`` was resized in place from ``before`` bytes: count the difference."""
         change = storage.nbytes() - before
         cdata = torchcompat.storage_id(storage)
@@ -87,12 +87,12 @@ class LiveTensors:
         self.current += change
         self.peak = max(self.peak, self.current)
 
-    def _freed(self, ref: Any) -> None:
+    def _freed(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
         cdata = self._refs.pop(ref, None)
         if cdata is not None:
             self.current -= self._live.pop(cdata, 0)
 
 
-def makes_storage(func: Any) -> bool:
+def makes_storage(func: torchcompat_dispatch.Op) -> bool:
     """False for an op whose schema lets a result alias an input: it returns memory that already existed."""
     return not torchcompat_dispatch.op_returns_alias(func)

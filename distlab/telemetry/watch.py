@@ -26,7 +26,6 @@ import os
 import time
 import warnings
 import weakref
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +35,7 @@ from ..rank import hooks, models, torchcompat, torchcompat_compile
 from ..rank.publish import Publisher, Sender, rank_publisher
 from ..records import PUBLISH_KEY, Layout, Publish, StepRecord, WatchMeta
 from . import comm
+from .comm import ReduceOpLike
 from .observing import INSIDE_COMPILED, ObservedOps
 from .parallelism import describe
 from .record_buffer import RecordBuffer
@@ -50,7 +50,7 @@ _active: list[Watch] = []
 _runs = itertools.count()
 
 
-def watch(model: torch.nn.Module, *, config: WatchConfig | None = None, **options: Any) -> Watch:
+def watch(model: torch.nn.Module, *, config: WatchConfig | None = None, **options: object) -> Watch:
     """Record this rank's training of ``model`` (DDP-wrapped or plain) and publish it to the notebook.
 
     Options are :class:`WatchConfig` fields, e.g. ``watch(model, stats_every=1)``. Use it as a
@@ -63,7 +63,7 @@ def watch(model: torch.nn.Module, *, config: WatchConfig | None = None, **option
     return Watch(model, settings, rank_publisher() if settings.publish else None)
 
 
-def log(**values: Any) -> None:
+def log(**values: object) -> None:
     """Attach values to the current step of the open watch: ``distlab.log(loss=loss, epoch=e)``.
 
     ``loss`` and ``epoch`` have their own fields; anything else goes to ``metrics``. Tensors are
@@ -113,7 +113,7 @@ class Watch:
         self._seq = 0
         self._open: Step | None = None
         self._last_end: float | None = None
-        self._owns_cache: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._owns_cache: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
         self._param_ids = {id(p) for p in self.layers.params}
 
         self.initial_checksums = self._replica_checksums()
@@ -249,7 +249,7 @@ class Watch:
 
     # ------------------------------------------------------------------ hooks
 
-    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+    def _on_forward(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         if not torch.is_grad_enabled():
             return  # evaluation forwards are not training steps
         step = self._open
@@ -265,7 +265,9 @@ class Watch:
         self._finish(step)
         self._begin(step.number + 1, time.perf_counter() - self._last_end if self._last_end is not None else None)
 
-    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _on_optimizer_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         if not self._owns(optimizer):
             return
         optimizers = self._step_memory.optimizers
@@ -372,7 +374,7 @@ class Watch:
         self._take_late(step)
         self._records.keep(step.record)
 
-    def log(self, **values: Any) -> None:
+    def log(self, **values: object) -> None:
         """See :func:`distlab.log`."""
         if self.closed:
             return
@@ -386,7 +388,9 @@ class Watch:
             if self._publisher is not None:
                 self._publisher.notify()
 
-    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None) -> torch.Tensor:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOpLike | None = None, group: dist.ProcessGroup | None = None
+    ) -> torch.Tensor:
         """``dist.all_reduce(tensor)``, timed as a bucket of this step: for gradients averaged by hand."""
         if self._open is None:
             self._begin(0, None)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
 
 from .. import checks
 
@@ -49,7 +49,7 @@ class WatchConfig:
     replicated: bool = True
 
 
-def make_config(config: WatchConfig | None, overrides: dict[str, Any]) -> WatchConfig:
+def make_config(config: WatchConfig | None, overrides: Mapping[str, object]) -> WatchConfig:
     """``config`` with ``overrides`` applied, every value checked; errors name the field and the fix."""
     base = config if config is not None else WatchConfig()
     checks.instance("config", base, WatchConfig, what="a distlab.telemetry.WatchConfig", error=TypeError)
