@@ -25,9 +25,10 @@ __all__ = ["ForwardingWork", "point_to_point_functions", "replaced_point_to_poin
 # ------------------------------------------------------------------ point-to-point functions
 
 
-def point_to_point_functions(names: tuple[str, ...]) -> dict[str, Callable[..., object]]:
+def point_to_point_functions(names: tuple[str, ...]) -> dict[str, Callable[..., dist.Work | int | None]]:
     """torch's functions ``names`` ("send", "isend", "recv", "irecv", "barrier", ...), as
-    ``torch.distributed.distributed_c10d`` holds them now: what :func:`replaced_point_to_point` replaces."""
+    ``torch.distributed.distributed_c10d`` holds them now: what :func:`replaced_point_to_point` replaces.
+    Each returns what its torch function does: a Work to wait on, a sender's rank (recv), or None."""
     return {name: getattr(c10d, name) for name in names}
 
 

@@ -104,7 +104,7 @@ class _Collectives(torchcompat_dispatch.DispatchMode):
 
     def __torch_dispatch__(
         self,
-        func: Callable[..., object],
+        func: torchcompat_dispatch.Op,
         types: tuple[type, ...],
         args: tuple[object, ...] = (),
         kwargs: dict[str, object] | None = None,
