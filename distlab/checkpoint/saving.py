@@ -149,6 +149,6 @@ def _check_agreement(gathered: list[_RankPart]) -> None:
 
 
 def _distlab_version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__

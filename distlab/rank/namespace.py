@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,8 +35,9 @@ def fill(rank: int, world_size: int, local_rank: int, device: torch.device) -> N
     import torch
     import torch.distributed as dist
 
-    import distlab
-
+    # The package itself, for cells to call distlab.watch, log, heal: imported before any of its
+    # modules (this one included), so it is taken from there rather than imported back from below.
+    distlab = sys.modules[__name__.partition(".")[0]]
     _given.clear()
     _given.update(
         rank=rank, world_size=world_size, local_rank=local_rank, device=device, torch=torch, dist=dist,
