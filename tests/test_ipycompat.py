@@ -19,7 +19,7 @@ import pytest
 import tomllib
 import yaml
 
-from distlab import ipycompat, ipycompat_widgets
+from distlab import ipycompat, ipycompat_engine, ipycompat_widgets
 from distlab.errors import DistlabError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,9 +124,9 @@ def test_a_counted_widget_counts_each_message_it_sends():
 
 def test_outside_an_engine_and_a_kernel_nothing_is_served_and_no_engine_is_seen():
     engine_module_loaded = "ipyparallel.engine.kernel" in sys.modules
-    assert ipycompat.on_engine() is False
+    assert ipycompat_engine.on_engine() is False
     assert ("ipyparallel.engine.kernel" in sys.modules) == engine_module_loaded  # not imported to find out
-    assert ipycompat.serve_control_request("distlab_test_ping", "distlab_test_pong", dict) is False
+    assert ipycompat_engine.serve_control_request("distlab_test_ping", "distlab_test_pong", dict) is False
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,8 @@ def cluster() -> Iterator[tuple[Any, Any]]:
 # Runs on the engine, as distlab's rank code does: serve a control message of our own.
 _SERVE_PING = """
 import os
-from distlab import ipycompat, ipycompat_widgets
-served = ipycompat.serve_control_request("distlab_test_ping", "distlab_test_pong",
+from distlab import ipycompat_engine
+served = ipycompat_engine.serve_control_request("distlab_test_ping", "distlab_test_pong",
                                          lambda: {"status": "ok", "pid": os.getpid()})
 """
 
@@ -191,7 +191,7 @@ def test_a_call_sent_straight_to_one_engine_comes_back_with_its_result(cluster):
 def test_an_engine_knows_it_is_one(cluster):
     _, client = cluster
     engine = client[client.ids[0]]
-    engine.execute("from distlab import ipycompat; seen = ipycompat.on_engine()", block=True)
+    engine.execute("from distlab import ipycompat_engine; seen = ipycompat_engine.on_engine()", block=True)
     assert engine.pull("seen", block=True) is True
 
 

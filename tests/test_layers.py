@@ -29,6 +29,7 @@ SHARED = (
     "distlab.host",  # the machine's id, whether a pid runs: the ranks ask them too
     "distlab.byte_text",  # bytes and bytes/s as text: the dashboard's and a healing record's
     "distlab.version",  # the package's version: the face re-exports it, a checkpoint records it
+    "distlab.ipycompat_engine",  # an engine's own privates (its connection file, control channel): on the ranks
     "distlab.ipycompat_launchers",  # ipyparallel's launchers' privates (cluster/'s own launchers subclass them)
     "distlab.ipycompat_widgets",  # ipywidgets' privates (the dashboard's widgets count their messages)
     "distlab.scale.plan",  # a plan and its checks: the notebook makes it, the dry run reads it

@@ -33,7 +33,6 @@ from ..notebook import labs
 from ..notebook.auto_cells import AutoCells
 from ..notebook.config import LabConfig
 from ..notebook.dist_args import (
-    checked,
     debug_parser,
     export_parser,
     kill_parser,
@@ -46,6 +45,7 @@ from ..notebook.dist_args import (
     stacks_parser,
     start_parser,
 )
+from .learning_magics import LearningMagics
 from .profiling import profile_parser, show_after
 
 __all__ = ["DistMagics", "auto", "current_lab", "register", "unregister"]
@@ -58,7 +58,8 @@ _SUBCOMMANDS = (
 
 @magics_class
 class DistMagics(Magics):
-    """%dist, %%ddp and %quiz. The lab they drive is ``self.lab`` (one per IPython session)."""
+    """%dist and %%ddp. The lab they drive is ``self.lab`` (one per IPython session); %quiz and
+    %exercise (``learning_magics``) are given it."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -334,64 +335,6 @@ class DistMagics(Magics):
                 print(f"Out[rank {rank}]: {shown}")
         self._armed = show_after(self._armed)  # the profile %dist profile asked for, if this cell filled it
 
-    # ------------------------------------------------------------------------ %quiz
-
-    @magic_arguments()
-    @argument("topic", nargs="?", default=None, help="a topic, e.g. communication-cost")
-    @argument("-n", type=checked(lambda v: checks.whole("-n", v, minimum=1, example="-n 3")), default=None,
-              help="number of questions")
-    @argument("--difficulty", default=None, help="easy, medium or hard")
-    @argument("--seed", type=int, default=None, help="the same questions and numbers each time")
-    @line_magic
-    def quiz(self, line: str) -> Any:
-        """Practice questions on a topic, graded in Python: %quiz communication-cost -n 3"""
-        args = parse_argstring(self.quiz, line)
-        from .. import quiz
-
-        lab = self.lab if self.lab is not None and self.lab.running else None
-        try:
-            if args.topic is None:
-                from ..exercises.catalog import EXERCISES
-
-                return quiz.summary([(e.name, e.title) for e in EXERCISES.values()])
-            return quiz.show(args.topic, n=args.n, difficulty=args.difficulty, lab=lab, seed=args.seed)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-
-    # ------------------------------------------------------------------------ %exercise
-
-    @magic_arguments()
-    @argument("words", nargs="*", help="NAME, check NAME or hint NAME; nothing for the list")
-    @argument("--seed", type=checked(lambda v: checks.whole("--seed", v, minimum=0, example="--seed 1")),
-              default=None, help="the same cases as a result that gave this seed")
-    @line_magic
-    def exercise(self, line: str) -> Any:
-        """Coding exercises graded on the live ranks: %exercise, %exercise NAME, %exercise check NAME"""
-        args = parse_argstring(self.exercise, line)
-        from .. import exercises
-
-        words = list(args.words)
-        try:
-            if not words:
-                return exercises.overview()
-            if words[0] in ("check", "hint") and len(words) == 2:
-                if words[0] == "hint":
-                    print(exercises.hint(words[1]))
-                    return None
-                return exercises.check(words[1], self._running_lab(), seed=args.seed)
-            if len(words) == 1 and words[0] not in ("check", "hint"):
-                view = exercises.show(words[0])
-                # The starter becomes the next cell where the front end takes it (JupyterLab does);
-                # the task shows it too, for front ends that do not.
-                if self.shell is not None:
-                    self.shell.set_next_input(view.exercise.starter, replace=False)
-                return view
-        except ValueError as exc:  # LabUsageError too: one line, nothing changed
-            raise UsageError(str(exc)) from None
-        raise UsageError(
-            f"%exercise takes NAME, check NAME or hint NAME (got {line.strip()!r}); %exercise alone lists them"
-        )
-
 
 _registered: dict[int, DistMagics] = {}
 
@@ -399,6 +342,7 @@ _registered: dict[int, DistMagics] = {}
 def register(ipython: Any) -> DistMagics:
     magics = DistMagics(ipython)
     ipython.register_magics(magics)
+    ipython.register_magics(LearningMagics(ipython, lambda: magics.lab))
     # First of the transforms IPython runs before it reads a cell's magics: auto mode adds one.
     ipython.input_transformers_cleanup.insert(0, magics.auto)
     _registered[id(ipython)] = magics

@@ -20,6 +20,9 @@ import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from .. import checks
+from ..errors import LabUsageError
+
 __all__ = ["CellLinter", "Finding", "lint"]
 
 #: Calls every rank of the group must make (torch.distributed and its submodules' names).
@@ -88,6 +91,17 @@ class CellLinter:
             self.sharded |= reader.sharded
             self.functions.update(reader.functions)
         return sorted(found.values(), key=lambda f: f.line)
+
+    def admit(self, source: str, strict: bool) -> None:
+        """A cell about to run: refused (nothing runs) where ``strict`` and the lint finds fault with
+        it, else remembered, since the ranks will hold what it defines."""
+        checks.flag("strict", strict)
+        found = self.check(source, remember=False)
+        if strict and found:
+            raise LabUsageError(
+                f"strict: nothing ran, the lint found {len(found)} collective(s) that only some ranks reach: "
+                + "; ".join(map(str, found)) + "; fix the cell, or run it without strict")
+        self.check(source)
 
     def forget(self) -> None:
         """A new world (a restart, a stop): its namespaces hold none of the old cells' names."""

@@ -12,9 +12,9 @@ the views, which import this one) is the core with them attached.
 - ``network``: the links between emulated nodes (``nodes.NetworkControls``);
 - ``stacks``: where each rank is, read from outside (``stacks.StacksReader``);
 - ``keeper``: a kept lab's record, letting go and taking back (``keeper.Keeper``);
-- ``bus``: the observers and poll listeners views attach as (``observers.ObserverBus``).
-
-- ``lifecycle``: the order in which they are asked at a start, restart and stop (``lifecycle.Lifecycle``).
+- ``bus``: the observers and poll listeners views attach as (``observers.ObserverBus``);
+- ``lifecycle``: the order in which they are asked at a start, restart and stop (``lifecycle.Lifecycle``);
+- ``linter``: what earlier cells left on the ranks, for the lint of the next (``cell_lint.CellLinter``).
 
 ``config`` is the checked configuration (``config.LabConfig``, the one place its fields are written).
 """
@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
+from .. import checks
 from ..errors import LabUsageError
 from .cell_context import RunResult, Send
 from .cell_lint import CellLinter, Finding
@@ -105,9 +106,7 @@ class LabCore:
         # What earlier cells left on the ranks that makes a call a collective (a sharded model, a
         # function that all-reduces), for the lint of the cells after them; a new world forgets it.
         self.linter = CellLinter()
-        #: Whether the notebook runs its plain cells on this lab's ranks (``%dist auto on``): the side
-        #: panel says so. The magics set it (``set_every_cell``); a stop ends it.
-        self.every_cell = False
+        self.every_cell = False  # the notebook runs its plain cells here (%dist auto on): the panel says so
         # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
         self.companions: dict[str, LabCore] = {}
 
@@ -296,18 +295,10 @@ class LabCore:
         distlab's own purposes, such as a quiz's check). ``strict``: a cell the lint finds fault with
         (:meth:`lint`) is refused, and nothing runs.
         """
-        from .. import checks
-
         self._require_running()
-        checks.flag("strict", strict)
         selected = self.ranks(ranks)
-        if isinstance(code, str):
-            found = self.lint(code)
-            if strict and found:
-                raise LabUsageError(
-                    f"strict: nothing ran, the lint found {len(found)} collective(s) that only some ranks reach: "
-                    + "; ".join(map(str, found)) + "; fix the cell, or run it without strict")
-            self.linter.check(code)  # the ranks will hold what it defines
+        if isinstance(code, str):  # anything else: the runner says what is wrong
+            self.linter.admit(code, strict)
         return self.cells.run(code, selected, timeout, stream, want, record)
 
     def set_every_cell(self, on: bool) -> None:
@@ -316,10 +307,8 @@ class LabCore:
         self.bus.tell("changed")
 
     def lint(self, code: str) -> list[Finding]:
-        """What :func:`distlab.lint` finds in ``code``, knowing the models and functions this lab's
-        earlier cells left on the ranks. Nothing runs, and nothing is remembered."""
-        if not isinstance(code, str):
-            raise LabUsageError(f"code must be a string of Python, got {type(code).__name__}")
+        """:func:`distlab.lint` of ``code``, knowing what earlier cells left on the ranks; runs nothing."""
+        checks.instance("code", code, str, what="a string of Python")
         return self.linter.check(code, remember=False)
 
     @exclusive

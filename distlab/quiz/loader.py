@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypedDict
 import jsonschema
 
 from .. import theory
+from .bank_json import RawOption, RawParam, RawQuestion, RawTolerance
 from .live import LiveQuestion, wrap_cell
 from .model import ChoiceQuestion, Option, OrderingQuestion, Question
 from .numeric import Mistake, NumericQuestion, Tolerance, theory_function
@@ -36,73 +37,6 @@ __all__ = ["Bank", "BankError", "bank", "load_bank", "schema"]
 
 
 _PACKAGE = "distlab.quiz"
-
-
-# What a bank file holds, as ``schema.json`` says (read only once the schema has checked it).
-
-
-class _RawOptionBase(TypedDict):
-    id: str
-    text: str
-    feedback: str
-
-
-class _RawOption(_RawOptionBase, total=False):
-    correct: bool  # choice questions
-    value: bool | float | str  # live questions: the lab's result when this option is right
-
-
-class _RawParam(TypedDict, total=False):
-    value: float | str
-    choices: list[float | str]
-    min: float
-    max: float
-    step: float
-    unit: str
-    length: int
-    labels: dict[str, str]
-
-
-class _RawAnswer(TypedDict):
-    theory: str  # a public function of distlab.theory
-    params: dict[str, _RawParam]
-
-
-class _RawTolerance(TypedDict, total=False):
-    relative: float
-    absolute: float
-
-
-class _RawMistakeBase(TypedDict):
-    feedback: str
-
-
-class _RawMistake(_RawMistakeBase, total=False):
-    set: dict[str, float | str]
-    theory: str
-
-
-class _RawQuestionBase(TypedDict):
-    id: str
-    kind: str  # "single", "multiple", "numeric", "ordering" or "live"
-    difficulty: str
-    prompt: str
-    hint: str
-    explanation: str
-
-
-class _RawQuestion(_RawQuestionBase, total=False):
-    options: list[_RawOption]  # single, multiple, live (choice)
-    items: list[_RawOption]  # ordering
-    answer: _RawAnswer  # numeric
-    unit: str
-    tolerance: _RawTolerance
-    mistakes: list[_RawMistake]
-    code: list[str]  # live
-    params: dict[str, _RawParam]
-    rank: int | str  # a rank, or "last"
-    min_world_size: int
-    response: str  # "numeric" or "choice"
 
 
 class _Common(TypedDict):
@@ -211,7 +145,7 @@ def _load_file(file: Traversable | Path, validator: jsonschema.protocols.Validat
         raise BankError(f"{name}: unknown topic {topic!r}; use one of {', '.join(TOPICS)}")
     if name != f"{topic}.json":
         raise BankError(f"{name}: a file holds one topic and is named after it: rename it {topic}.json")
-    raws: list[_RawQuestion] = data["questions"]  # as the schema, checked above, says
+    raws: list[RawQuestion] = data["questions"]  # as the schema, checked above, says
     questions = []
     for raw in raws:
         try:
@@ -243,7 +177,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _build(raw: _RawQuestion, topic: str, source: str) -> Question:
+def _build(raw: RawQuestion, topic: str, source: str) -> Question:
     if not raw["id"].startswith(f"{topic}/"):
         raise ValueError(f"ids in {source} start with '{topic}/'")
     common: _Common = {
@@ -274,7 +208,7 @@ def _build(raw: _RawQuestion, topic: str, source: str) -> Question:
     return _live(raw, common)
 
 
-def _options(raws: Iterable[_RawOption]) -> tuple[Option, ...]:
+def _options(raws: Iterable[RawOption]) -> tuple[Option, ...]:
     options = tuple(
         Option(
             id=o["id"], text=o["text"], feedback=o["feedback"], correct=o.get("correct", False), value=o.get("value")
@@ -288,7 +222,7 @@ def _options(raws: Iterable[_RawOption]) -> tuple[Option, ...]:
     return options
 
 
-def _param(name: str, raw: _RawParam) -> ParamSpec:
+def _param(name: str, raw: RawParam) -> ParamSpec:
     unit = raw.get("unit", "")
     theory.unit_dimension(unit)  # an unknown unit raises with the list of units
     values = [raw["value"]] if "value" in raw else [*raw.get("choices", []), raw.get("min"), raw.get("max")]
@@ -323,7 +257,7 @@ def _param(name: str, raw: _RawParam) -> ParamSpec:
     )
 
 
-def _check_templates(raw: _RawQuestion, names: Iterable[str]) -> None:
+def _check_templates(raw: RawQuestion, names: Iterable[str]) -> None:
     known = set(names)
     for key in ("prompt", "hint", "explanation"):
         allowed = known | {"answer"} if key == "explanation" else known
@@ -335,7 +269,7 @@ def _check_templates(raw: _RawQuestion, names: Iterable[str]) -> None:
             raise ValueError(f"{key} uses {{{min(unknown)}}}, which is not one of: {', '.join(sorted(allowed))}")
 
 
-def _numeric(raw: _RawQuestion, common: _Common) -> NumericQuestion:
+def _numeric(raw: RawQuestion, common: _Common) -> NumericQuestion:
     answer = raw["answer"]
     function = theory_function(answer["theory"])
     params = tuple(_param(name, spec) for name, spec in answer["params"].items())
@@ -369,7 +303,7 @@ def _numeric(raw: _RawQuestion, common: _Common) -> NumericQuestion:
     )
 
 
-def _tolerance(raw: _RawTolerance) -> Tolerance:
+def _tolerance(raw: RawTolerance) -> Tolerance:
     return Tolerance(relative=raw.get("relative", 0.0), absolute=raw.get("absolute", 0.0))
 
 
@@ -382,7 +316,7 @@ def _check_signature(function: Callable[..., object], names: list[str]) -> None:
         raise ValueError(f"the parameters do not fit {function.__name__}({expected}): {error}") from None
 
 
-def _live(raw: _RawQuestion, common: _Common) -> LiveQuestion:
+def _live(raw: RawQuestion, common: _Common) -> LiveQuestion:
     code = "\n".join(raw["code"])
     params = tuple(_param(name, spec) for name, spec in raw.get("params", {}).items())
     try:

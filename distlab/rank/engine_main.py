@@ -31,9 +31,9 @@ def main() -> None:
     threading.Thread(target=_preload, name="distlab-preload", daemon=True).start()
     from ipyparallel.engine.app import main as engine_main
 
-    from distlab import ipycompat
+    from distlab import ipycompat_engine
 
-    ipycompat.patient_connection_file()  # this engine may start before the controller has written it
+    ipycompat_engine.patient_connection_file()  # this engine may start before the controller has written it
 
     try:
         # A stop (SIGTERM) ends the engine's loop under it, and this raises RuntimeError ("Event loop

@@ -37,9 +37,9 @@ _SEND_WAIT_S = 2.0
 
 def engine_sender() -> Sender | None:
     """ipyparallel's ``publish_data`` when this process is an ipyparallel engine, else None."""
-    from .. import ipycompat
+    from .. import ipycompat_engine
 
-    if not ipycompat.on_engine():
+    if not ipycompat_engine.on_engine():
         return None
     from ipyparallel.datapub import publish_data
 

@@ -22,7 +22,7 @@ import os
 import socket
 from typing import Any
 
-from .. import ipycompat
+from .. import ipycompat_engine
 from ..wire import RELEASE_REPLY, RELEASE_REQUEST
 
 __all__ = [
@@ -82,4 +82,4 @@ def serve_release() -> bool:
             closed = shutdown_peer_connections()
         return {"status": "ok", "closed": closed}
 
-    return ipycompat.serve_control_request(RELEASE_REQUEST, RELEASE_REPLY, answer)
+    return ipycompat_engine.serve_control_request(RELEASE_REQUEST, RELEASE_REPLY, answer)
