@@ -81,27 +81,36 @@ class CellLinter:
     def check(self, source: str, remember: bool = True) -> list[Finding]:
         """What :func:`lint` says of ``source``, knowing the cells checked before it; ``remember``:
         what it defines is known to the cells checked after it."""
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            return []
-        reader = _Reader(tree, self.sharded, self.functions)
-        found = {(f.line, f.message): f for f in reader.findings()}
-        if remember:
-            self.sharded |= reader.sharded
-            self.functions.update(reader.functions)
-        return sorted(found.values(), key=lambda f: f.line)
+        found, reader = self._read(source)
+        if remember and reader is not None:
+            self._remember(reader)
+        return found
 
     def admit(self, source: str, strict: bool) -> None:
         """A cell about to run: refused (nothing runs) where ``strict`` and the lint finds fault with
         it, else remembered, since the ranks will hold what it defines."""
         checks.flag("strict", strict)
-        found = self.check(source, remember=False)
+        found, reader = self._read(source)
         if strict and found:
             raise LabUsageError(
                 f"strict: nothing ran, the lint found {len(found)} collective(s) that only some ranks reach: "
                 + "; ".join(map(str, found)) + "; fix the cell, or run it without strict")
-        self.check(source)
+        if reader is not None:
+            self._remember(reader)
+
+    def _read(self, source: str) -> tuple[list[Finding], _Reader | None]:
+        """The findings in line order, and the reader (None where the source does not parse)."""
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return [], None
+        reader = _Reader(tree, self.sharded, self.functions)
+        found = {(f.line, f.message): f for f in reader.findings()}
+        return sorted(found.values(), key=lambda f: f.line), reader
+
+    def _remember(self, reader: _Reader) -> None:
+        self.sharded |= reader.sharded
+        self.functions.update(reader.functions)
 
     def forget(self) -> None:
         """A new world (a restart, a stop): its namespaces hold none of the old cells' names."""
