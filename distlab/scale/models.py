@@ -6,8 +6,8 @@ the modules from the same fields, and a test holds the two counts together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import asdict, dataclass
+from typing import TypedDict, cast
 
 __all__ = ["MODELS", "ModelConfig", "ModelJSON", "parameters"]
 
@@ -52,11 +52,7 @@ class ModelConfig:
         return self.dim // self.heads
 
     def to_json(self) -> ModelJSON:
-        return ModelJSON(
-            name=self.name, architecture=self.architecture, dim=self.dim, layers=self.layers, heads=self.heads,
-            kv_heads=self.kv_heads, ffn_dim=self.ffn_dim, vocab=self.vocab, max_seq_len=self.max_seq_len,
-            tied_embeddings=self.tied_embeddings,
-        )
+        return cast("ModelJSON", asdict(self))  # the fields are ModelJSON's, one for one
 
 
 def _llama(name: str, dim: int, layers: int, heads: int, ffn: int) -> ModelConfig:
