@@ -66,9 +66,11 @@ def on_engine() -> bool:
     return isinstance(getattr(get_ipython(), "kernel", None), kernel_class)
 
 
-def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], dict[str, object]]) -> bool:
-    """Answer ``msg_type`` on this kernel's control channel with ``reply_type`` and ``answer()``'s
-    content, from the kernel's control thread; False outside a kernel.
+def serve_control_request(
+    msg_type: str, reply_type: str, answer: Callable[[dict[str, object]], dict[str, object]]
+) -> bool:
+    """Answer ``msg_type`` on this kernel's control channel with ``reply_type`` and the content
+    ``answer(request's content)`` gives, from the kernel's control thread; False outside a kernel.
 
     ``Kernel.control_handlers``: the table ipykernel dispatches control messages on,
     ``{msg_type: handler(stream, idents, parent)}``; it has no public way to add a message type. The
@@ -87,7 +89,8 @@ def serve_control_request(msg_type: str, reply_type: str, answer: Callable[[], d
                            "install ipykernel 7.4.x or report it (see distlab/ipycompat.py)")
 
     def handle(stream: object, ident: object, parent: object) -> None:  # passed through to the session
-        session.send(stream, reply_type, answer(), parent, ident=ident)
+        content = parent.get("content") if isinstance(parent, dict) else None
+        session.send(stream, reply_type, answer(content if isinstance(content, dict) else {}), parent, ident=ident)
 
     handlers[msg_type] = handle
     return True

@@ -15,9 +15,12 @@ __all__ = [
     "HEALING_MODULES",
     "HEALING_RANK_ENVIRONMENT",
     "LEARNER_FILE",
+    "PAUSE_REPLY",
+    "PAUSE_REQUEST",
     "PROGRESS_KEY",
     "RELEASE_REPLY",
     "RELEASE_REQUEST",
+    "Breakpoint",
     "CellError",
     "CellReply",
     "CollectiveEntry",
@@ -25,12 +28,14 @@ __all__ = [
     "GroupSpec",
     "HealEvent",
     "HealingPublish",
+    "PausedAt",
     "PointToPointEntry",
     "ProfileTrace",
     "ProgressBar",
     "ProgressPublish",
     "QuorumSpan",
     "RankJoined",
+    "TensorSeen",
 ]
 
 #: The file name a learner's code carries on an exercise's grading ranks (``rank.exercise``): the
@@ -45,6 +50,9 @@ CELL_FILE = "<rank {rank} cell>"
 #: (``notebook.release`` sends it, ``rank.release`` serves it), and the rank's answer. Both travel on
 #: ipyparallel's control channel, which an engine serves while its main thread waits in C++.
 RELEASE_REQUEST = "distlab_release_request"
+#: A paused world's control messages (``rank.pause``): what a rank is paused at, step, continue, read.
+PAUSE_REQUEST = "distlab_pause_request"
+PAUSE_REPLY = "distlab_pause_reply"
 RELEASE_REPLY = "distlab_release_reply"
 
 
@@ -247,3 +255,45 @@ class HealingPublish(TypedDict):
     spans: list[QuorumSpan]
     dropped: int
     heals: list[HealEvent]
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    """Stop before the ``at``-th collective of the next cell that matches ``op``, ``group`` and
+    ``line`` (each None: any); wait ``deadline_s`` at most for the notebook's word."""
+
+    at: int = 1
+    op: str | None = None
+    group: str | None = None
+    line: int | None = None
+    deadline_s: float = 600.0
+
+    def says(self) -> str:
+        """'the 3rd all_gather on mesh_tp at line 12', as a learner would say it."""
+        what = self.op or "collective"
+        where = (f" on {self.group}" if self.group else "") + (f" at line {self.line}" if self.line else "")
+        return f"the {_ordinal(self.at)} {what}{where}"
+
+
+class TensorSeen(TypedDict):
+    shape: list[int]
+    dtype: str
+    norm: float
+    hash: str
+
+
+class PausedAt(TypedDict):
+    """What a rank waits before, as the notebook reads it (JSON)."""
+
+    seq: int  # which pause of this rank: a step makes the next
+    index: int  # the collective's place among the cell's collectives, from 1
+    op: str
+    group: str
+    group_ranks: list[int]
+    line: int | None  # the cell's line that launched it
+    source: str
+    tensors: list[TensorSeen]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from distlab.dashboard import analysis
+from distlab.rank.collective_ops import collective_name
 from distlab.telemetry import model_memory, track_memory, watch
-from distlab.telemetry.ops import collective_name
 
 MiB = 2**20
 

@@ -103,12 +103,16 @@ class CellRun:
 
     def run(self, timeout: float | None, printer: RankPrinter | None) -> CellOutcome:
         self._printer = printer
+        self.outcome.paused = None
         try:
             self._wait(timeout)
         except KeyboardInterrupt:
             self.outcome.interrupted = True
             self._note_stacks()
             self._stop()
+        if self.outcome.paused is not None:
+            self._poll()  # what the ranks printed before they stopped; the cell goes on at lab.step()
+            return self.outcome
         self._collect()
         return self.outcome
 
@@ -129,6 +133,11 @@ class CellRun:
             running = [r for r, ar in pending.items() if not ar.ready()]
             if not running:
                 return
+            if self.ctx.pauses is not None and not any(_failed(ar) for ar in pending.values() if ar.ready()):
+                ended = [r for r in pending if r not in running]
+                if (paused := self.ctx.pauses.check(running, ended)) is not None:
+                    self.outcome.paused = paused
+                    return
             now = time.monotonic()
             if first_failure_at is None and any(self._stops_the_others(ar) for ar in pending.values() if ar.ready()):
                 first_failure_at = now

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RankFailure
 from . import rpc
 from .observers import Listener
+from .pause import Pause, PauseControl
 from .release import Releaser
 from .world import RankInfo
 
@@ -28,7 +29,8 @@ class RunResult(dict[int, Any]):
     """{rank: value of the cell's last expression (None for a statement)}, plus each rank's output:
     ``stdout`` and ``stderr`` text, and ``outputs``, what it displayed (Jupyter's display_data
     contents: ``{"data": {mime: ...}, "metadata": ...}``), and ``notes``: what distlab did while it
-    ran (in a lab that heals, a rank it replaced)."""
+    ran (in a lab that heals, a rank it replaced). ``paused``: the cell is not over, its ranks wait
+    before a collective (a breakpoint, ``lab.pause``); it holds no values then."""
 
     def __init__(
         self,
@@ -37,12 +39,14 @@ class RunResult(dict[int, Any]):
         stderr: dict[int, str],
         outputs: dict[int, list[dict[str, Any]]] | None = None,
         notes: list[str] | None = None,
+        paused: Pause | None = None,
     ):
         super().__init__(sorted(values.items()))
         self.stdout = stdout
         self.stderr = stderr
         self.outputs = outputs or {}
         self.notes = notes or []
+        self.paused = paused
 
 
 @dataclass
@@ -60,6 +64,8 @@ class CellOutcome:
     group_aborted: bool = False
     #: Ranks that died and were replaced while the cell ran: rank -> seconds until the replacement ran the cell.
     replaced: dict[int, float] = field(default_factory=dict)
+    #: Set when every rank still running waits before a collective (a breakpoint): the cell is not over.
+    paused: Pause | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class CellContext:
     #: The live stacks of the given ranks, as a note (``stacks.StacksReader.of_stopped``): read before a
     #: cell's ranks are stopped at its deadline or by Ctrl-C, to show where they were.
     stacks: Callable[[list[int]], str] | None = None
+    #: The cell was armed with a breakpoint (``lab.pause``): its ranks are asked whether they are paused.
+    pauses: PauseControl | None = None
 
     def engine(self, engine_id: int) -> rpc.Engine:
         """One engine, to send it calls (``rpc.Engine``). Made once and kept: ``client[id]`` builds

@@ -12,9 +12,11 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CellTimeout, DistlabError, LabUsageError, RankError, RankFailure
+from ..wire import Breakpoint
 from . import recovery, rpc
 from .cell import CellRun
 from .cell_context import CellContext, RunResult, Send
@@ -24,6 +26,7 @@ from .healing import Healer
 from .lab_world import LabWorld
 from .mismatch import mismatch_note
 from .observers import ObserverBus
+from .pause import Pause, PauseControl
 from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_failed, gone, nothing_kept
 from .processes import LabProcesses
 from .script import CellRan, Event, Pushed, ScriptRan, build_script, export_path, read_script, script_args
@@ -31,6 +34,17 @@ from .stacks import StacksReader
 from .streams import RankPrinter
 
 __all__ = ["AroundCell", "CellRunner"]
+
+
+@dataclass
+class _Running:
+    """A cell sent and not yet over: what waiting for it again (after a pause) needs."""
+
+    cell: CellRun
+    selected: list[int]
+    timeout: float | None
+    stream: bool
+    printer: RankPrinter | None
 
 #: What may wrap a user's cell on its ranks (``front.profiling.Profiler.around``): ``(ranks, run) -> run()``.
 AroundCell = Callable[[list[int], Callable[[], RunResult]], RunResult]
@@ -64,6 +78,8 @@ class CellRunner:
         self._last_cell: LastCell | None = None
         #: When the last cell (or call on the ranks) ended: seconds since the epoch.
         self.last_cell_at: float | None = None
+        self._armed: Breakpoint | None = None  # the breakpoint armed for the next cell (``pause``)
+        self._held: _Running | None = None  # a cell held at a pause (``step``, ``cont``)
 
     @property
     def _timeout(self) -> float:
@@ -140,8 +156,8 @@ class CellRunner:
         checks.flag("record", record)
         self._stacks.remember_cell(code)
         send: Send = lambda engine, rank: rpc.run_cell(engine, code, rank, want)  # noqa: E731
-        result = self.around(selected, lambda: self._run_on(selected, timeout, stream, send))
-        if record:
+        result = self.around(selected, lambda: self._run_on(selected, timeout, stream, send, pausable=record))
+        if record and result.paused is None:
             self._history.append(CellRan(code, self._subset(selected)))
         return result
 
@@ -158,7 +174,7 @@ class CellRunner:
         self._stacks.remember_cell("")  # the script's frames name its file, which py-spy reads
         every = list(range(self._world_size))
         result = self.around(every, lambda: self._run_on(
-            every, timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full
+            every, timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full, True
         ))
         self._history.append(ScriptRan(tuple(argv)))
         return result
@@ -209,7 +225,8 @@ class CellRunner:
         return None if selected == list(range(self._world_size)) else tuple(selected)
 
     def _run_on(
-        self, selected: list[int], timeout: float | None, stream: bool, send: Send, filename: str | None = None
+        self, selected: list[int], timeout: float | None, stream: bool, send: Send, filename: str | None = None,
+        pausable: bool = False,
     ) -> RunResult:
         """Send the work to the selected ranks, stream their output, and recover from a failure."""
         processes, config = self._processes, self._config()
@@ -227,11 +244,21 @@ class CellRunner:
                 notes=["the cell ran on no rank: %dist restart (lab.restart()) brings a full world back"],
             )
         processes.top_up_spares(config)  # forked now, registered by the time a rank of this cell may die
-        ctx = self._cell_context(config)
+        ctx = self._cell_context(config, selected, pausable)
         cell = CellRun(ctx, selected, send, filename)
         printer = RankPrinter(label_width=len(str(self._world_size - 1)), ranks=selected) if stream else None
+        return self._wait_for(_Running(cell, selected, timeout, stream, printer))
+
+    def _wait_for(self, running: _Running) -> RunResult:
+        """Wait for a cell sent (or stepped on from a pause): its result, or, where every rank still in
+        it waits before a collective, its Pause (``paused``) with the cell held for ``step`` and ``cont``."""
+        cell, selected, stream = running.cell, running.selected, running.stream
         with self._bus.cell_views(stream, self._cell_ended):  # what observers show while a cell runs
-            outcome = cell.run(timeout, printer)
+            outcome = cell.run(running.timeout, running.printer)
+        if outcome.paused is not None:
+            self._held = running
+            return RunResult({}, {}, {}, notes=[outcome.paused.text().splitlines()[0]], paused=outcome.paused)
+        ctx = cell.ctx
         if outcome.replaced:
             self._healer.whole_again(outcome)
             if stream:
@@ -266,13 +293,80 @@ class CellRunner:
         if repair.note:
             outcome.notes.append(repair.note)
 
-    def _cell_context(self, config: LabConfig) -> CellContext:
+    def _cell_context(self, config: LabConfig, selected: list[int], pausable: bool = False) -> CellContext:
         processes, world = self._processes, self._world
+        # A breakpoint arms the user's next cell (``pause``); distlab's own calls pass it by.
+        pauses = self._arm(selected) if pausable else None
         if not config.heal:
             return CellContext(processes.client, world.table, world.releaser, self._kill, self._bus.poll,
-                               engines=processes.engines, stacks=self._stacks.of_stopped)
+                               engines=processes.engines, stacks=self._stacks.of_stopped, pauses=pauses)
         return CellContext(
             processes.client, world.table, world.releaser, self._kill, self._bus.poll, heals=True,
             replace=lambda rank: self._healer.replace_rank(rank, self._config()), heal_end=self._healer.healing[1],
-            engines=processes.engines, stacks=self._stacks.of_stopped,
+            engines=processes.engines, stacks=self._stacks.of_stopped, pauses=pauses,
         )
+
+    # ------------------------------------------------------------------------ breakpoints
+
+    def pause(self, spec: Breakpoint | None) -> None:
+        """Arm the next cell with ``spec`` (``LabCore.pause``); None disarms it."""
+        self._armed = spec
+
+    def _arm(self, selected: list[int]) -> PauseControl | None:
+        """Send the armed breakpoint to the ranks of the cell about to be sent, ahead of it (the two
+        requests run in order on each rank): the cell's ranks are then asked whether they are paused."""
+        spec, self._armed = self._armed, None
+        if spec is None:
+            return None
+        table, client = self._world.table, self._processes.client
+        pending = [rpc.arm_pause(client[table[r].engine_id], spec) for r in selected]
+        for ar in pending:
+            get(ar, self._timeout, "arming the breakpoint on the ranks")
+        return PauseControl(client, table)
+
+    @property
+    def paused(self) -> Pause | None:
+        """The Pause the cell held now waits at, or None."""
+        held = self._held
+        return None if held is None or held.cell.ctx.pauses is None else held.cell.ctx.pauses.current
+
+    def refuse_while_paused(self, doing: str) -> None:
+        """One line, where a cell is held at a pause and ``doing`` would need the ranks' main threads."""
+        pause = self.paused
+        if pause is not None:
+            raise LabUsageError(f"cannot {doing}: the world is paused before collective {pause.index} ({pause.op}) "
+                                "of a cell; lab.step() or lab.cont() first (lab.stop() ends it)")
+
+    def step(self) -> Pause | None:
+        """Every paused rank launches its collective and stops before its next one: the new Pause, or
+        None when the cell ended (its output shown, its failure raised as ``run``'s)."""
+        running = self._take_held("step")
+        assert running.cell.ctx.pauses is not None
+        running.cell.ctx.pauses.tell("step")
+        return self._wait_for(running).paused
+
+    def cont(self) -> RunResult:
+        """The held cell runs to its end, no longer paused: what ``run`` would have returned."""
+        running = self._take_held("cont")
+        pauses = running.cell.ctx.pauses
+        assert pauses is not None
+        pauses.tell("cont")
+        running.cell.ctx.__dict__["pauses"] = None  # (frozen) no more pauses for this cell: ask no more
+        return self._wait_for(running)
+
+    def read_paused(self, name: str, selected: list[int]) -> dict[int, Any]:
+        held = self._held
+        assert held is not None and held.cell.ctx.pauses is not None
+        return held.cell.ctx.pauses.read(name, selected)
+
+    def drop_held(self) -> None:
+        """The world the held cell ran in is gone (a stop or restart): nothing is paused."""
+        self._held = None
+
+    def _take_held(self, word: str) -> _Running:
+        held = self._held
+        if held is None or self.paused is None:
+            raise LabUsageError(f"nothing is paused, so there is nothing to {word}: lab.pause(at=3) arms the next "
+                                "cell to stop before its third collective")
+        self._held = None
+        return held

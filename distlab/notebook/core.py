@@ -39,6 +39,7 @@ from .lab_world import LabWorld
 from .lifecycle import Lifecycle
 from .nodes import NetworkControls
 from .observers import LabObserver, Listener, ObserverBus
+from .pause import Pause
 from .postmortem import Postmortem
 from .processes import LabProcesses
 from .script import Event
@@ -162,6 +163,7 @@ class LabCore:
         """The new world's backend (``auto`` resolved) and note, before the observers hear of it."""
         self.backend, self.note = world.backend, world.note
         self.linter.forget()  # new namespaces: no earlier cell's model or function is on the ranks
+        self.cells.drop_held()  # a cell paused in the old world is gone with it
 
     @exclusive
     def stop(self) -> None:
@@ -176,6 +178,7 @@ class LabCore:
                 companion.stop()
             except Exception as exc:  # noqa: BLE001 - raised below, after this lab has stopped
                 errors.append(exc)
+        self.cells.drop_held()  # a paused cell ends with its ranks
         try:
             self.lifecycle.stop(self.config)
         finally:
@@ -296,10 +299,55 @@ class LabCore:
         (:meth:`lint`) is refused, and nothing runs.
         """
         self._require_running()
+        self.cells.refuse_while_paused("run a cell")
         selected = self.ranks(ranks)
         if isinstance(code, str):  # anything else: the runner says what is wrong
             self.linter.admit(code, strict)
         return self.cells.run(code, selected, timeout, stream, want, record)
+
+    # ------------------------------------------------------------------ breakpoints
+
+    @exclusive
+    def pause(
+        self, at: int | None = None, op: str | None = None, group: str | None = None, line: int | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        """Arm the next cell (``run``, ``%%ddp``) to stop every rank just before a collective: the
+        ``at``-th of the cell (from 1) among those that are ``op`` (``"all_gather"``, ...), run on
+        ``group`` (as torch describes it: ``"default_pg"``, ``"mesh_tp"``) and launched from the cell's
+        ``line``; each left None matches any. That cell's ``run`` returns once every rank still in it
+        waits there, with :attr:`paused` the :class:`~distlab.notebook.pause.Pause`; meanwhile
+        ``pull`` reads the paused cell's names. A pause that hears nothing for ``timeout`` seconds
+        lets the cell go on. A breakpoint the cell never reaches is said in its output."""
+        from .pause import breakpoint_of
+
+        self._require_running()
+        self.cells.refuse_while_paused("arm another breakpoint")
+        checks.positive("timeout", timeout, example="timeout=600")
+        self.cells.pause(breakpoint_of(at, op, group, line, timeout))
+
+    def unpause(self) -> None:
+        """Disarm the breakpoint ``pause`` armed, before its cell runs."""
+        self.cells.pause(None)
+
+    @property
+    def paused(self) -> Pause | None:
+        """None, or the :class:`~distlab.notebook.pause.Pause` the cell held now waits at: each rank's
+        collective, group, line, and the shapes, dtypes, norms and hashes of what it would send."""
+        return self.cells.paused
+
+    @exclusive
+    def step(self) -> Pause | None:
+        """Every paused rank launches its collective and stops before its next one: the new Pause, or
+        None once the cell has ended (its output shown; a failure raised as ``run`` raises it)."""
+        self._require_running()
+        return self.cells.step()
+
+    @exclusive
+    def cont(self) -> RunResult:
+        """Let the paused cell run to its end: returns what ``run`` would have returned."""
+        self._require_running()
+        return self.cells.cont()
 
     def set_every_cell(self, on: bool) -> None:
         """Say (to the side panel, through the observers) whether the notebook's plain cells run here."""
@@ -317,18 +365,22 @@ class LabCore:
         SIGINT, releasing stuck ranks, recovery; nothing streamed, nothing recorded for export.
         ``send(engine, rank)`` sends it to one rank (an ``rpc`` function); raises as :meth:`run` does."""
         self._require_running()
+        self.cells.refuse_while_paused("run distlab's own call on the ranks")
         return self.cells.call(send, self.ranks(ranks), timeout)
 
     @exclusive
     def push(self, ranks: Ranks = None, **names: Any) -> None:
         """Copy names into the namespace of the given ranks (all by default)."""
         self._require_running()
+        self.cells.refuse_while_paused("push")
         self.cells.push(self.ranks(ranks), names)
 
     @exclusive
     def pull(self, name: str, ranks: Ranks = None) -> dict[int, Any]:
         """{rank: value of ``name``} from the given ranks (all by default)."""
         self._require_running()
+        if self.cells.paused is not None:  # the ranks' main threads wait at the pause: read its frames
+            return self.cells.read_paused(name, self.ranks(ranks))
         return self.cells.pull(name, self.ranks(ranks))
 
     @exclusive
@@ -346,6 +398,7 @@ class LabCore:
         Returns {rank: None}, with each rank's output (``.stdout``, ``.stderr``).
         """
         self._require_running()
+        self.cells.refuse_while_paused("run a script")
         return self.cells.run_script(path, args, timeout, stream)
 
     @property

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from .. import ipycompat
 from ..rank.dispatch import on_rank
-from ..wire import CellReply, CollectiveEntry, EngineIdentity, GroupSpec, ProfileTrace, RankJoined
+from ..wire import Breakpoint, CellReply, CollectiveEntry, EngineIdentity, GroupSpec, ProfileTrace, RankJoined
 
 __all__ = [
     "RANK_FUNCTIONS",
@@ -23,6 +23,7 @@ __all__ = [
     "Pending",
     "RankTarget",
     "abort_group",
+    "arm_pause",
     "case_names",
     "check_group",
     "collective_trace",
@@ -53,6 +54,7 @@ RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
     "check_group": ("group", "check_group"),
     "abort_group": ("group", "abort_group"),
     "serve_release": ("release", "serve_release"),
+    "arm_pause": ("pause", "arm"),
     "collective_trace": ("flight", "collective_trace"),
     "run_cell": ("cell", "run_cell"),
     "run_script": ("cell", "run_script"),
@@ -174,6 +176,11 @@ def check_group(target: RankTarget, timeout_s: float) -> Pending[str]:
 def abort_group(target: RankTarget) -> Pending[bool]:
     """-> whether the rank had a group to tear down."""
     return cast("Pending[bool]", _call(target, "abort_group"))
+
+
+def arm_pause(target: RankTarget, spec: Breakpoint) -> Pending[None]:
+    """Stop the rank's next cell before the collective ``spec`` names (``rank.pause.arm``)."""
+    return cast("Pending[None]", _call(target, "arm_pause", spec))
 
 
 def serve_release(target: RankTarget) -> Pending[None]:

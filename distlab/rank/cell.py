@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..wire import CELL_FILE, LEARNER_FILE, CellError, CellReply
-from . import children, heal, hooks, postmortem
+from . import children, heal, hooks, pause, postmortem
 from .namespace import LAB_NAMES, restore_lab_names, user_namespace
 from .script import as_script
 
@@ -148,7 +148,7 @@ def run_prepared(filename: str, prepare: Callable[[], Callable[[], object]], wan
             _cell_phase = "running"
             if _interrupt_pending:
                 raise KeyboardInterrupt
-            with children.watching():
+            with children.watching(), pause.armed(filename):
                 try:
                     value = run()
                 except heal.WorldFinished:

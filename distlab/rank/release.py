@@ -76,7 +76,7 @@ def serve_release() -> bool:
     the new group's connections.
     """
 
-    def answer() -> dict[str, object]:
+    def answer(request: dict[str, object]) -> dict[str, object]:
         closed = 0
         with contextlib.suppress(Exception):  # whatever failed, the notebook hears back and goes on
             closed = shutdown_peer_connections()

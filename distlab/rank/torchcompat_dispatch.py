@@ -36,6 +36,7 @@ __all__ = [
     "op_returns_alias",
     "pop_dispatch_mode",
     "push_dispatch_mode",
+    "remove_dispatch_mode",
     "resolve_process_group",
     "wait_functional",
     "wait_work",
@@ -95,6 +96,26 @@ def pop_dispatch_mode(mode: object) -> bool:
     if _get_current_dispatch_mode() is not mode:
         return False
     _pop_mode()
+    return True
+
+
+def remove_dispatch_mode(mode: object) -> bool:
+    """Take ``mode`` off this thread's mode stack wherever it is; the modes above it stay, in order.
+    False where it is not on the stack.
+
+    ``_get_current_dispatch_mode_stack`` / ``_pop_mode`` / ``_push_mode``: a breakpoint's mode
+    (``rank.pause``) ends with its cell, when a watch's mode pushed after it may still be open; that
+    one's owner pops it later and finds it on top, as it left it.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
+    if not any(m is mode for m in _get_current_dispatch_mode_stack()):
+        return False
+    above = []
+    while (top := _pop_mode()) is not mode:
+        above.append(top)
+    for m in reversed(above):
+        _push_mode(m)
     return True
 
 

@@ -31,60 +31,13 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from ..rank import torchcompat, torchcompat_dispatch
+from ..rank.collective_ops import C10D_OPS, FUNCTIONAL_OPS, collective_name, subclass_dispatches
 from .storages import makes_storage
 
 if TYPE_CHECKING:
     from .storages import LiveTensors
 
 __all__ = ["CollectiveTiming", "OpObserver", "Stamped", "collective_name"]
-
-# op name -> (the collective, how its size is read: which argument, and the theory's convention:
-# all-reduce the tensor, reduce-scatter its full input, all-gather its full output).
-_C10D: dict[str, tuple[str, str]] = {
-    "allreduce_": ("all_reduce", "arg0"),
-    "allreduce_coalesced_": ("all_reduce", "arg0"),
-    "_allgather_base_": ("all_gather", "arg0"),
-    "allgather_": ("all_gather", "arg0"),
-    "allgather_into_tensor_coalesced_": ("all_gather", "arg0"),
-    "allgather_coalesced_": ("all_gather", "arg0"),
-    "_reduce_scatter_base_": ("reduce_scatter", "arg1"),
-    "reduce_scatter_": ("reduce_scatter", "arg1"),
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", "arg1"),
-    "alltoall_base_": ("all_to_all", "arg1"),
-    "alltoall_": ("all_to_all", "arg1"),
-    "broadcast_": ("broadcast", "arg0"),
-    "reduce_": ("reduce", "arg0"),
-    "gather_": ("gather", "arg1"),
-    "scatter_": ("scatter", "arg0"),
-    "send": ("send", "arg0"),
-    "recv_": ("recv", "arg0"),
-    "recv_any_source_": ("recv", "arg0"),
-}
-_FUNCTIONAL: dict[str, tuple[str, str]] = {
-    "all_reduce": ("all_reduce", "arg0"),
-    "all_reduce_": ("all_reduce", "arg0"),
-    "all_reduce_coalesced": ("all_reduce", "arg0"),
-    "all_reduce_coalesced_": ("all_reduce", "arg0"),
-    "all_gather_into_tensor": ("all_gather", "out"),
-    "all_gather_into_tensor_out": ("all_gather", "out"),
-    "all_gather_into_tensor_coalesced": ("all_gather", "out"),
-    "reduce_scatter_tensor": ("reduce_scatter", "arg0"),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "arg0"),
-    "all_to_all_single": ("all_to_all", "arg0"),
-    "broadcast": ("broadcast", "arg0"),
-    "broadcast_": ("broadcast", "arg0"),
-}
-_NAMESPACES = {"c10d": _C10D, "_c10d_functional": _FUNCTIONAL, "_c10d_functional_autograd": _FUNCTIONAL}
-
-
-def collective_name(func: torchcompat_dispatch.Op) -> str | None:
-    """The collective an op is ('all_gather', ...), or None for any other op."""
-    table = _NAMESPACES.get(getattr(func, "namespace", ""))
-    if table is None:
-        return None
-    entry = table.get(torchcompat_dispatch.op_name(func))
-    return entry[0] if entry else None
-
 
 class Stamped:
     """What a timed collective has: ``launched`` and ``done`` (``perf_counter``), or CUDA ``events``.
@@ -128,22 +81,6 @@ class CollectiveTiming(Stamped):
     events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
 
-def _subclass_dispatches(cls: type) -> bool:
-    """True for DTensor and funcol's async tensor (and their subclasses): they run ops of their own.
-
-    Not every tensor subclass: a fake tensor (what FSDP2 and torch.compile trace with) refuses ops
-    outside its own mode, and handing it the op would leave no one to run it.
-    """
-    answer = _DISPATCHING.get(cls)
-    if answer is None:
-        answer = _DISPATCHING[cls] = any(base.__name__ in ("DTensor", "AsyncCollectiveTensor")
-                                         for base in cls.__mro__)
-    return answer
-
-
-_DISPATCHING: dict[type, bool] = {}
-
-
 def _tensor_bytes(value: object) -> int:
     return sum(t.numel() * t.element_size() for t in torchcompat.tree_leaves(value) if isinstance(t, torch.Tensor))
 
@@ -181,7 +118,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         self, func: torchcompat_dispatch.Op, types: tuple[type, ...], args: tuple[object, ...] = (),
         kwargs: dict[str, object] | None = None,
     ) -> object:
-        if any(_subclass_dispatches(t) for t in types):
+        if any(subclass_dispatches(t) for t in types):
             # A DTensor (or another tensor subclass) gets the op first: it runs its own ops on its
             # local tensors, and the collectives it needs (a redistribution inside the op, the
             # all-reduce of a Partial gradient in an optimizer's step) come back here one by one.
@@ -211,7 +148,7 @@ class OpObserver(torchcompat_dispatch.DispatchMode):
         out = func(*args, **kwargs)
         if self.memory is not None and makes_storage(func):
             self.memory.add_outputs(out)
-        table = _FUNCTIONAL if functional else _C10D
+        table = FUNCTIONAL_OPS if functional else C10D_OPS
         where = table[torchcompat_dispatch.op_name(func)][1]
         timing.bytes = _tensor_bytes(out if where == "out" else args[int(where[3:])])
         # A list: __torch_dispatch__ times a collective only while timings is one (None: off).

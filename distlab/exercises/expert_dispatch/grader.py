@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ...rank import torchcompat_dispatch
+from ...rank.collective_ops import collective_name
 from ...rank.exercise import Learner, Tolerance, failed, first_difference, passed
-from ...telemetry.ops import collective_name
 
 _TOL: Tolerance = {"rtol": 1e-5, "atol": 1e-6}
 
