@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import distlab_processes
 from IPython.core.error import UsageError
@@ -270,3 +272,32 @@ def test_a_lab_on_nodes_from_the_magics_and_its_link_changed_between_cells(ipyth
     assert str(lab.link) == "200mbit" and [(r.rank, r.pid) for r in lab.status()] == table
     ipython.run_line_magic("dist", "link off")
     assert "link: not shaped" in capsys.readouterr().out and lab.link is None
+
+
+@pytest.mark.cluster
+def test_break_step_and_continue_through_the_magics(ipython, capsys):
+    ipython.run_line_magic("dist", "start -n 2")
+    for bad, says in [("break", "needs a collective"), ("break at=x", "at='x' is not an int"),
+                      ("break color=red", "does not take 'color=red'"), ("break 0", "from 1"),
+                      ("step", "nothing is paused")]:
+        with pytest.raises(UsageError, match=re.escape(says)) as info:
+            ipython.run_line_magic("dist", bad)
+        assert "\n" not in str(info.value)
+    ipython.run_line_magic("dist", "break 2 op=all_reduce")
+    capsys.readouterr()
+    cell = "t = torch.ones(2)\ndist.all_reduce(t)\ndist.all_reduce(t)\nprint('summed', t.sum().item())\nt.sum().item()"
+    ipython.run_cell_magic("ddp", "", cell)
+    out = capsys.readouterr().out
+    assert "paused before collective 2 of the cell: all_reduce on default_pg" in out and "summed" not in out
+    ipython.run_line_magic("dist", "step")
+    out = capsys.readouterr().out
+    assert "the cell ended" in out and "[ranks 0-1] summed 8.0" in out
+    ipython.run_line_magic("dist", "break 1")
+    ipython.run_line_magic("dist", "break off")
+    ipython.run_cell_magic("ddp", "", cell)
+    assert "Out[rank 0]: 8.0" in capsys.readouterr().out  # disarmed: it ran through
+    ipython.run_line_magic("dist", "break 1")
+    ipython.run_cell_magic("ddp", "", cell)
+    ipython.run_line_magic("dist", "continue")
+    assert "Out[rank 1]: 8.0" in capsys.readouterr().out
+    ipython.run_line_magic("dist", "stop")

@@ -46,13 +46,14 @@ from ..notebook.dist_args import (
     start_parser,
 )
 from .learning_magics import LearningMagics
+from .pause_magics import break_magic, show_pause, show_values, step_magic
 from .profiling import profile_parser, show_after
 
 __all__ = ["DistMagics", "auto", "current_lab", "register", "unregister"]
 
 _SUBCOMMANDS = (
     "start", "status", "restart", "kill", "stop", "link", "run", "export", "debug", "stacks", "profile", "attach",
-    "auto",
+    "auto", "break", "step", "continue",
 )
 
 
@@ -112,6 +113,11 @@ class DistMagics(Magics):
             return self._profile(profile_parser().parse_args(rest))
         if sub == "attach":
             return self._attach(rest)
+        if sub == "break":
+            return break_magic(self._running_lab(), rest)
+        if sub in ("step", "continue"):
+            no_args_parser(sub).parse_args(rest)
+            return step_magic(self._running_lab(), sub)
         if sub == "auto":
             if rest not in (["on"], ["off"]):
                 raise UsageError(f"%dist auto takes on or off, got {' '.join(rest) or 'nothing'}: %dist auto on")
@@ -330,9 +336,8 @@ class DistMagics(Magics):
 
         with autoshow(lab):  # the dashboard appears if the cell watches a model
             result = lab.run(cell, ranks=selected, timeout=args.timeout, want="repr")
-        for rank, shown in result.items():
-            if shown is not None:
-                print(f"Out[rank {rank}]: {shown}")
+        if not show_pause(result):
+            show_values(result)
         self._armed = show_after(self._armed)  # the profile %dist profile asked for, if this cell filled it
 
 
