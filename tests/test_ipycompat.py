@@ -150,7 +150,7 @@ _SERVE_PING = """
 import os
 from distlab import ipycompat_engine
 served = ipycompat_engine.serve_control_request("distlab_test_ping", "distlab_test_pong",
-                                         lambda: {"status": "ok", "pid": os.getpid()})
+                                         lambda asked: {"status": "ok", "pid": os.getpid(), "asked": asked})
 """
 
 
@@ -160,11 +160,12 @@ def test_a_control_request_of_our_own_is_served_on_the_engine_and_answered(clust
     engine = client[client.ids[0]]
     engine.execute(_SERVE_PING, block=True)
     assert engine.pull("served", block=True) is True
-    replies = ipycompat.control_request(client, [client.ids[0]], "distlab_test_ping", {}, 30)
+    replies = ipycompat.control_request(client, [client.ids[0]], "distlab_test_ping", {"word": "hello"}, 30)
     assert replies is not None
     [reply] = replies
     assert reply["msg_type"] == "distlab_test_pong"
-    assert reply["content"] == {"status": "ok", "pid": engine.apply_sync(os.getpid)}
+    # The answer is given the request's content: what the pause's words (step, read) travel in.
+    assert reply["content"] == {"status": "ok", "pid": engine.apply_sync(os.getpid), "asked": {"word": "hello"}}
 
 
 @pytest.mark.cluster

@@ -116,6 +116,13 @@ class CellRun:
         self._collect()
         return self.outcome
 
+    def stop(self) -> None:
+        """Stop the ranks still in the cell (a cell held at a pause whose world ends), and collect."""
+        self.outcome.stopped_because = "the lab stopped while the cell was paused"
+        with contextlib.suppress(Exception):  # the world is going: what cannot be stopped is killed with it
+            self._stop()
+            self._collect()
+
     def result(self) -> RunResult:
         outputs = {rank: list(self._output(rank, "outputs") or []) for rank in self.pending}
         return RunResult(self.outcome.values, self._texts("stdout"), self._texts("stderr"), outputs, self.outcome.notes)

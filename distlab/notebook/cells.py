@@ -360,8 +360,11 @@ class CellRunner:
         return held.cell.ctx.pauses.read(name, selected)
 
     def drop_held(self) -> None:
-        """The world the held cell ran in is gone (a stop or restart): nothing is paused."""
-        self._held = None
+        """Nothing is paused any more: a held cell's ranks are stopped as at a deadline (SIGINT ends
+        their wait at the pause), so that a stop or restart does not wait for ranks that never answer."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.cell.stop()
 
     def _take_held(self, word: str) -> _Running:
         held = self._held

@@ -156,6 +156,7 @@ class LabCore:
         self._require_running()
         if ranks is not None:
             self.config = self.lifecycle.check_restart(self.config, ranks, self.backend)
+        self.cells.drop_held()  # a paused cell's ranks are stopped before their world goes
         self.lifecycle.restart(self.config, self.timings, self._adopt)
         return self
 
@@ -163,7 +164,6 @@ class LabCore:
         """The new world's backend (``auto`` resolved) and note, before the observers hear of it."""
         self.backend, self.note = world.backend, world.note
         self.linter.forget()  # new namespaces: no earlier cell's model or function is on the ranks
-        self.cells.drop_held()  # a cell paused in the old world is gone with it
 
     @exclusive
     def stop(self) -> None:
