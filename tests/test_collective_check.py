@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from importlib import metadata
 
 import pytest
 
@@ -18,6 +19,9 @@ ONE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 
 def test_a_shape_two_ranks_disagree_on_is_named_at_the_call_not_found_at_the_deadline():
     with distlab.start(ranks=2, debug=True, timeout=60) as lab:
+        # The start says what the check cannot take on this torch (its CPU build crashes DDP under it).
+        crashes = metadata.version("torch").startswith("2.13.")
+        assert ("crashes a rank that builds a DDP model" in lab.note) is crashes, lab.note
         t0 = time.monotonic()
         with pytest.raises(RankError) as info:
             lab.run("t = torch.ones(rank + 1)\ndist.all_reduce(t)\n", stream=False)

@@ -163,6 +163,11 @@ class LabCore:
     def _adopt(self, world: World) -> None:
         """The new world's backend (``auto`` resolved) and note, before the observers hear of it."""
         self.backend, self.note = world.backend, world.note
+        if self.config.debug:
+            from .mismatch import checked_start_note
+
+            said = checked_start_note(world.backend, _installed("torch"))
+            self.note = "; ".join(n for n in (self.note, said) if n)
         self.linter.forget()  # new namespaces: no earlier cell's model or function is on the ranks
 
     @exclusive
@@ -450,3 +455,14 @@ class LabCore:
         """Tell ``observer`` when this lab starts, restarts, changes and stops, and wrap each cell
         in its ``cell`` context (``observers.LabObserver``): how views attach to a lab."""
         self.bus.observe(observer)
+
+
+def _installed(package: str) -> str | None:
+    """The installed version of ``package`` (the ranks' own, where they share the notebook's
+    environment), read from its metadata: the notebook never imports torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None

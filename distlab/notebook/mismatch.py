@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import RankFailure, format_ranks
 
-__all__ = ["Fingerprint", "mismatch_note"]
+__all__ = ["Fingerprint", "checked_start_note", "mismatch_note"]
 
 _MISMATCH = "Detected mismatch between collectives on ranks"
 # "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, TensorShape=[2],
@@ -32,6 +32,22 @@ _OPS = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "_ALLGATHER_BASE":
         "SCATTER": "scatter", "REDUCE": "reduce", "ALLREDUCE_COALESCED": "all_reduce_coalesced"}
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Int": "int32",
            "Long": "int64", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+# torch releases whose CPU build kills a rank that builds DDP under the check: SIGSEGV in DDP's
+# construction (``Logger.set_construction_data_and_log``, on the check's wrapped gloo group), also under
+# plain torchrun with TORCH_DISTRIBUTED_DEBUG=DETAIL (benchmarks/RESULTS.md, the check at the call).
+_DDP_CRASHES_UNDER_CHECK = ("2.13.",)
+
+
+def checked_start_note(backend: str, torch_version: str | None) -> str:
+    """What a lab started with the check (``debug=True``) should say first, or "": on gloo, a torch
+    whose CPU build crashes a rank building DDP under it. ``torch_version``: the installed torch's."""
+    if backend != "gloo" or torch_version is None or not torch_version.startswith(_DDP_CRASHES_UNDER_CHECK):
+        return ""
+    return (f"with the collective check on gloo, torch {torch_version} crashes a rank that builds a DDP model "
+            "(a segfault in DDP's construction, under plain torchrun too); FSDP2, tensor parallelism and "
+            "collectives by hand are checked; for DDP, %dist stop and start without --debug")
+
+
 # A frame of the cell's own code in a rank's traceback, and the source line under it.
 _CELL_FRAME = re.compile(r'File "<rank \d+ cell>", line (\d+), in [^\n]*\n\s*([^\n]*)')
 
