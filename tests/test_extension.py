@@ -303,7 +303,8 @@ def test_registry_act_names_an_unknown_lab_or_action_in_one_line_and_changes_not
         registry.act("lab-1-abc", "stop")
     message = str(unknown_lab.value)
     assert message.startswith(f"no running lab 'lab-1-abc' in process {os.getpid()}") and "\n" not in message
-    with pytest.raises(ValueError, match=r"^unknown action 'explode' for a lab: use one of stop, restart$"):
+    with pytest.raises(ValueError, match=r"^unknown action 'explode' for a lab: use one of stop, restart, step, "
+                                         r"continue$"):
         registry.act("lab-1-abc", "explode")
     assert list(tmp_path.iterdir()) == []  # no state file written
 

@@ -308,7 +308,10 @@ class LabCore:
         selected = self.ranks(ranks)
         if isinstance(code, str):  # anything else: the runner says what is wrong
             self.linter.admit(code, strict)
-        return self.cells.run(code, selected, timeout, stream, want, record)
+        result = self.cells.run(code, selected, timeout, stream, want, record)
+        if result.paused is not None:
+            self.bus.tell("changed")  # the side panel shows the pause
+        return result
 
     # ------------------------------------------------------------------ breakpoints
 
@@ -346,13 +349,19 @@ class LabCore:
         """Every paused rank launches its collective and stops before its next one: the new Pause, or
         None once the cell has ended (its output shown; a failure raised as ``run`` raises it)."""
         self._require_running()
-        return self.cells.step()
+        try:
+            return self.cells.step()
+        finally:
+            self.bus.tell("changed")
 
     @exclusive
     def cont(self) -> RunResult:
         """Let the paused cell run to its end: returns what ``run`` would have returned."""
         self._require_running()
-        return self.cells.cont()
+        try:
+            return self.cells.cont()
+        finally:
+            self.bus.tell("changed")
 
     def set_every_cell(self, on: bool) -> None:
         """Say (to the side panel, through the observers) whether the notebook's plain cells run here."""

@@ -16,7 +16,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .pause import Pause
 
 __all__ = ["RegisteredLab", "add", "current", "get", "id_of", "remove", "running", "set_current", "stop_all"]
 
@@ -33,6 +36,10 @@ class RegisteredLab(Protocol):
     def stop(self) -> None: ...
     def restart(self, ranks: int | None = None) -> Any: ...
     def detach(self) -> None: ...
+    @property
+    def paused(self) -> Pause | None: ...
+    def step(self) -> Pause | None: ...
+    def cont(self) -> Any: ...
 
 
 # Held strongly from start to stop: a lab the user no longer names (``distlab.start()`` in a cell

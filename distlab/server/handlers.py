@@ -1,7 +1,7 @@
 """The Jupyter server side of the side panel: the labs in this server's kernels, and acting on them.
 
     GET  /distlab/labs                  -> {"labs": [...]}
-    POST /distlab/labs/<lab id>/<action> -> {"id", "action", "kernel_id", "message"}   (stop, restart)
+    POST /distlab/labs/<lab id>/<action> -> {"id", "action", "kernel_id", "message"}   (stop, restart; step, continue)
     GET  /distlab/labs/<lab id>/stacks   -> {"id", "text", "seconds", "missing"}   (live stacks)
     GET  /distlab/progress               -> the learner's quiz and exercise progress (``learner_progress``)
 
@@ -201,6 +201,8 @@ async def act_on_lab(
         ename, evalue = outcome["ename"], outcome["evalue"]
         if ename == "LookupError":  # the lab stopped between our read and the kernel's turn
             raise LabActionError(404, evalue)
+        if ename in ("ValueError", "LabUsageError"):  # nothing paused to step: the lab's own one line
+            raise LabActionError(409, evalue)
         raise LabActionError(500, f"{action} failed in {where}: {ename}: {evalue}")
     return {"id": lab_id, "action": action, "kernel_id": kernel_id, "message": str(outcome["value"])}
 

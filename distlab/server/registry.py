@@ -80,6 +80,16 @@ class TrainingSummary(TypedDict):
     allreduce_s: float | None
 
 
+class PausedSummary(TypedDict):
+    """A cell held at a breakpoint (``lab.paused``), as the side panel shows it."""
+
+    index: int
+    op: str
+    group: str
+    line: int | None
+    disagree: list[int]
+
+
 class LabState(TypedDict):
     """What a lab's file says (format 1)."""
 
@@ -98,6 +108,7 @@ class LabState(TypedDict):
     uplink: str | None
     busy: bool
     every_cell: bool
+    paused: PausedSummary | None
     ranks: list[RankRow]
     training: TrainingSummary
 
@@ -108,8 +119,8 @@ class LabEntry(LabState):
     id: str
 
 
-#: What the side panel may do to a lab (``act``).
-ACTIONS = ("stop", "restart")
+#: What the side panel may do to a lab (``act``): step and continue a cell paused at a breakpoint.
+ACTIONS = ("stop", "restart", "step", "continue")
 
 # lab -> (when its file was last written, what it said: busy ranks, telemetry version, rank pids)
 _last_write: weakref.WeakKeyDictionary[Any, tuple[float, object]] = weakref.WeakKeyDictionary()
@@ -213,6 +224,14 @@ def act(lab_id: str, action: str) -> str:
     if action == "stop":
         lab.stop()
         return "lab stopped: engines and controller are gone"
+    if action in ("step", "continue"):
+        if lab.paused is None:
+            raise ValueError(f"nothing is paused in lab {lab_id!r}: lab.pause(at=3) arms the next cell")
+        if action == "continue":
+            lab.cont()
+            return "the cell ran to its end"
+        pause = lab.step()
+        return "the cell ended" if pause is None else f"paused before collective {pause.index} ({pause.op})"
     t0 = time.perf_counter()
     lab.restart()
     n = lab.world_size
@@ -249,9 +268,18 @@ def _describe(lab: Any, busy: set[int] | None, ask: bool) -> LabState:
         "busy": bool(busy),
         # %dist auto on: the notebook runs every plain cell on these ranks.
         "every_cell": lab.every_cell,
+        "paused": _paused(lab),
         "ranks": rows,
         "training": training_summary(lab.telemetry.records()),
     }
+
+
+def _paused(lab: Any) -> PausedSummary | None:
+    pause = getattr(lab, "paused", None)  # a lab of another kind (a companion) has no breakpoints
+    if pause is None:
+        return None
+    return {"index": pause.index, "op": pause.op, "group": pause.group, "line": pause.rows[0].line,
+            "disagree": pause.disagree}
 
 
 def _row(r: RankInfo) -> RankRow:

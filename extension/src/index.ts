@@ -21,6 +21,14 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
+/** Each action's button: its label, its label while it runs, its tooltip. */
+const ACTION_LABELS: { [what: string]: [string, string, string] } = {
+  stop: ['Stop', 'Stopping…', 'Stop this lab, in its kernel (waits for a running cell)'],
+  restart: ['Restart', 'Restarting…', 'Restart this lab, in its kernel (waits for a running cell)'],
+  step: ['Step', 'Stepping…', 'Every paused rank runs its collective and stops before its next one (lab.step())'],
+  continue: ['Continue', 'Continuing…', 'The paused cell runs to its end (lab.cont())']
+};
+
 /** How often the panel asks the server (ms). */
 const POLL_MS = 2000;
 
@@ -54,6 +62,8 @@ export interface ILabInfo {
   busy: boolean;
   /** `%dist auto on`: the notebook runs every plain cell on these ranks. */
   every_cell?: boolean;
+  /** A cell held at a breakpoint (`lab.pause`): every rank waits before this collective. */
+  paused?: IPaused | null;
   updated: number;
   ranks: IRank[];
   training: {
@@ -62,6 +72,19 @@ export interface ILabInfo {
     allreduce_s: number | null;
   };
 }
+
+/** Where a paused cell's ranks wait (`lab.paused`): the collective, its group, the cell's line. */
+export interface IPaused {
+  index: number;
+  op: string;
+  group: string;
+  line: number | null;
+  /** Ranks about to run another collective than the rest. */
+  disagree: number[];
+}
+
+/** What the panel may ask of a lab, in its kernel. */
+type Action = 'stop' | 'restart' | 'step' | 'continue';
 
 /** A lab kept past its kernel (`%dist start --keep`) that no kernel holds now: a notebook may attach it. */
 export interface IKeptLab {
@@ -139,7 +162,7 @@ class LabsModel {
 async function actOnLab(
   settings: ServerConnection.ISettings,
   lab: ILabInfo,
-  what: 'stop' | 'restart'
+  what: Action
 ): Promise<string> {
   const url = URLExt.join(settings.baseUrl, 'distlab', 'labs', encodeURIComponent(lab.id), what);
   const response = await ServerConnection.makeRequest(url, { method: 'POST' }, settings);
@@ -230,7 +253,7 @@ function el<K extends keyof HTMLElementTagNameMap>(
 class LabsPanel extends Widget {
   constructor(
     private _model: LabsModel,
-    private _act: (lab: ILabInfo, what: 'stop' | 'restart') => Promise<string>,
+    private _act: (lab: ILabInfo, what: Action) => Promise<string>,
     private _readStacks: (lab: ILabInfo) => Promise<string>
   ) {
     super();
@@ -306,6 +329,14 @@ class LabsPanel extends Widget {
     if (lab.every_cell) {
       box.appendChild(el('p', 'distlab-every-cell', 'auto: every plain cell runs on these ranks (%dist auto off)'));
     }
+    const paused = lab.paused;
+    if (paused) {
+      const at = paused.line === null ? '' : `, line ${paused.line}`;
+      const differ = paused.disagree.length ? ` · rank ${paused.disagree.join(',')} differs` : '';
+      box.appendChild(
+        el('p', 'distlab-paused', `paused before collective ${paused.index}: ${paused.op} on ${paused.group}${at}${differ}`)
+      );
+    }
     box.appendChild(el('p', 'distlab-training', fmtRate(lab)));
 
     const table = el('table', 'distlab-ranks');
@@ -328,12 +359,12 @@ class LabsPanel extends Widget {
 
     const buttons = el('div', 'distlab-buttons');
     const pending = this._pending[lab.id];
-    for (const what of ['restart', 'stop'] as const) {
-      const label = what === 'stop' ? 'Stop' : 'Restart';
-      const busyLabel = what === 'stop' ? 'Stopping…' : 'Restarting…';
+    const actions: Action[] = paused ? ['step', 'continue', 'restart', 'stop'] : ['restart', 'stop'];
+    for (const what of actions) {
+      const [label, busyLabel, title] = ACTION_LABELS[what];
       const button = el('button', `jp-Button jp-mod-styled distlab-${what}`, pending === what ? busyLabel : label);
       button.disabled = pending !== undefined;
-      button.title = `${label} this lab, in its kernel (waits for a running cell)`;
+      button.title = title;
       button.onclick = () => void this._run(lab, what);
       buttons.appendChild(button);
     }
@@ -365,7 +396,7 @@ class LabsPanel extends Widget {
     this.render();
   }
 
-  private async _run(lab: ILabInfo, what: 'stop' | 'restart'): Promise<void> {
+  private async _run(lab: ILabInfo, what: Action): Promise<void> {
     this._pending[lab.id] = what;
     delete this._messages[lab.id];
     this.render();
@@ -380,7 +411,7 @@ class LabsPanel extends Widget {
 
   private _shown = '';
   // By lab id: a kernel may run more than one lab (distlab.start() twice).
-  private _pending: { [labId: string]: 'stop' | 'restart' } = {};
+  private _pending: { [labId: string]: Action } = {};
   private _messages: { [labId: string]: string } = {};
   private _stacks: { [labId: string]: string } = {};
 }
@@ -437,7 +468,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null
   ) => {
     const model = new LabsModel(app.serviceManager.serverSettings);
-    const act = (lab: ILabInfo, what: 'stop' | 'restart') =>
+    const act = (lab: ILabInfo, what: Action) =>
       actOnLab(app.serviceManager.serverSettings, lab, what);
     const panel = new LabsPanel(model, act, lab => stacksOfLab(app.serviceManager.serverSettings, lab));
     app.shell.add(panel, 'left', { rank: 950 });
