@@ -29,7 +29,7 @@ def test_every_rank_stops_before_the_nth_collective_steps_to_the_next_and_contin
     assert pause is not None and lab.paused is pause and dict(result) == {}
     assert (pause.index, pause.op, pause.group, pause.disagree) == (2, "all_reduce", "default_pg", [])
     assert [(r.rank, r.line, r.source, r.shapes, r.dtypes) for r in pause.rows] == [
-        (rank, 4, "dist.all_reduce(u)", ((4,),), ("float32",)) for rank in (0, 1)]
+        (rank, 5, "dist.all_reduce(u)", ((4,),), ("float32",)) for rank in (0, 1)]  # the lines of THREE as given
     # What each rank would send: u = 2 x (1 + 2) everywhere, so equal norms and hashes.
     assert {r.norms[0] for r in pause.rows} == {12.0} and len({r.hashes[0] for r in pause.rows}) == 1
     # The paused frames are read while the ranks wait; what needs their main threads is refused.
@@ -38,7 +38,7 @@ def test_every_rank_stops_before_the_nth_collective_steps_to_the_next_and_contin
         with pytest.raises(LabUsageError, match=r"paused before collective 2 .all_reduce.*lab.step"):
             refused()
     following = lab.step()
-    assert following is not None and (following.index, following.op, following.rows[0].line) == (3, "barrier", 5)
+    assert following is not None and (following.index, following.op, following.rows[0].line) == (3, "barrier", 6)
     assert {rank: v.tolist() for rank, v in lab.pull("u").items()} == {0: [12.0] * 4, 1: [12.0] * 4}
     assert dict(lab.cont()) == {0: 48.0, 1: 48.0} and lab.paused is None
     # One cell was armed: the next runs through.

@@ -80,6 +80,7 @@ class CellRunner:
         self.last_cell_at: float | None = None
         self._armed: Breakpoint | None = None  # the breakpoint armed for the next cell (``pause``)
         self._held: _Running | None = None  # a cell held at a pause (``step``, ``cont``)
+        self._blank_lines = 0  # leading blank lines of the cell about to be sent (``run``)
 
     @property
     def _timeout(self) -> float:
@@ -155,6 +156,9 @@ class CellRunner:
         checks.choice("want", want, ("value", "repr"))
         checks.flag("record", record)
         self._stacks.remember_cell(code)
+        # The ranks number a cell's lines after IPython drops its leading blank ones (``rank.cell``);
+        # a pause says the lines of the code as given, as the lint does.
+        self._blank_lines = _leading_blank_lines(code)
         send: Send = lambda engine, rank: rpc.run_cell(engine, code, rank, want)  # noqa: E731
         result = self.around(selected, lambda: self._run_on(selected, timeout, stream, send, pausable=record))
         if record and result.paused is None:
@@ -322,7 +326,8 @@ class CellRunner:
         pending = [rpc.arm_pause(client[table[r].engine_id], spec) for r in selected]
         for ar in pending:
             get(ar, self._timeout, "arming the breakpoint on the ranks")
-        return PauseControl(client, table)
+        blank, self._blank_lines = self._blank_lines, 0
+        return PauseControl(client, table, line_offset=blank)
 
     @property
     def paused(self) -> Pause | None:
@@ -373,3 +378,13 @@ class CellRunner:
                                 "cell to stop before its third collective")
         self._held = None
         return held
+
+
+def _leading_blank_lines(code: str) -> int:
+    """How many lines IPython's transform drops from the top of ``code``: those with only whitespace."""
+    count = 0
+    for line in code.splitlines():
+        if line.strip():
+            break
+        count += 1
+    return count

@@ -20,9 +20,10 @@ __all__ = ["Fingerprint", "checked_start_note", "mismatch_note"]
 
 _MISMATCH = "Detected mismatch between collectives on ranks"
 # "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, TensorShape=[2],
-#  TensorDtypes=Float, TensorDeviceTypes=...": the first is the failing rank's own.
+#  TensorDtypes=Float, TensorDeviceTypes=...": the first is the failing rank's own. A collective with no
+#  tensor (a barrier) prints "SequenceNumber=1OpType=BARRIER)", with no comma.
 _OWN = re.compile(
-    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+)"
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+),? ?OpType=(\w+)"
     r"(?:, TensorShape=\[([^\]]*)\])?(?:, TensorDtypes=(\w+))?"
 )
 # torch's names in the fingerprint (c10d's OpType, ScalarType) -> the names a cell calls them by.
@@ -67,6 +68,8 @@ class Fingerprint:
         shape = f"[{self.shape}]" if self.shape is not None else ""
         where = f" at line {self.line} ({self.code})" if self.line is not None else ""
         op, dtype = _OPS.get(self.op, self.op.lower()), _DTYPES.get(self.dtype, self.dtype.lower())
+        if not dtype and not shape:  # a barrier: torch prints no tensor for it
+            return f"{op}{where}"
         return f"{op} of {dtype}{shape}{where}"
 
 
@@ -82,6 +85,8 @@ def mismatch_note(failures: Mapping[int, RankFailure]) -> str | None:
         by_call.setdefault(p.describe(), []).append(rank)
     calls = "; ".join(f"rank {format_ranks(ranks)}: {call}" for call, ranks in by_call.items())
     seq = min(p.seq for p in prints.values()) + 1  # torch counts a group's collectives from 0
+    if "op" in differ:  # two different collectives: their tensors differ as a consequence
+        differ = ["op"]
     what = " and ".join(differ) if differ else "fingerprint"
     return (f"collective #{seq} of its group: the ranks disagree on its {what}, caught before it ran (torch's "
             f"check, debug=True): {calls}")

@@ -157,8 +157,9 @@ def _rows(states: dict[int, PausedAt]) -> tuple[PauseRow, ...]:
 class PauseControl:
     """Asks a cell's ranks whether they are paused, and sends them the notebook's word."""
 
-    def __init__(self, client: ipycompat.IppClient, table: Sequence[RankInfo]) -> None:
+    def __init__(self, client: ipycompat.IppClient, table: Sequence[RankInfo], line_offset: int = 0) -> None:
         self._client = client
+        self._line_offset = line_offset  # the cell's leading blank lines, which its ranks do not count
         self._table = table
         self._asked_at = 0.0
         self._seen: dict[int, int] = {}  # rank -> the seq of its pause the notebook has shown
@@ -179,6 +180,8 @@ class PauseControl:
             state = reply.get("paused")
             if not isinstance(state, dict) or state.get("seq") == self._seen.get(rank):
                 return None
+            if state.get("line") is not None:
+                state["line"] += self._line_offset
             paused[rank] = state  # type: ignore[assignment]  # the rank's PausedAt, as JSON
         self._states = paused
         self._seen.update({rank: s["seq"] for rank, s in paused.items()})

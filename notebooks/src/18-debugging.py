@@ -277,6 +277,151 @@ print("most of the sleep shows up as the others' wait:", per_step > 0.5 * slept_
 # every step's all-reduce times while training runs; the profile says what the rank was doing
 # instead.
 #
+# ## 5. One FSDP2 step, collective by collective
+#
+# The tools so far look at a world after something went wrong. A **breakpoint on a collective**
+# stops every rank just before a collective and hands the notebook back: `lab.pause(...)` (or
+# `%dist break`) arms the next cell; while the ranks wait, `lab.paused` is a table of what each rank
+# is about to run (op, process group, the cell's line, and the shape, dtype, norm and a hash of each
+# tensor it sends), `lab.pull(name)` reads the paused cell's variables, `lab.step()` (`%dist step`)
+# lets every rank run that collective and stops it before the next, and `lab.cont()`
+# (`%dist continue`) runs the cell to its end. The ranks stop themselves, counting the collectives
+# whoever launches them: FSDP2's all-gathers and reduce-scatters, DDP's bucket all-reduces, DTensor's.
+#
+# Below, a two-layer MLP is sharded with FSDP2 over the 4 ranks: each `Linear` is a unit, and the
+# root holds no parameter of its own. FSDP2 keeps each parameter as a `DTensor` sharded along its first
+# dimension. Before a unit runs forward, every rank sends its shards of that unit's parameters,
+# packed into one flat buffer, in an all-gather, and receives everyone's; after backward, the unit's
+# gradients, unsharded, go into a reduce-scatter that leaves each rank the sum of its own shard
+# (`torch.distributed.fsdp.fully_shard`'s documentation; notebook 15 measures the memory this saves).
+#
+# Predict first: the first unit is `Linear(64, 256)`, a weight of 256 x 64 and a bias of 256.
+
+# %%
+# %%ddp
+from torch.distributed.fsdp import fully_shard
+
+torch.manual_seed(0)
+mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).to(device)
+for unit in (mlp[0], mlp[2], mlp):
+    fully_shard(unit)
+mlp_opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+
+# %%
+from distlab.quiz import predict
+
+
+def shard_numbers(rows: int, cols: int, ranks: int) -> float:
+    """What one rank holds of a Linear(cols, rows): its rows of the weight and of the bias (dim 0 split)."""
+    return rows // ranks * cols + rows // ranks
+
+
+sent = predict("How many numbers does each rank send in the first all-gather (Linear(64, 256) on 4 ranks)?",
+               theory=shard_numbers, tolerance=0.01, rows=256, cols=64, ranks=4)
+sent
+
+# %% [markdown]
+# Now the step, stopped before its first all-gather, then stepped through to its end. Each stop is
+# kept in a list: where the ranks were, and what each sent.
+
+# %%
+STEP = """
+x = torch.randn(32, 64, device=device)
+mlp(x).square().mean().backward()
+mlp_opt.step()
+mlp_opt.zero_grad()
+"""
+lab.pause(op="all_gather")
+paused = lab.run(STEP).paused
+first_sent = paused.rows[0].shapes[0][0]
+sent.reveal(first_sent)
+stops = []
+while paused is not None:
+    stops.append(paused)
+    paused = lab.step()
+print(f"{'#':>2}  {'op':<15} {'line':>4}  what each rank sends")
+for stop in stops:
+    row = stop.rows[0]
+    print(f"{stop.index:>2}  {stop.op:<15} {row.line:>4}  {list(row.shapes[0])} {row.dtypes[0]}")
+
+# %% [markdown]
+# In order: the first unit's all-gather before its forward, then the second's. FSDP2 frees a unit's
+# gathered parameters after its forward (`reshard_after_forward=True`), so backward gathers both again:
+# the second unit's first, and the first unit's ahead of its turn (a prefetch, issued before the second
+# unit's gradients are reduced). Then the gradients are reduce-scattered, the second unit's first. A
+# reduce-scatter's input is the unit's whole unsharded gradient, 4 times what each rank sent in its
+# all-gather. Every collective sits on the cell's line 2: forward and backward are both on it. The
+# ranks agreed at every stop (no row marked), and the step ended as it would have unpaused.
+
+# %% tags=["nbval-check-output"]
+gathers = [s.rows[0].shapes[0][0] for s in stops if s.op == "all_gather"]
+scatters = [s.rows[0].shapes[0][0] for s in stops if s.op == "reduce_scatter"]
+print("each rank sent its shard of Linear(64, 256), 64 x 64 + 64 numbers, in the first all-gather:", gathers[0] == 4160)
+print("and of Linear(256, 64), 16 x 256 + 16, in the second:", gathers[1] == 4112)
+print("each reduce-scatter took 4 x a unit's shard:", sorted(scatters) == sorted(4 * g for g in set(gathers)))
+print("every rank ran the same collective at every stop:", all(not s.disagree for s in stops))
+
+# %% [markdown]
+# ## 6. A collective only some ranks reach, found three ways
+#
+# The most common bug of this subject: a collective inside a branch on the rank. Here rank 0 alone
+# averages a loss for its log, and then every rank meets at a barrier. Rank 0's all-reduce waits
+# for ranks that are already in the barrier: on gloo the two can even pair up and return with wrong
+# values, or wait until the deadline (notebook 10).
+
+# %%
+BUGGY = """
+loss = torch.ones(1, device=device) * rank
+if rank == 0:                                     # only rank 0 logs the mean loss
+    dist.all_reduce(loss)
+dist.barrier()
+"""
+
+# %% [markdown]
+# **First, before it runs**: the lint reads the cell and names the collective under a branch on the
+# rank (`%%ddp` prints it before every cell; `--strict` refuses to run the cell).
+
+# %% tags=["nbval-check-output"]
+for finding in distlab.lint(BUGGY):
+    print(finding)
+
+# %% [markdown]
+# **Second, at the call**: a lab started with `debug=True` (`%dist start --debug`) runs torch's own
+# check of every collective (TORCH_DISTRIBUTED_DEBUG=DETAIL): before a collective runs, the ranks
+# compare what they are about to run, and a mismatch stops the cell at once, one line for each call.
+# A second, 2-rank lab shows it.
+
+# %% tags=["nbval-check-output"]
+with distlab.start(ranks=2, debug=True, timeout=60) as checked:
+    try:
+        checked.run(BUGGY, stream=False)
+    except distlab.RankError as failure:
+        print(failure.notes[0].split(" (torch's")[0])
+        print("each rank's call is named:", "rank 0: all_reduce" in failure.notes[0] and "rank 1: barrier" in failure.notes[0])
+
+# %% [markdown]
+# **Third, stopped before it**: a breakpoint at the first collective of the cell. Every rank stops
+# at its own first collective, and the table marks the one that differs from the rest.
+
+# %%
+lab.pause(at=1)
+paused = lab.run(BUGGY, timeout=30).paused
+paused
+
+# %% tags=["nbval-check-output"]
+print("rank 0 alone would all-reduce:", paused.disagree == [0], [r.op for r in paused.rows])
+print("at line 4, as the lint said:", paused.rows[0].line == 4, "| the others at line 5, the barrier:",
+      {r.line for r in paused.rows[1:]})
+
+# %% [markdown]
+# Stepping on would run the mismatch. A restart ends the paused cell (its ranks are stopped) and
+# brings a fresh world:
+
+# %%
+lab.restart()
+print("paused:", lab.paused)
+
+# %% [markdown]
 # ## Practice
 
 # %%
