@@ -80,7 +80,6 @@ class CellRunner:
         self.last_cell_at: float | None = None
         self._armed: Breakpoint | None = None  # the breakpoint armed for the next cell (``pause``)
         self._held: _Running | None = None  # a cell held at a pause (``step``, ``cont``)
-        self._blank_lines = 0  # leading blank lines of the cell about to be sent (``run``)
 
     @property
     def _timeout(self) -> float:
@@ -156,11 +155,13 @@ class CellRunner:
         checks.choice("want", want, ("value", "repr"))
         checks.flag("record", record)
         self._stacks.remember_cell(code)
-        # The ranks number a cell's lines after IPython drops its leading blank ones (``rank.cell``);
-        # a pause says the lines of the code as given, as the lint does.
-        self._blank_lines = _leading_blank_lines(code)
         send: Send = lambda engine, rank: rpc.run_cell(engine, code, rank, want)  # noqa: E731
-        result = self.around(selected, lambda: self._run_on(selected, timeout, stream, send, pausable=record))
+        result = self.around(selected, lambda: self._run_on(
+            selected, timeout, stream, send,
+            # distlab's own code is never paused; a pause says the lines of the code as given, as the
+            # lint does (the ranks number them after IPython drops the leading blank ones: ``rank.cell``)
+            paused_lines_from=_leading_blank_lines(code) if record else None,
+        ))
         if record and result.paused is None:
             self._history.append(CellRan(code, self._subset(selected)))
         return result
@@ -178,7 +179,7 @@ class CellRunner:
         self._stacks.remember_cell("")  # the script's frames name its file, which py-spy reads
         every = list(range(self._world_size))
         result = self.around(every, lambda: self._run_on(
-            every, timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full, True
+            every, timeout, stream, lambda engine, rank: rpc.run_script(engine, text, full, argv, rank), full, 0
         ))
         self._history.append(ScriptRan(tuple(argv)))
         return result
@@ -230,7 +231,7 @@ class CellRunner:
 
     def _run_on(
         self, selected: list[int], timeout: float | None, stream: bool, send: Send, filename: str | None = None,
-        pausable: bool = False,
+        paused_lines_from: int | None = None,
     ) -> RunResult:
         """Send the work to the selected ranks, stream their output, and recover from a failure."""
         processes, config = self._processes, self._config()
@@ -248,7 +249,7 @@ class CellRunner:
                 notes=["the cell ran on no rank: %dist restart (lab.restart()) brings a full world back"],
             )
         processes.top_up_spares(config)  # forked now, registered by the time a rank of this cell may die
-        ctx = self._cell_context(config, selected, pausable)
+        ctx = self._cell_context(config, selected, paused_lines_from)
         cell = CellRun(ctx, selected, send, filename)
         printer = RankPrinter(label_width=len(str(self._world_size - 1)), ranks=selected) if stream else None
         return self._wait_for(_Running(cell, selected, timeout, stream, printer))
@@ -297,10 +298,10 @@ class CellRunner:
         if repair.note:
             outcome.notes.append(repair.note)
 
-    def _cell_context(self, config: LabConfig, selected: list[int], pausable: bool = False) -> CellContext:
+    def _cell_context(self, config: LabConfig, selected: list[int], paused_lines_from: int | None) -> CellContext:
         processes, world = self._processes, self._world
         # A breakpoint arms the user's next cell (``pause``); distlab's own calls pass it by.
-        pauses = self._arm(selected) if pausable else None
+        pauses = self._arm(selected, paused_lines_from) if paused_lines_from is not None else None
         if not config.heal:
             return CellContext(processes.client, world.table, world.releaser, self._kill, self._bus.poll,
                                engines=processes.engines, stacks=self._stacks.of_stopped, pauses=pauses)
@@ -316,7 +317,7 @@ class CellRunner:
         """Arm the next cell with ``spec`` (``LabCore.pause``); None disarms it."""
         self._armed = spec
 
-    def _arm(self, selected: list[int]) -> PauseControl | None:
+    def _arm(self, selected: list[int], line_offset: int) -> PauseControl | None:
         """Send the armed breakpoint to the ranks of the cell about to be sent, ahead of it (the two
         requests run in order on each rank): the cell's ranks are then asked whether they are paused."""
         spec, self._armed = self._armed, None
@@ -326,8 +327,7 @@ class CellRunner:
         pending = [rpc.arm_pause(client[table[r].engine_id], spec) for r in selected]
         for ar in pending:
             get(ar, self._timeout, "arming the breakpoint on the ranks")
-        blank, self._blank_lines = self._blank_lines, 0
-        return PauseControl(client, table, line_offset=blank)
+        return PauseControl(client, table, line_offset)
 
     @property
     def paused(self) -> Pause | None:
