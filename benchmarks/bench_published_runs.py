@@ -130,7 +130,8 @@ def main() -> None:
             unit = {"tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU", "memory_gib": "GiB"}[key]
             note = "; ".join([row.source] + (["fit row"] if row.fit and key != "memory_gib" else []) + row.lacks)
             print(f"| {row.name} | {value:,.1f} {unit} | {got:,.1f} | {100 * error:+.0f}% | {note} |")
-        print(f"|   | where the predicted step goes | {pred} | | |")
+        said = str(pred).replace("\n", "; ")  # a plan over the GPU's memory says so on a second line
+        print(f"|   | where the predicted step goes | {said} | | |")
 
 
 if __name__ == "__main__":

@@ -156,6 +156,9 @@ class CellReply(TypedDict, total=False):
     error: CellError
     #: In a lab that heals, the step the cell's quorum reached (``rank.heal``), where it made one.
     step: int
+    #: In a replacement whose cell ended where the others' loop did: what the cell binds at its top
+    #: level that this rank lacks (the statements it did not run to their end).
+    lacks: list[str]
 
 
 class ProfileTrace(TypedDict):

@@ -3,6 +3,7 @@ tests share: their page, JupyterLab's settings for them, where their screenshots
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,8 +13,8 @@ from typing import Any
 
 import pytest
 
-__all__ = ["ARTIFACTS", "CHROMIUM", "answer_dialog", "browser_page", "chromium_or_skip", "launch_options", "press_run",
-           "shot", "write_settings"]
+__all__ = ["ARTIFACTS", "CHROMIUM", "answer_dialog", "browser_page", "chromium_or_skip", "jupyterlab", "launch_options",
+           "press_run", "shot", "wait_for_idle_kernel", "write_settings"]
 
 CHROMIUM = os.environ.get("DISTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 #: The browser tests' screenshots and servers' logs.
@@ -50,6 +51,31 @@ def answer_dialog(page: Any) -> None:
     dialog.first.wait_for(state="detached", timeout=30_000)
 
 
+def wait_for_idle_kernel(page: Any, timeout_ms: int) -> None:
+    """Wait until the open notebook's kernel is idle, as a person would: accepting "Select Kernel", and
+    reloading the page once JupyterLab says a stylesheet failed to load (seen when three learners'
+    servers start at once on 2 cores: the page is left unstyled, its kernel indicator never shown)."""
+    import time
+
+    deadline = time.monotonic() + timeout_ms / 1000
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
+    while True:
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count() and "Error Loading Theme" in dialog.first.inner_text():
+            dialog.first.locator(".jp-mod-accept").click()
+            page.reload()
+        else:
+            answer_dialog(page)
+        left_ms = (deadline - time.monotonic()) * 1000
+        if left_ms <= 0:
+            idle.wait_for(timeout=1)  # raises playwright's TimeoutError, naming what was awaited
+        try:
+            idle.wait_for(timeout=min(10_000, left_ms))
+            return
+        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: look for a dialog again
+            continue
+
+
 def press_run(page: Any, prompt: Any) -> None:
     """Click a code cell's prompt and press Shift+Enter until the cell shows it started (``[*]`` or
     its number): a key press can land before the notebook is listening."""
@@ -62,11 +88,11 @@ def press_run(page: Any, prompt: Any) -> None:
         except Exception:  # noqa: BLE001 - playwright's TimeoutError: a dialog came up over the cell
             answer_dialog(page)
             prompt.click()
-        page.keyboard.press("Shift+Enter")
-        try:
+        try:  # the locator's press has a deadline (the page's keyboard.press has none: CI saw one hang)
+            prompt.press("Shift+Enter", timeout=30_000)
             prompt.filter(has_text=re.compile(r"\[(\*|\d+)\]")).wait_for(timeout=10_000)
             return
-        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the cell did not start
+        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: the key or the cell's start
             continue
 
 
@@ -85,6 +111,26 @@ def write_settings(settings_dir: Path) -> None:
         path = settings_dir / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
+
+
+@contextlib.contextmanager
+def jupyterlab(tmp_path: Path, log_name: str) -> Iterator[Any]:
+    """A JupyterLab server (``_jupyter.JupyterLab``) for a browser test, serving ``tmp_path/notebooks``
+    (made empty: the test writes its notebooks there first) with the browser tests' settings; its log
+    is kept under ARTIFACTS as ``log_name`` however the test ends. Skips where Chromium is missing."""
+    from _jupyter import JupyterLab
+
+    chromium_or_skip()
+    root = tmp_path / "notebooks"
+    root.mkdir(exist_ok=True)
+    jupyter = JupyterLab(root, tmp_path / "jupyter")
+    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
+    try:
+        with jupyter:
+            yield jupyter
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / log_name).write_text(jupyter.log())
 
 
 def browser_page(last_shot: str) -> Callable[..., Any]:

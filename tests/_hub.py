@@ -79,6 +79,10 @@ def remove_user(name: str) -> None:
     subprocess.run(["userdel", "--remove", name], capture_output=True, check=False, timeout=30)
 
 
+class _PortTaken(AssertionError):
+    pass
+
+
 class Hub:
     """A running classroom hub: ``learners`` and ``instructors`` are system users made for it."""
 
@@ -91,13 +95,27 @@ class Hub:
         self.shared = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
         self.shared.chmod(0o755)
         self.python = learner_python(self.shared, system_python)
-        self.port = free_port()
         self.token = secrets.token_hex(24)
-        state = folder / "hub"
-        klass = {"learners": learners, "instructors": instructors, "limits": limits, "cores": cores,
-                 "port": self.port, "hub_port": free_port(), "state_dir": str(state), "python": self.python,
-                 "notebooks": str(notebooks) if notebooks else None, "authenticator": "shared-password"}
+        self.users = {name: make_user(name) for name in learners + instructors}
+        self.log_path = folder / "hub.log"
         self.config = folder / "jupyterhub_config.py"
+        klass = {"learners": learners, "instructors": instructors, "limits": limits, "cores": cores,
+                 "state_dir": str(folder / "hub"), "python": self.python,
+                 "notebooks": str(notebooks) if notebooks else None, "authenticator": "shared-password"}
+        # A free port is picked before the hub binds it: another process may take it between.
+        for attempt in range(3):
+            self._start(klass)
+            try:
+                wait_for(self._healthy, 120, "the hub to answer")
+                break
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+
+    def _start(self, klass: dict[str, Any]) -> None:
+        learners, instructors = self.learners, self.instructors
+        self.port = free_port()
+        klass = {**klass, "port": self.port, "hub_port": free_port()}
         self.config.write_text(
             "from distlab.classroom.hub import Class, configure\n"
             f"configure(c, Class(**{{**{klass!r}, 'learners': tuple({learners!r}), "
@@ -110,17 +128,22 @@ class Hub:
             "'scopes': ['admin:users', 'admin:servers', 'access:servers', 'tokens', 'read:users']})\n"
             "c.JupyterHub.log_level = 'DEBUG'\n"
         )
-        self.users = {name: make_user(name) for name in learners + instructors}
-        self.log_path = folder / "hub.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)], cwd=folder,
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)], cwd=self.folder,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        wait_for(self._healthy, 120, "the hub to answer")
 
     def _healthy(self) -> bool:
+        said = self.log()
+        # EADDRINUSE: the hub exits; its proxy says so and stays up, deaf on the port asked of it.
+        if "EADDRINUSE" in said or (self.process.poll() is not None and "already in use" in said):
+            with contextlib.suppress(ProcessLookupError):  # the hub and its proxy
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+            self._log.close()
+            raise _PortTaken(f"a port the hub was given was taken before it bound it:\n{said[-2000:]}")
         if self.process.poll() is not None:
             raise AssertionError(f"the hub exited ({self.process.returncode}):\n{self.log()[-4000:]}")
         with contextlib.suppress(OSError):

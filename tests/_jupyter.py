@@ -3,6 +3,7 @@ config/runtime/settings folders, and a stop that always ends it and its kernels.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
@@ -37,6 +38,10 @@ def wait_for(condition: Any, seconds: float, what: str, poll_s: float = 0.2) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
         time.sleep(poll_s)
+
+
+class _PortTaken(AssertionError):
+    """The server exited because its port was bound by another process first."""
 
 
 class JupyterLab:
@@ -82,23 +87,36 @@ class JupyterLab:
         if os.getuid() == 0:  # CI containers
             cmd.append("--allow-root")
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        try:
-            wait_for(self._ready, timeout, f"jupyter lab on port {self.port}")
-        except BaseException:
-            self.stop()
-            raise
+        # The port was free when picked, but another process (a lab's controller on the other worker)
+        # can bind it before the server does: the server then exits saying so, and starts again on
+        # another port, at most three times.
+        for attempt in range(3):
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [f"--port={self.port}" if a.startswith("--port=") else a for a in cmd], env=self.env, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            try:
+                wait_for(self._ready, timeout, f"jupyter lab on port {self.port}")
+                return self
+            except _PortTaken:
+                self.stop()
+                if attempt == 2:
+                    raise
+                self.port = free_port()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def _ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
+            if "already in use" in self.log():
+                raise _PortTaken(f"port {self.port} was taken before jupyter lab bound it")
             raise AssertionError(f"jupyter lab exited ({self.proc.returncode}):\n{self.log()}")
         try:
             return self.request("GET", "/api/status")[0] == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not listening yet, or another server on the port
             return False
 
     def log(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, shot, write_settings
+from _browser import browser_page, jupyterlab, press_run, shot
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -45,18 +45,11 @@ def _clean_copy(src: Path, dst: Path) -> list[str]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[JupyterLab, list[str]]]:
-    chromium_or_skip()
     root = tmp_path / "notebooks"
     root.mkdir()
     sources = _clean_copy(NOTEBOOK, root / NOTEBOOK.name)
-    jupyter = JupyterLab(root, tmp_path / "jupyter")
-    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
-    try:
-        with jupyter:
-            yield jupyter, sources
-    finally:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "jupyter.log").write_text(jupyter.log())
+    with jupyterlab(tmp_path, "jupyter.log") as jupyter:
+        yield jupyter, sources
 
 
 page = browser_page("last.png")

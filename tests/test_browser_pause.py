@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import ARTIFACTS, browser_page, chromium_or_skip, shot, write_settings
+from _browser import browser_page, jupyterlab, shot
 from _jupyter import JupyterLab, execute
 
 pytestmark = pytest.mark.cluster
@@ -23,17 +23,8 @@ CELL = "t = torch.ones(2)\\ndist.all_reduce(t)\\ndist.barrier()\\nt.sum().item()
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[JupyterLab]:
-    chromium_or_skip()
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    jupyter = JupyterLab(root, tmp_path / "jupyter")
-    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
-    try:
-        with jupyter:
-            yield jupyter
-    finally:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "jupyter-pause.log").write_text(jupyter.log())
+    with jupyterlab(tmp_path, "jupyter-pause.log") as jupyter:
+        yield jupyter
 
 
 page = browser_page("pause-last.png")

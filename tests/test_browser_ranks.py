@@ -17,7 +17,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from _browser import ARTIFACTS, browser_page, chromium_or_skip, press_run, shot, write_settings
+from _browser import browser_page, jupyterlab, press_run, shot
 from _jupyter import JupyterLab, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -97,7 +97,6 @@ scale(torch.ones(2, 3))
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[JupyterLab]:
-    chromium_or_skip()
     root = tmp_path / "notebooks"
     root.mkdir()
     kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -106,14 +105,8 @@ def server(tmp_path: Path) -> Iterator[JupyterLab]:
         metadata={"kernelspec": kernel},
     )
     nbformat.write(notebook, root / NAME)
-    jupyter = JupyterLab(root, tmp_path / "jupyter")
-    write_settings(Path(jupyter.env["JUPYTERLAB_SETTINGS_DIR"]))
-    try:
-        with jupyter:
-            yield jupyter
-    finally:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "jupyter-ranks.log").write_text(jupyter.log())
+    with jupyterlab(tmp_path, "jupyter-ranks.log") as jupyter:
+        yield jupyter
 
 
 page = browser_page("ranks-last.png")

@@ -57,3 +57,32 @@ def test_the_budget_is_charged_every_message_sent_and_no_second_holds_more(monke
     assert set(drawn) == set(board.figures), "every figure was drawn live"
     board.refresh(force=True)  # the cell's end: everything drawn, whatever the budget
     assert board.status.value.startswith("2 ranks, step 39")
+
+
+def test_messages_the_front_end_keeps_asking_for_do_not_starve_the_first_redraws(monkeypatch):
+    # A live page answered all the time (plotly's figures reply to each resize of their output): some
+    # message in every second, so the window is never empty. The figures are still drawn, within the budget.
+    now = [0.0]
+    published: list[float] = []
+
+    def publish_msg(self: comm.DummyComm, msg_type: str, **content: object) -> None:
+        if msg_type == "comm_msg":
+            published.append(now[0])
+
+    monkeypatch.setattr(comm, "create_comm", lambda **args: comm.DummyComm(**args))
+    monkeypatch.setattr(comm.DummyComm, "publish_msg", publish_msg)
+    store = TelemetryStore(world_size=2)
+    board = Dashboard(store, clock=lambda: now[0])
+    drawn = []
+    for step in range(40):
+        for rank in (0, 1):
+            store.merge(_publish(rank, step))
+        board.status.send({"answer": step})  # what the front end asked for, sent between refreshes
+        drawn += board.refresh()
+        now[0] += 0.25
+    assert set(drawn) == set(board.figures), "every figure was drawn live"
+    # From the second after the figures were made (their making's messages and the answers in that
+    # second are not the redraws'), no second holds more than the budget.
+    live = [u for u in published if u >= 1.0]
+    busiest = max(sum(1 for u in live if t <= u < t + 1.0) for t in live)
+    assert busiest <= DashboardConfig().max_messages_per_s

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from _exercises import Harness, learners_lab
 
@@ -106,19 +108,35 @@ def test_the_grader_puts_torch_distributed_back_after_a_failing_check(lab, three
     assert grader.run(restored, stream=False) == {0: True, 1: True, 2: True}
 
 
-def test_a_deadlock_is_stopped_named_and_both_labs_work_afterwards(lab, three_ranks_only):
-    harness.warm(lab)
-    deadlock = """
+DEADLOCK = """
 def ring_all_reduce(tensor):
     for step in range(world_size - 1):
         dist.recv(tensor, (rank - 1) % world_size)
         dist.send(tensor, (rank + 1) % world_size)
 """
-    result = harness.check(lab, deadlock, case_timeout_s=5)
+
+
+def test_a_deadlock_is_stopped_named_and_both_labs_work_afterwards(lab, three_ranks_only):
+    harness.warm(lab)
+    result = harness.check(lab, DEADLOCK, case_timeout_s=5)
     assert not result.passed
     assert "never returned from line 3 of ring_all_reduce: `dist.recv(tensor, (rank - 1) % world_size)`" in (
         result.feedback
     )
     assert [case.ran for case in result.cases].count(True) == 1  # the cases after it were not run
     assert lab.run("world_size", stream=False) == {0: 2, 1: 2}
+    assert harness.check(lab, harness.solution).passed
+
+
+def test_a_deadlock_that_gloo_times_out_first_ends_the_check_at_its_first_case(lab, three_ranks_only):
+    # gloo's receive gives up at the grader's group timeout (tens of seconds), before this case's deadline,
+    # every rank raising. That is the hang too: named, and no later case waits as long again.
+    harness.warm(lab)
+    result = harness.check(lab, DEADLOCK, case_timeout_s=600)
+    assert not result.passed
+    assert "never returned from line 3 of ring_all_reduce: `dist.recv(tensor, (rank - 1) % world_size)`" in (
+        result.feedback
+    )
+    assert re.search(r"gloo gave up waiting after \d+ s: a deadlock\?", result.feedback), result.feedback
+    assert [case.ran for case in result.cases].count(True) == 1
     assert harness.check(lab, harness.solution).passed

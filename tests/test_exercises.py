@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_catalog_has_the_exercises_in_course_order():
     assert exercises.names() == [
         "average-gradients", "distributed-sampler", "ring-allreduce", "parameter-server", "ddp-from-hooks", "zero-1",
-        "tensor-parallel-mlp", "pipeline-1f1b", "expert-dispatch", "atomic-checkpoint",
+        "tensor-parallel-mlp", "pipeline-1f1b", "diverged-replicas", "clip-sharded-gradients", "expert-dispatch",
+        "diloco-outer-step", "ddp-comm-hook", "fsdp-shard-sizes", "atomic-checkpoint",
     ]
     assert all(exercise.module == exercise.name.replace("-", "_") for exercise in ALL)
 
@@ -205,7 +206,7 @@ def test_a_deadlock_names_each_stuck_rank_and_the_line_it_waits_on():
     quote = grading._quoter(_Lab("def f(t):\n    x = 1\n    y = 2\n    dist.recv(t, 1 - rank)\n"))
     failures = {r: RankFailure(r, "Stopped", "stopped by distlab", TRACEBACK) for r in (0, 1)}
     failures[2] = RankFailure(2, "Stopped", "stopped by distlab", "")
-    message = grading._stuck(failures, 5.0, quote)
+    message = grading._stuck(failures, quote, "stopped after 5 s")
     assert message.startswith(
         "ranks 0, 1 never returned from line 4 of f: `dist.recv(t, 1 - rank)`; rank 2 never returned, stopped after 5 s"
     )

@@ -38,6 +38,7 @@ TRAIN = textwrap.dedent(
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(STEP_S)
+    after_loop = manager.current_step()
     """
 )
 
@@ -99,6 +100,9 @@ def test_a_rank_that_dies_is_replaced_heals_from_a_peer_and_the_cell_ends_on_eve
     assert survived and survived[0] - died_at < 8.0, (died_at, survived[:1])
     assert steps[0] == sorted(steps[0]) and 200 - 3 <= steps[0][-1] <= 200, steps[0]
     assert times[1][0] - died_at < 20.0
+    # The line after the loop ran on the replacement too, at the step the others ended at.
+    assert lab.run("after_loop", stream=False) == dict.fromkeys(range(3), steps[0][-1])
+    assert not any("lacks" in note for note in ran.notes), ran.notes
     # Every rank ends with the same weights, and the next cell has the whole world's group again.
     weights = lab.run(WEIGHTS, stream=False)
     assert len(set(weights.values())) == 1, weights
@@ -112,6 +116,9 @@ def test_a_replacement_that_comes_after_the_others_ended_is_given_their_state(la
     # Rank 1 dies after the last step: the others end at once, before any replacement can join them.
     ran = lab.run(_train(victim=1, steps=20, dies_at=20, death_file=death_file), stream=False)
     assert any("came after the others had ended the cell" in note for note in ran.notes), ran.notes
+    # It ran none of the cell past its first step: the note names what the others' cell defined after that.
+    (lacking,) = [note for note in ran.notes if "lacks" in note]
+    assert lacking.startswith("rank 1's replacement") and "after_loop" in lacking.split("lacks ")[1], lacking
     weights = lab.run(WEIGHTS, stream=False)
     assert len(set(weights.values())) == 1, weights
     # The replacement never trained alone past the others: it ended its cell at its first step.

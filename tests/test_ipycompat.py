@@ -335,5 +335,7 @@ def _one_engine_counted_and_reachable(client: Any, cluster: Any = None, sets: li
 
     wait_for_engines(client, 1, timeout_s=30, cluster=cluster, sets=sets)
     assert client.ids == [0]
-    client[0].execute("answer = 6 * 7", block=True)
-    assert client[0].pull("answer", block=True) == 42
+    # The reply, under a deadline: execute(block=True) would also wait, with none, for the iopub
+    # messages that say its output ended, which a loaded run once never delivered.
+    client[0].execute("answer = 6 * 7", block=False).get(timeout=60)
+    assert client[0].pull("answer", block=False).get(timeout=60) == 42

@@ -123,3 +123,29 @@ def test_watches_and_progress_bars_register_their_flush_when_imported():
 
     progress, watch = (importlib.import_module(m) for m in ("distlab.rank.progress", "distlab.telemetry.watch"))
     assert progress.flush in hooks._hooks and watch.flush in hooks._hooks
+
+
+def test_what_a_cells_statement_binds_is_read_from_its_source_outside_functions_and_if_asked_loops():
+    import ast
+
+    from distlab.rank.cell import _bound_names
+
+    source = (
+        "import os.path, numpy as np\n"
+        "flat = train()\n"
+        "a, (b, c) = 1, (2, 3)\n"
+        "with open('f') as f:\n"
+        "    for step in range(3):\n"
+        "        loss = step\n"
+        "    total: int = 0\n"
+        "def helper(x):\n"
+        "    inner = x\n"
+        "squares = [k * k for k in range(3)]\n"
+    )
+    statements = ast.parse(source).body
+    assert [_bound_names(s) for s in statements] == [
+        ["os", "np"], ["flat"], ["a", "b", "c"], ["f", "step", "loss", "total"], ["helper"], ["squares"],
+    ]
+    # A replacement whose loop ended where the others' did ran that loop's earlier steps: what the
+    # statement binds outside its loops is what it may lack.
+    assert _bound_names(statements[3], in_loops=False) == ["f", "total"]

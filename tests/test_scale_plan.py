@@ -30,7 +30,10 @@ def test_a_plan_derives_its_data_parallel_degree_micro_batches_and_tokens():
         ({"gpus": 1024, "tp": 16}, "tp=16 does not divide llama3-8b's 8 kv_heads"),
         ({"model": "llama3-8", "tp": 8}, "unknown model 'llama3-8': did you mean 'llama3-8b'"),
         ({"model": "gpt-175b"}, "did you mean 'gpt3-175b'"),
-        ({"pp": 64, "tp": 1, "gpus": 64 * 16}, "do not split llama3-8b's 32 layers evenly"),
+        ({"pp": 64, "tp": 1, "gpus": 64 * 16}, "64 stages are more than llama3-8b's 32 layers"),
+        ({"pp": 4, "stage_layers": (8, 8, 8)}, "stage_layers=(8, 8, 8) must give each of the pp*chunks = 4 stages"),
+        ({"pp": 4, "stage_layers": (9, 8, 8, 8)}, "32 in all (llama3-8b); e.g. stage_layers=(8, 8, 8, 8)"),
+        ({"pp": 4, "stage_layers": (16, 16, 0, 0)}, "at least 1 per stage"),
         ({"global_batch_tokens": 4_000_000}, "not a whole number of micro-batches"),
         ({"global_batch_tokens": 8192 * 64}, "is not a whole number of micro-batches"),
         ({"dp": "hsdp"}, "dp='hsdp' needs shard="),
@@ -91,3 +94,17 @@ def test_dry_run_refuses_what_it_cannot_make_real_in_one_line():
         scale.dry_run(scale.Plan(**{**BASE, "cp": 2, "gpus": 2048}))
     with pytest.raises(LabUsageError, match="fp8"):
         scale.dry_run(scale.Plan(**{**BASE, "precision": "fp8"}))
+
+
+def test_a_pipeline_splits_the_layers_evenly_where_it_can_else_as_torchtitan_and_the_llama_3_paper_do():
+    assert scale.Plan(**{**BASE, "pp": 4}).layers_per_stage == (8,) * 4
+    big = {**BASE, "model": "llama3-405b", "gpus": 8192, "global_batch_tokens": 2048 * 8192}
+    # 126 layers over 16 stages: one fewer on the first and the last (Llama 3 paper, section 3.3.2).
+    assert scale.Plan(**{**big, "pp": 16}).layers_per_stage == (7,) + (8,) * 14 + (7,)
+    assert scale.Plan(**{**big, "pp": 8}).layers_per_stage == (15,) + (16,) * 6 + (15,)
+    interleaved = scale.Plan(**{**big, "pp": 16, "schedule": "interleaved", "chunks": 2})
+    assert interleaved.layers_per_stage == (3,) + (4,) * 30 + (3,)
+    given = scale.Plan(**{**big, "pp": 8, "stage_layers": (14, 16, 16, 16, 16, 16, 16, 16)})
+    assert given.layers_per_stage == (14, 16, 16, 16, 16, 16, 16, 16)
+    assert given.to_json()["stage_layers"] == [14, 16, 16, 16, 16, 16, 16, 16]
+    assert sum(interleaved.layers_per_stage) == 126

@@ -128,3 +128,46 @@ def test_bad_input_gets_one_line(call, says):
     with pytest.raises(ValueError) as info:
         call()
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_plan_over_the_gpus_memory_says_so_in_one_line_with_what_takes_the_room():
+    report = NS(plan=_plan(), micro_batches=4, tokens_per_step=4 * 8192 * 2, kinds=[_kind(0.1)])
+    fits = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5)
+    assert fits.fits and fits.fit_note == "" and "\n" not in str(fits)
+    states = {"parameters": 20e9, "gradients": 20e9, "optimizer": 40e9, "activations": 10e9, "peak": 100e9}
+    report.kinds = [_kind(0.1, memory=states)]
+    over = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5)
+    assert not over.fits
+    limit = H100.memory_bytes
+    assert over.fit_note == (
+        f"does not fit: {100e9 / 2**30:.1f} GiB per GPU against the h100-sxm's {limit / 2**30:.1f} GiB (80 GB), "
+        f"{100 * (100e9 / limit - 1):.1f}% over; the larger part is parameters, gradients and optimizer states "
+        f"({80e9 / 2**30:.1f} GiB): try more GPUs to shard over, or more tp or pp"
+    )
+    assert str(over).splitlines()[1] == over.fit_note
+    activations = {"parameters": 1e9, "gradients": 1e9, "optimizer": 2e9, "activations": 90e9, "peak": 95e9}
+    report.kinds = [_kind(0.1, memory=activations)]
+    note = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5).fit_note
+    assert "the larger part is activations" in note and "checkpointing='full'" in note
+    # the H200's 141 GB holds what the H100's 80 do not
+    assert predict.predict_report(report, "h200", "ib-400g", efficiency=0.5).fits
+
+
+def test_uneven_stages_go_at_the_slowest_ones_pace_and_the_others_fill_and_drain_the_pipeline_once():
+    # 4 stages of 7, 8, 8 and 7 layers on 32 GPUs (tp 8 in each): a micro-batch takes 70 ms on the
+    # ends' ranks and 80 ms on the middle two.
+    plan = _plan(gpus=32, pp=4, layers_per_stage=(7, 8, 8, 7))
+    kinds = [_kind(0.07, ranks=8), _kind(0.08, ranks=16), _kind(0.07, ranks=8)]
+    report = NS(plan=plan, micro_batches=8, tokens_per_step=8 * 8192 * 1, kinds=kinds)
+    pred = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5)
+    optimizer = 2 * 4e9 / H100.memory_bytes_per_s
+    busy = 8 * 0.08 + (0.07 + 2 * 0.08 + 0.07 - 0.08)
+    assert pred.step_time_s == pytest.approx(busy + optimizer, rel=1e-9)
+    assert pred.breakdown["bubble"] == pytest.approx(busy - 8 * 0.08, rel=1e-9)
+    # Equal stages give the uniform formula: (m + p - 1) micro-batch times.
+    even = predict.predict_report(
+        NS(plan=_plan(gpus=32, pp=4, layers_per_stage=(8,) * 4), micro_batches=8, tokens_per_step=8 * 8192,
+           kinds=[_kind(0.08, ranks=8), _kind(0.08, ranks=16), _kind(0.08, ranks=8)]),
+        "h100-sxm", "ib-400g", efficiency=0.5,
+    )
+    assert even.step_time_s == pytest.approx((8 + 3) * 0.08 + optimizer, rel=1e-9)

@@ -100,3 +100,25 @@ def test_eight_real_ranks_printing_alike_show_one_line_and_their_own_lines_apart
     assert out[0] == "[ranks 0-7] epoch 1 done", out
     assert sorted(out[1:9]) == [f"[rank {r}] loss of rank {r}" for r in range(8)], out
     assert out[9:] == ["[ranks 0-7] saved"], out
+
+
+# What torch's reducer printed on a rank of a lab that heals (torchft's DDP always asks for unused parameters).
+_REDUCER_WARNING = (
+    "[rank0]:[W1206 05:14:24.072476423 reducer.cpp:1529] Warning: find_unused_parameters=True was specified in "
+    "DDP constructor, but did not find any unused parameters in the forward pass. This flag results in an extra "
+    "traversal of the autograd graph every iteration,  which can adversely affect performance. (function operator())"
+)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_lab_that_heals_leaves_torchfts_reducer_warning_out_and_shows_every_other_line(capsys, clock, ranks):
+    shown = {}
+    for hidden in ((), streams.HEALING_NOISE):
+        printer = Ranks(streams.RankPrinter(ranks=range(ranks), hidden=hidden))
+        for r in range(ranks):
+            printer.say(r, _REDUCER_WARNING, "<rank cell>:5: UserWarning: the learner's own")
+        printer.poll(final=True)
+        shown[hidden] = capsys.readouterr().out
+    assert "find_unused_parameters" in shown[()]
+    assert "find_unused_parameters" not in shown[streams.HEALING_NOISE]
+    assert shown[streams.HEALING_NOISE].count("UserWarning: the learner's own") == 1

@@ -424,3 +424,15 @@ def test_new_names_carry_their_dimension_for_the_quizzes():
 def test_bad_arguments_raise_one_clear_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("rows, world_size", [(128256, 1024), (7, 3), (5, 4), (2, 3), (0, 2), (12, 4), (1, 1)])
+def test_fsdp2s_shard_rows_are_torch_chunks_split_and_every_rank_allocates_a_full_chunk(rows, world_size):
+    import torch
+
+    chunks = [len(c) for c in torch.arange(rows).chunk(world_size)] if rows else []
+    chunks += [0] * (world_size - len(chunks))  # torch.chunk may give fewer chunks than ranks: those hold none
+    assert [theory.fsdp_shard_rows(rows, world_size, r) for r in range(world_size)] == chunks
+    assert theory.fsdp_padded_shard_bytes(rows, 3, world_size) == max(chunks) * 3 * 4
+    with pytest.raises(ValueError, match="rank must be below world_size"):
+        theory.fsdp_shard_rows(rows, world_size, world_size)

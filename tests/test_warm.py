@@ -202,3 +202,32 @@ def test_the_template_and_everything_forked_end_when_the_notebook_process_is_kil
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_template_still_importing_ends_as_soon_as_its_notebook_process_is_killed(tmp_path):
+    # A machine so loaded that the template's imports take minutes: one of them sleeps (the
+    # template reads its stdin, and so sees its notebook's end, only once they are done).
+    importing = tmp_path / "importing"
+    (tmp_path / "setproctitle.py").write_text(f"import time\nopen({str(importing)!r}, 'w').close()\ntime.sleep(300)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from distlab.cluster import warm
+        print(warm.current(os.environ).pid, flush=True)
+        sys.stdin.readline()  # killed here
+        """
+    )
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, **pipes)
+    try:
+        assert proc.stdout is not None
+        template = psutil.Process(int(proc.stdout.readline()))
+        assert wait_for(importing.exists, 120), "the template never reached its imports"
+        proc.kill()
+        proc.wait(timeout=10)
+        _, alive = psutil.wait_procs([template], timeout=30)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], template.cmdline()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

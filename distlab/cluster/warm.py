@@ -55,7 +55,7 @@ class Template:
         self.import_env = _import_time(env)
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "distlab.rank.warm_template"],
+            [sys.executable, "-m", "distlab.rank.warm_template", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
             start_new_session=True,  # a Ctrl-C in a terminal is the notebook's, not the template's
         )

@@ -88,6 +88,11 @@ class _Snapshot:
         return f"{len(self.ranks)} ranks, step {last}. {self.divergence.message}"
 
 
+#: Seconds without a redraw after which one figure is drawn whatever the window holds (``_redraw``):
+#: longer than the budget ever holds one back (a full redraw fits in about a second and a half).
+_STARVED_S = 2.0
+
+
 class Dashboard(widgets.VBox):
     """Loss, collectives timeline, gradient-norm heatmap, replica divergence, busbw vs the ring model,
     memory per rank vs theory, and the step-by-step trace, live while a cell trains. Made by ``lab.dashboard()``."""
@@ -127,6 +132,9 @@ class Dashboard(widgets.VBox):
         # Making the figures sent messages too: the first redraws wait for them to leave the window.
         self._charge(self._clock())
         self._last_refresh = float("-inf")
+        #: Widget messages each forced redraw (the cell's end: every figure, whatever the budget) sent.
+        self.forced_messages: list[int] = []
+        self._drawn_at = self._clock()  # when a figure was last drawn (made, at first)
         store.subscribe(self._on_store)
 
     @property
@@ -149,11 +157,23 @@ class Dashboard(widgets.VBox):
             return []
         snap = _Snapshot(self.store, self.config)
         self._charge(now)  # anything the widgets sent between refreshes (plotly answering the front end)
-        drawn = []
+        before = self.messages
+        drawn = self._redraw(stale, version, snap, now, force)
+        if force:
+            self.forced_messages.append(self.messages - before)
+        return drawn
+
+    def _redraw(self, stale: list[str], version: int, snap: _Snapshot, now: float, force: bool) -> list[str]:
+        drawn: list[str] = []
+        # Messages the front end asks for (plotly's answers to each resize of a live page) can keep
+        # the window from ever emptying, and a first redraw waits for an empty one (its cost is not
+        # known yet): after _STARVED_S without a redraw, the least recently drawn figure goes anyway.
+        starved = now - self._drawn_at >= _STARVED_S
         for name in stale:
-            if not force and not self._affordable(now, self._expected(name)):
+            if not force and not self._affordable(now, self._expected(name)) and not (starved and not drawn):
                 break
             self._update(name, partial(self._draw, name, snap))
+            self._drawn_at = now
             self._drawn[name] = version
             self._order.remove(name)
             self._order.append(name)

@@ -19,7 +19,12 @@ _COURSE = (
     "zero_1",
     "tensor_parallel_mlp",
     "pipeline_1f1b",
+    "diverged_replicas",
+    "clip_sharded_gradients",
     "expert_dispatch",
+    "diloco_outer_step",
+    "ddp_comm_hook",
+    "fsdp_shard_sizes",
     "atomic_checkpoint",
 )
 

@@ -166,7 +166,7 @@ def _run_case(
     try:
         outcomes: dict[int, CaseOutcome] = world.call(send, timeout=exercise.case_timeout_s)
     except CellTimeout as exc:
-        message = _stuck(exc.failures, exercise.case_timeout_s, quote)
+        message = _stuck(exc.failures, quote, f"stopped after {exercise.case_timeout_s:g} s")
         # A case stopped at its deadline leaves its ranks as the stop found them: an import cut half
         # way (torch._dynamo, seen under load) broke every later check at this size. Fresh ranks for the
         # next check (from the lab's spares: about a second).
@@ -178,6 +178,17 @@ def _run_case(
             # The world cannot run the next cases: they are not run. The next check gets it whole
             # (``companion`` restarts a lab whose rank died).
             return CaseResult(*base, passed=False, message=_died(dead), rank=dead[0]), True
+        waits = {rank: _GLOO_TIMEOUT.search(failure.headline) for rank, failure in exc.failures.items()}
+        timed_out = sorted(rank for rank, found in waits.items() if found)
+        if timed_out:
+            # gloo's own deadline (the lab's timeout) came before the case's: the same hang, found by
+            # the backend. Every later case would wait as long again, so none runs; the ranks' pairs
+            # that timed out are broken, so the next check gets fresh ranks.
+            world.restart()
+            waited = waits[timed_out[0]]
+            after = f"{int(waited['ms']) / 1000:g} s" if waited and waited["ms"] else "its timeout"
+            message = _stuck(exc.failures, quote, f"gloo gave up waiting after {after}")
+            return CaseResult(*base, passed=False, message=message, rank=timed_out[0]), True
         rank, failure = _first_cause(exc.failures)
         return CaseResult(*base, passed=False, message=_raised(failure, quote), rank=rank), False
     wrong = [(rank, outcome) for rank, outcome in sorted(outcomes.items()) if not outcome["passed"]]
@@ -222,6 +233,8 @@ def _verdict(exercise: Exercise, cases: tuple[CaseResult, ...], seed: int) -> Ex
 # ---------------------------------------------------------------------------- failures in words
 
 _STUCK = "never returned"
+#: gloo's words when a send or receive waits past the group's timeout (gloo/transport/tcp).
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting(?: (?P<ms>\d+)ms)?", re.IGNORECASE)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 
 #: (function, line) -> the learner's line there, as they wrote it ("" if not found).
@@ -265,8 +278,9 @@ def _learner_frame(traceback_text: str, quote: Quote) -> str:
     return f"line {line} of {function}" + (f": `{text}`" if text else "")
 
 
-def _stuck(failures: dict[int, RankFailure], timeout_s: float, quote: Quote) -> str:
-    """'ranks 0, 1 never returned from line 4 of average_gradients: `dist.recv(...)`, stopped after 5 s: ...'."""
+def _stuck(failures: dict[int, RankFailure], quote: Quote, ended: str) -> str:
+    """'ranks 0, 1 never returned from line 4 of average_gradients: `dist.recv(...)`, stopped after 5 s: ...'
+    (``ended``: how the wait ended)."""
     places: dict[str, list[int]] = {}
     for rank, failure in sorted(failures.items()):
         places.setdefault(_learner_frame(failure.traceback, quote), []).append(rank)
@@ -275,7 +289,7 @@ def _stuck(failures: dict[int, RankFailure], timeout_s: float, quote: Quote) -> 
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
         parts.append(f"{who} {_STUCK} from {place}" if place else f"{who} {_STUCK}")
     return (
-        f"{'; '.join(parts)}, stopped after {timeout_s:g} s: a deadlock? Every send needs a matching "
+        f"{'; '.join(parts)}, {ended}: a deadlock? Every send needs a matching "
         "receive that the other rank reaches, and every rank must make the same collectives in the same order"
     )
 

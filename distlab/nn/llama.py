@@ -183,14 +183,17 @@ def Transformer(config: ModelConfig) -> TransformerStage:
     return TransformerStage(config, range(config.layers), first=True, last=True)
 
 
-def stage_modules(config: ModelConfig, pp: int, chunks: int, rank: int) -> list[TransformerStage]:
+def stage_modules(
+    config: ModelConfig, pp: int, chunks: int, rank: int, splits: Sequence[int] | None = None
+) -> list[TransformerStage]:
     """The stage modules pipeline rank ``rank`` of ``pp`` holds: ``chunks`` of the ``pp * chunks``
     stages (rank r holds r, r + pp, ...: torch's interleaved layout; one stage without interleaving),
-    each ``layers / (pp * chunks)`` consecutive layers."""
+    each of consecutive layers: ``splits[s]`` of them for stage s, else ``layers / (pp * chunks)``."""
     stages = pp * chunks
-    per = config.layers // stages
+    counts = list(splits) if splits is not None else [config.layers // stages] * stages
+    starts = [sum(counts[:s]) for s in range(stages)]
     return [
-        TransformerStage(config, range(s * per, (s + 1) * per), first=s == 0, last=s == stages - 1)
+        TransformerStage(config, range(starts[s], starts[s] + counts[s]), first=s == 0, last=s == stages - 1)
         for s in range(rank, stages, pp)
     ]
 

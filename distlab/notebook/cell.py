@@ -309,6 +309,12 @@ class CellRun:
                 outcome.failures[rank] = failure
             else:
                 outcome.values[rank] = reply.get("value", reply.get("repr"))
+            if reply.get("lacks"):
+                names = ", ".join(reply["lacks"])
+                outcome.notes.append(
+                    f"rank {rank}'s replacement ended the cell where the others' loop ended, before it could "
+                    f"define what the cell's later lines did: it lacks {names}"
+                )
         # A rank's reply can overtake its last output (they travel on different channels).
         output_deadline = time.monotonic() + 1.0
         for ar in self.pending.values():

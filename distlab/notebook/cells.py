@@ -31,7 +31,7 @@ from .postmortem import MAX_FRAMES, MAX_LOCALS, LastCell, Postmortem, first_fail
 from .processes import LabProcesses
 from .script import CellRan, Event, Pushed, ScriptRan, build_script, export_path, read_script, script_args
 from .stacks import StacksReader
-from .streams import RankPrinter
+from .streams import HEALING_NOISE, RankPrinter
 
 __all__ = ["AroundCell", "CellRunner"]
 
@@ -107,9 +107,11 @@ class CellRunner:
     # already parsed (``selected``), with the lab running and its lock held.
 
     def call(self, send: Send, selected: list[int], timeout: float | None) -> RunResult:
+        self.refuse_while_paused("run distlab's own call on the ranks")
         return self._run_on(selected, timeout, False, send)
 
     def push(self, selected: list[int], names: dict[str, Any]) -> None:
+        self.refuse_while_paused("push")
         if not names:
             raise LabUsageError("nothing to push: name the values, like lab.push(lr=0.1)")
         table = self._world.table
@@ -125,6 +127,9 @@ class CellRunner:
 
         if not isinstance(name, str) or not name.isidentifier():
             raise LabUsageError(f"pull takes one variable name, like lab.pull('loss') (got {name!r})")
+        held = self._held.cell.ctx.pauses if self._held is not None and self.paused is not None else None
+        if held is not None:  # the ranks' main threads wait at the pause: read its frames
+            return held.read(name, selected)
         table, client, timeout = self._world.table, self._processes.client, self._timeout
         pending = {r: client[table[r].engine_id].pull(name, block=False) for r in selected}
         values, failures = {}, {}
@@ -171,6 +176,7 @@ class CellRunner:
     ) -> RunResult:
         from .. import checks
 
+        self.refuse_while_paused("run a script")
         if timeout is not None:
             checks.positive("timeout", timeout, example="timeout=30")
         name, text = read_script(path)
@@ -251,7 +257,8 @@ class CellRunner:
         processes.top_up_spares(config)  # forked now, registered by the time a rank of this cell may die
         ctx = self._cell_context(config, selected, paused_lines_from)
         cell = CellRun(ctx, selected, send, filename)
-        printer = RankPrinter(label_width=len(str(self._world_size - 1)), ranks=selected) if stream else None
+        hidden = HEALING_NOISE if config.heal else ()
+        printer = RankPrinter(len(str(self._world_size - 1)), selected, hidden) if stream else None
         return self._wait_for(_Running(cell, selected, timeout, stream, printer))
 
     def _wait_for(self, running: _Running) -> RunResult:
@@ -358,11 +365,6 @@ class CellRunner:
         pauses.tell("cont")
         running.cell.ctx.__dict__["pauses"] = None  # (frozen) no more pauses for this cell: ask no more
         return self._wait_for(running)
-
-    def read_paused(self, name: str, selected: list[int]) -> dict[int, Any]:
-        held = self._held
-        assert held is not None and held.cell.ctx.pauses is not None
-        return held.cell.ctx.pauses.read(name, selected)
 
     def drop_held(self) -> None:
         """Nothing is paused any more: a held cell's ranks are stopped as at a deadline (SIGINT ends

@@ -1,22 +1,11 @@
 """LabCore: N torch.distributed ranks, each an ipyparallel engine, driven from the notebook.
 
 The core of a lab, and nothing of its views: a short class that holds its collaborators as named
-fields, each built here with what it needs, and hands each job to the one that owns it. Views attach
-from outside, through its observer bus (``observers``); ``front.lab.Lab`` (a package above
-the views, which import this one) is the core with them attached.
-
-- ``processes``: the cluster, client, network, folder, spares and guard (``processes.LabProcesses``);
-- ``world``: the rank table and process group, formed and rebuilt (``lab_world.LabWorld``);
-- ``cells``: what runs on the ranks, what ran, and recovery after a failed cell (``cells.CellRunner``);
-- ``healer``: torchft's lighthouse, replacement ranks, one group again (``healing.Healer``);
-- ``network``: the links between emulated nodes (``nodes.NetworkControls``);
-- ``stacks``: where each rank is, read from outside (``stacks.StacksReader``);
-- ``keeper``: a kept lab's record, letting go and taking back (``keeper.Keeper``);
-- ``bus``: the observers and poll listeners views attach as (``observers.ObserverBus``);
-- ``lifecycle``: the order in which they are asked at a start, restart and stop (``lifecycle.Lifecycle``);
-- ``linter``: what earlier cells left on the ranks, for the lint of the next (``cell_lint.CellLinter``).
-
-``config`` is the checked configuration (``config.LabConfig``, the one place its fields are written).
+fields (``processes``, ``world``, ``cells``, ``healer``, ``network``, ``stacks_reader``, ``keeper``,
+``bus``, ``lifecycle``, ``linter``, ``breakpoints``, ``companions``: ARCHITECTURE.md says what each
+owns), each built here with what it needs, and hands each job to the one that owns it. Views attach
+from outside, through its observer bus; ``front.lab.Lab`` is the core with them attached. ``config``
+is the checked configuration (``config.LabConfig``, the one place its fields are written).
 """
 
 from __future__ import annotations
@@ -29,9 +18,11 @@ from typing import Any, TypeVar, cast
 
 from .. import checks
 from ..errors import LabUsageError
+from .breakpoints import Breakpoints
 from .cell_context import RunResult, Send
 from .cell_lint import CellLinter, Finding
 from .cells import CellRunner
+from .companions import Companions
 from .config import LabConfig, lab_config
 from .healing import Healer
 from .keeper import Keeper
@@ -83,8 +74,7 @@ class LabCore:
         self.note = ""
         #: How long each phase of the last start (``ready_s``) or restart (``restart_s``) took, in seconds.
         self.timings: dict[str, float] = {}
-        #: When the lab started: seconds since the epoch.
-        self.started_at: float | None = None
+        self.started_at: float | None = None  #: when the lab started: seconds since the epoch
         # Held while the lab starts, restarts, stops or gives its ranks work (``exclusive``), and by another
         # thread that stops it (``stop_unless_busy``). Reentrant; a companion shares its lab's.
         self.lock = threading.RLock()
@@ -103,13 +93,15 @@ class LabCore:
         self.lifecycle = Lifecycle(
             self, self.processes, self.world, self.healer, self.keeper, self.cells, self.bus, on_failure=self.stop
         )
+        self.breakpoints = Breakpoints(self.cells, self.bus)
         self.bus.observe(self.healer.records)  # each healing cell's record: ``heals()``
         # What earlier cells left on the ranks that makes a call a collective (a sharded model, a
         # function that all-reduces), for the lint of the cells after them; a new world forgets it.
         self.linter = CellLinter()
         self.every_cell = False  # the notebook runs its plain cells here (%dist auto on): the panel says so
-        # Labs this one keeps for its own purposes (an exercise's grader): they stop with it.
-        self.companions: dict[str, LabCore] = {}
+        self.companions: Companions[LabCore] = Companions(
+            lambda ranks, backend: LabCore(ranks=ranks, backend=backend, timeout=self.config.timeout), self.lock
+        )
 
     @classmethod
     def from_config(cls: type[_L], config: LabConfig) -> _L:
@@ -164,9 +156,9 @@ class LabCore:
         """The new world's backend (``auto`` resolved) and note, before the observers hear of it."""
         self.backend, self.note = world.backend, world.note
         if self.config.debug:
-            from .mismatch import checked_start_note
+            from .mismatch import checked_start_note, installed_version
 
-            said = checked_start_note(world.backend, _installed("torch"))
+            said = checked_start_note(world.backend, installed_version("torch"))
             self.note = "; ".join(n for n in (self.note, said) if n)
         self.linter.forget()  # new namespaces: no earlier cell's model or function is on the ranks
 
@@ -176,13 +168,7 @@ class LabCore:
 
         Companions stop first; one that fails to stop does not keep this lab running: its error
         is raised once this lab is stopped."""
-        companions, self.companions = list(self.companions.values()), {}
-        errors: list[BaseException] = []
-        for companion in companions:
-            try:
-                companion.stop()
-            except Exception as exc:  # noqa: BLE001 - raised below, after this lab has stopped
-                errors.append(exc)
+        errors = self.companions.stop_all()
         self.cells.drop_held()  # a paused cell ends with its ranks
         try:
             self.lifecycle.stop(self.config)
@@ -262,10 +248,7 @@ class LabCore:
     def whole(self) -> bool:
         """Whether every rank is alive: registered with the controller and, on this machine, its process
         there (a killed rank is gone at once; the controller notices at its next missed heartbeats)."""
-        if not self.running:
-            return False
-        registered = self.processes.registered()
-        return all(self.processes.alive(info, registered) for info in self.table)
+        return self.running and self.processes.whole(self.table)
 
     @property
     def spares(self) -> int:
@@ -277,14 +260,7 @@ class LabCore:
         on first use, restarted at another size or when one of its ranks died, stopped with this lab.
         A plain core: no panel entry, no dashboard, no progress bars."""
         self._require_running()
-        lab = self.companions.get(name)
-        if lab is None or not lab.running:
-            lab = LabCore(ranks=ranks, backend=backend, timeout=self.config.timeout)
-            lab.lock = self.lock
-            self.companions[name] = lab.start()
-        elif lab.world_size != ranks or not lab.whole:
-            lab.restart(ranks=ranks)
-        return lab
+        return self.companions.get(name, ranks, backend)
 
     # ------------------------------------------------------------------ cells
 
@@ -293,25 +269,17 @@ class LabCore:
         self, code: str, ranks: Ranks = None, timeout: float | None = None, stream: bool = True,
         want: str = "value", record: bool = True, strict: bool = False,
     ) -> RunResult:
-        """Run ``code`` on the given ranks (all by default) and wait for it.
-
-        Each rank's output is printed as it arrives, labelled by rank. Returns {rank: value of the
-        last expression}. If any rank fails, raises RankError naming the ranks, with identical
-        failures grouped; ranks still running are stopped, and a broken process group is rebuilt.
-        ``timeout`` (seconds) bounds the whole cell; Ctrl-C / kernel interrupt stops it on every rank.
-        A cell that succeeds is kept for :meth:`export`; ``record=False`` leaves it out (code run for
-        distlab's own purposes, such as a quiz's check). ``strict``: a cell the lint finds fault with
-        (:meth:`lint`) is refused, and nothing runs.
-        """
+        """Run ``code`` on the given ranks (all by default), its output streamed labelled by rank:
+        {rank: value of the last expression}. A failure raises RankError naming the ranks (identical
+        failures grouped); ranks still running are stopped and a broken group rebuilt. ``timeout``
+        (seconds) bounds the cell; a kernel interrupt stops it on every rank. ``record=False`` leaves
+        it out of :meth:`export` (distlab's own code); ``strict`` refuses a cell the lint faults."""
         self._require_running()
         self.cells.refuse_while_paused("run a cell")
         selected = self.ranks(ranks)
         if isinstance(code, str):  # anything else: the runner says what is wrong
             self.linter.admit(code, strict)
-        result = self.cells.run(code, selected, timeout, stream, want, record)
-        if result.paused is not None:
-            self.bus.tell("changed")  # the side panel shows the pause
-        return result
+        return self.breakpoints.ran(self.cells.run(code, selected, timeout, stream, want, record))
 
     # ------------------------------------------------------------------ breakpoints
 
@@ -320,51 +288,39 @@ class LabCore:
         self, at: int | None = None, op: str | None = None, group: str | None = None, line: int | None = None,
         timeout: float = 600.0,
     ) -> None:
-        """Arm the next cell (``run``, ``%%ddp``) to stop every rank just before a collective: the
-        ``at``-th of the cell (from 1) among those that are ``op`` (``"all_gather"``, ...), run on
-        ``group`` (as torch describes it: ``"default_pg"``, ``"mesh_tp"``) and launched from the cell's
-        ``line``; each left None matches any. That cell's ``run`` returns once every rank still in it
-        waits there, with :attr:`paused` the :class:`~distlab.notebook.pause.Pause`; meanwhile
-        ``pull`` reads the paused cell's names. A pause that hears nothing for ``timeout`` seconds
-        lets the cell go on. A breakpoint the cell never reaches is said in its output."""
-        from .pause import breakpoint_of
-
+        """Arm the next cell to stop every rank just before a collective: the ``at``-th of the cell
+        (from 1) among those of ``op`` (``"all_gather"``), on ``group`` (torch's name: ``"mesh_tp"``),
+        from the cell's ``line`` (None: any). Its ``run`` returns once every rank still in it waits
+        there, :attr:`paused` saying where; ``pull`` reads the paused frames. With no word for
+        ``timeout`` seconds the cell goes on; a breakpoint never reached is said in its output."""
         self._require_running()
-        self.cells.refuse_while_paused("arm another breakpoint")
-        checks.positive("timeout", timeout, example="timeout=600")
-        self.cells.pause(breakpoint_of(at, op, group, line, timeout))
+        self.breakpoints.arm(at, op, group, line, timeout)
 
     def unpause(self) -> None:
         """Disarm the breakpoint ``pause`` armed, before its cell runs."""
-        self.cells.pause(None)
+        self.breakpoints.disarm()
 
     @property
     def paused(self) -> Pause | None:
         """None, or the :class:`~distlab.notebook.pause.Pause` the cell held now waits at: each rank's
         collective, group, line, and the shapes, dtypes, norms and hashes of what it would send."""
-        return self.cells.paused
+        return self.breakpoints.paused
 
     @exclusive
     def step(self) -> Pause | None:
         """Every paused rank launches its collective and stops before its next one: the new Pause, or
         None once the cell has ended (its output shown; a failure raised as ``run`` raises it)."""
         self._require_running()
-        try:
-            return self.cells.step()
-        finally:
-            self.bus.tell("changed")
+        return self.breakpoints.step()
 
     @exclusive
     def cont(self) -> RunResult:
         """Let the paused cell run to its end: returns what ``run`` would have returned."""
         self._require_running()
-        try:
-            return self.cells.cont()
-        finally:
-            self.bus.tell("changed")
+        return self.breakpoints.cont()
 
     def set_every_cell(self, on: bool) -> None:
-        """Say (to the side panel, through the observers) whether the notebook's plain cells run here."""
+        """Tell the side panel (through the observers) whether the notebook's plain cells run here."""
         self.every_cell = on
         self.bus.tell("changed")
 
@@ -379,40 +335,30 @@ class LabCore:
         SIGINT, releasing stuck ranks, recovery; nothing streamed, nothing recorded for export.
         ``send(engine, rank)`` sends it to one rank (an ``rpc`` function); raises as :meth:`run` does."""
         self._require_running()
-        self.cells.refuse_while_paused("run distlab's own call on the ranks")
         return self.cells.call(send, self.ranks(ranks), timeout)
 
     @exclusive
     def push(self, ranks: Ranks = None, **names: Any) -> None:
         """Copy names into the namespace of the given ranks (all by default)."""
         self._require_running()
-        self.cells.refuse_while_paused("push")
         self.cells.push(self.ranks(ranks), names)
 
     @exclusive
     def pull(self, name: str, ranks: Ranks = None) -> dict[int, Any]:
         """{rank: value of ``name``} from the given ranks (all by default)."""
         self._require_running()
-        if self.cells.paused is not None:  # the ranks' main threads wait at the pause: read its frames
-            return self.cells.read_paused(name, self.ranks(ranks))
         return self.cells.pull(name, self.ranks(ranks))
 
     @exclusive
     def run_script(
         self, path: str | Any, args: Iterable[str] = (), timeout: float | None = None, stream: bool = True
     ) -> RunResult:
-        """Run a script written for torchrun on every rank, as ``__main__``, unchanged: ``%dist run``.
-
-        So that code written for torchrun runs in the lab as it is: ``sys.argv`` is ``[path, *args]``,
-        ``os.environ`` has torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, ...), the script's
-        ``init_process_group`` joins the lab's group and its ``destroy_process_group()`` leaves it up.
-        The file is read here and its text sent, so the ranks need not share this machine's files.
-        Output streams labelled by rank; a failure raises RankError as a cell's does, its traceback
-        naming the script's lines. Afterwards the names the script defined are the ranks' own.
-        Returns {rank: None}, with each rank's output (``.stdout``, ``.stderr``).
-        """
+        """Run a torchrun script on every rank as ``__main__``, unchanged (``%dist run``): ``sys.argv``
+        is ``[path, *args]``, the environment has torchrun's variables, its ``init_process_group``
+        joins the lab's group and ``destroy_process_group()`` leaves it up. The text is sent from here
+        (the ranks need not share this machine's files); a failure raises as a cell's does, naming the
+        script's lines; its names stay on the ranks. {rank: None}, with ``.stdout`` and ``.stderr``."""
         self._require_running()
-        self.cells.refuse_while_paused("run a script")
         return self.cells.run_script(path, args, timeout, stream)
 
     @property
@@ -421,39 +367,26 @@ class LabCore:
         return self.cells.history
 
     def export(self, path: str | Any) -> str:
-        """Write the cells run so far on every rank as a script torchrun runs as it is; return its path.
-
-        So that what was built in the lab leaves it as a torchrun script: ``torchrun --standalone
-        --nproc_per_node=N path`` runs the cells that succeeded, in order, on ranks that start with
-        what a lab's rank has. What the script cannot carry (names pushed with :meth:`push`, cells run
-        on some ranks only, lines only IPython runs) is said in its comments and in a UserWarning.
-        """
+        """Write the cells that succeeded, in order, as a script ``torchrun --standalone
+        --nproc_per_node=N path`` runs as it is; its path. What it cannot carry (pushed names, cells
+        on some ranks only, IPython-only lines) is said in its comments and in a UserWarning."""
         self._require_running()
         return self.cells.export(path, self.backend)
 
     def postmortem(self, rank: int | None = None) -> Postmortem:
-        """A failed rank's frames, the failing one last, each with its locals summarised: ``print(lab.postmortem())``.
-
-        Read from the rank's own traceback, which it keeps from a failed cell until its next cell
-        starts: tensors by shape, dtype, device and statistics (min, max, mean, norm, nan/inf),
-        modules by class and parameter count, containers by type and length, the rest by a short
-        repr. With no ``rank``, the first rank that failed in the lab's last cell (one that raised
-        by itself before one distlab stopped). A rank that keeps nothing (its cell succeeded, its
-        process died, the world was restarted) raises DistlabError saying which; ``%dist debug``.
-        """
+        """A failed rank's frames, the failing one last, its locals summarised (tensors by shape, dtype,
+        device and statistics; modules by class and size; the rest briefly), read from the traceback
+        the rank keeps until its next cell (``%dist debug``). No ``rank``: the first that failed in
+        the last cell by itself. A rank that keeps none raises DistlabError saying why."""
         self._require_running()
         return self.cells.postmortem(rank)
 
     # -------------------------------------------------------------- views, from outside
 
     def add_listener(self, listener: Listener) -> None:
-        """Call ``listener(pending, final)`` on every poll of a running cell, in the caller's thread.
-
-        ``pending`` maps rank -> ipyparallel AsyncResult (``ar.data`` holds what the rank last
-        published with ``publish_data``); ``final`` is True once, when the cell has ended. Listeners
-        run in the order they were added, all after the lab's telemetry store has read the poll.
-        A listener must be quick and must not raise.
-        """
+        """Call ``listener(pending, final)`` on every poll of a running cell, in the caller's thread, in
+        the order added: ``pending`` maps rank -> AsyncResult (``ar.data``: what it last published);
+        ``final`` is True once, at the cell's end. A listener must be quick and must not raise."""
         self.bus.add_listener(listener)
 
     def remove_listener(self, listener: Listener) -> None:
@@ -465,13 +398,3 @@ class LabCore:
         in its ``cell`` context (``observers.LabObserver``): how views attach to a lab."""
         self.bus.observe(observer)
 
-
-def _installed(package: str) -> str | None:
-    """The installed version of ``package`` (the ranks' own, where they share the notebook's
-    environment), read from its metadata: the notebook never imports torch."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import RankFailure, format_ranks
 
-__all__ = ["Fingerprint", "checked_start_note", "mismatch_note"]
+__all__ = ["Fingerprint", "checked_start_note", "installed_version", "mismatch_note"]
 
 _MISMATCH = "Detected mismatch between collectives on ranks"
 # "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, TensorShape=[2],
@@ -48,6 +48,17 @@ def checked_start_note(backend: str, torch_version: str | None) -> str:
             "(a segfault in DDP's construction, under plain torchrun too); FSDP2, tensor parallelism and "
             "collectives by hand are checked; for DDP, %dist stop and start without --debug")
 
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package`` (the ranks' own, where they share the notebook's
+    environment), read from its metadata: the notebook never imports torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 # A frame of the cell's own code in a rank's traceback, and the source line under it.
 _CELL_FRAME = re.compile(r'File "<rank \d+ cell>", line (\d+), in [^\n]*\n\s*([^\n]*)')

@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..cluster.launch import (
@@ -163,6 +163,11 @@ class LabProcesses:
         """Whether a rank's engine is registered and, on this machine, its process still there (a killed
         rank is gone at once; the controller notices at its next missed heartbeats)."""
         return info.engine_id in registered and (not on_this_machine(info) or pid_alive(info.pid))
+
+    def whole(self, table: Iterable[RankInfo]) -> bool:
+        """Whether every rank of ``table`` is alive (``alive``)."""
+        registered = self.registered()
+        return all(self.alive(info, registered) for info in table)
 
     def kill(self, info: RankInfo) -> None:
         """Hard-kill one rank's engine process (SIGKILL), as a crash would."""

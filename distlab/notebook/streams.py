@@ -4,6 +4,7 @@ a line that several ranks printed alike shown once with their ranks; show what a
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections import Counter
@@ -19,6 +20,18 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 HOLD_S = 0.3
 #: Lines held at most; more new lines than this from a rank at once are a flood, printed as they came.
 MAX_HELD = 64
+
+#: What a lab that heals keeps out of the ranks' output: torchft's DDP wrapper always passes
+#: ``find_unused_parameters=True`` (so that its buckets are never rebuilt, torchft/ddp.py), and
+#: torch's reducer then warns, once per process in C++, that it found none: about torchft's
+#: choice, not the learner's code. On emulated nodes a replacement's store also says it cannot
+#: look up its peer's name (a node's namespace has no resolver for the lab's addresses), which
+#: changes nothing: connections are by address.
+HEALING_NOISE = (
+    re.compile(r"reducer\.cpp:\d+\] Warning: find_unused_parameters=True was specified in DDP constructor, "
+               r"but did not find any unused parameters"),
+    re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved"),
+)
 
 
 @dataclass
@@ -45,8 +58,9 @@ class RankPrinter:
     Lines that differ stay per rank, and each rank's lines keep their order.
     """
 
-    def __init__(self, label_width: int = 1, ranks: Iterable[int] = ()) -> None:
+    def __init__(self, label_width: int = 1, ranks: Iterable[int] = (), hidden: Iterable[re.Pattern[str]] = ()) -> None:
         self._printed: dict[tuple[int, str], int] = {}
+        self._hidden = tuple(hidden)  # lines not shown (``HEALING_NOISE``)
         self._shown: dict[int, int] = {}
         self._width = label_width
         self._ranks = set(ranks)  # the cell's: a line all of them printed shows at once
@@ -63,7 +77,9 @@ class RankPrinter:
         cut = len(new) if final else new.rfind("\n") + 1
         if cut > 0:
             self._printed[key] = done + cut
-            lines = new[:cut].splitlines()
+            lines = [line for line in new[:cut].splitlines() if not any(p.search(line) for p in self._hidden)]
+            if not lines:
+                return
             if len(self._ranks) <= 1 or len(lines) > MAX_HELD:
                 # Nothing to fold with, or a flood (folding is for what a person reads): as it came.
                 self._print(len(self._held))

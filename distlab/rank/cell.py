@@ -76,7 +76,7 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
 
         def run() -> object:
             try:
-                exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell is the point
+                _run_statements(tree.body, filename, namespace)
                 return eval(compile(last, filename, "eval"), namespace) if last is not None else None
             finally:
                 said = restore_lab_names()  # a pasted launcher loop (for rank in range(size)) rebinds rank
@@ -86,6 +86,72 @@ def run_cell(code: str, rank: int, want: str) -> CellReply:
         return run
 
     return run_prepared(filename, prepare, want)
+
+
+def _run_statements(body: list[ast.stmt], filename: str, namespace: dict[str, object]) -> None:
+    """Run a cell's top-level statements in ``namespace``.
+
+    In a replacement (``rank.heal``) a loop ends where the others' did (``WorldFinished``): when the
+    replacement stepped with them to that step, the statements after the one the loop is in run too,
+    as they did on the others. Otherwise (it never caught up: it is given the others' state after
+    the cell) they do not, and what they would have bound is said (``_lacking``).
+    """
+    while body:
+        try:
+            exec(compile(ast.Module(body=body, type_ignores=[]), filename, "exec"), namespace)  # noqa: S102 - the user's cell
+            return
+        except heal.WorldFinished as finished:
+            line = _cell_line_of(finished.__traceback__, filename)
+            at = next((i for i, stmt in enumerate(body) if stmt.lineno <= line <= (stmt.end_lineno or line)), None)
+            if at is None:
+                raise
+            ran_on = heal.caught_up()
+            # The loop it ended in ran its earlier steps here (what they bind, they bound): what the
+            # statement binds outside its loops, and every later statement where those do not run.
+            skipped = _bound_names(body[at], in_loops=False) + [
+                name for stmt in ([] if ran_on else body[at + 1 :]) for name in _bound_names(stmt)
+            ]
+            _lacking.extend(skipped)  # those the namespace still lacks at the cell's end: run_prepared
+            if not ran_on:
+                raise
+            body = body[at + 1 :]
+
+
+_lacking: list[str] = []  # what the last cell's statements a replacement did not finish would have bound
+
+
+def _cell_line_of(tb: types.TracebackType | None, filename: str) -> int:
+    """The line of the cell's own top level (its module frame) that ``tb`` passed through; 0 if none."""
+    line = 0
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename and tb.tb_frame.f_code.co_name == "<module>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _bound_names(stmt: ast.stmt, in_loops: bool = True) -> list[str]:
+    """The names a top-level statement binds in the cell's namespace (not those inside a function,
+    a class or a comprehension; nor in a loop, unless ``in_loops``), in order of appearance, each once."""
+    names: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if not in_loops and isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.append(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.extend((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(stmt)
+    return list(dict.fromkeys(names))
 
 
 def run_script(text: str, path: str, argv: list[str], rank: int) -> CellReply:
@@ -138,6 +204,7 @@ def run_prepared(filename: str, prepare: Callable[[], Callable[[], object]], wan
     global _cell_phase, _interrupt_pending
     shell = get_ipython()
     _cell_phase, _interrupt_pending = "starting", False
+    _lacking.clear()
     postmortem.drop()
     if getattr(shell, "kernel", None) is not None and threading.current_thread() is threading.main_thread():
         # Only inside the engine's request handler: ipykernel puts its own handler back after it.
@@ -160,6 +227,10 @@ def run_prepared(filename: str, prepare: Callable[[], Callable[[], object]], wan
         step = heal.ended_step()
         if step is not None:
             reply["step"] = step  # before the cell's end hooks end the quorum
+        namespace = user_namespace()
+        lacks = [name for name in dict.fromkeys(_lacking) if name not in namespace]
+        if lacks:
+            reply["lacks"] = lacks
         return reply
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the notebook reports it
         postmortem.keep(exc, filename)

@@ -82,11 +82,16 @@ class LocalFlops(DispatchMode):
 
     ``FlopCounterMode`` counts a DTensor op at its global shape, once for the whole tensor-parallel
     group; this mode lets DTensor first turn the op into this rank's local ops (as torch's MemTracker
-    does) and counts those: what this GPU computes."""
+    does) and counts those: what this GPU computes.
+
+    ``recomputed`` is the part of ``flops`` that flash attention's backward spends recomputing the
+    scores ``q @ k^T`` (the first of the five matmuls torch's formula counts for it): the GPU computes
+    it, but PaLM's model FLOPs (Chowdhery et al. 2022, appendix B), which MFU divides, leave it out."""
 
     def __init__(self) -> None:
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.flops = 0
+        self.recomputed = 0
         self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
 
     def __torch_dispatch__(
@@ -100,4 +105,14 @@ class LocalFlops(DispatchMode):
         # compute here: _run_kind fills its cache before the measured micro-batch.
         if formula is not None and torchcompat_fake.active_fake_mode() is self.fake_mode:
             self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+            name = op_name(func)
+            if "attention" in name and name.endswith("_backward"):
+                self.recomputed += _scores_flops(args[1], args[2])  # (grad_out, query, key, value, ...)
         return out
+
+
+def _scores_flops(query: object, key: object) -> int:
+    """The FLOPs of ``query @ key^T`` for (batch, heads, seq, head_dim) tensors, as torch counts a matmul."""
+    assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+    b, h, s_q, d = query.shape
+    return 2 * b * h * s_q * d * key.shape[2]

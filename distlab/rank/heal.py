@@ -12,10 +12,12 @@ A replacement for a rank that died runs the cell from its first line in a new pr
 none of the names earlier cells made: a healing cell builds its model, optimizer and data
 itself, as a torchrun script does). Its first quorum heals it to the others' step; it then steps
 with them. Its loop, counted from zero, would run past theirs: when the others' cell has ended,
-the lab writes the step they ended at (``DISTLAB_HEAL_END``, a file), and the replacement's cell
-ends at its next step (``WorldFinished``), before the rest of its loop and the lines after it. A
-replacement that came too late to heal from a live peer (the others ended first) is given their
-state when the cell has ended (``share_state``), and the lab says which happened. A quorum lasts
+the lab writes the step they ended at (``DISTLAB_HEAL_END``, a file), and the replacement's loop
+ends at its next step (``WorldFinished``); the cell's statements after the one that loop is in then
+run on the replacement too (``rank.cell``), so that it holds what the others' cell defined after its
+loop. A replacement that came too late to heal from a live peer (the others ended first) runs none
+of them: it is given their state when the cell has ended (``share_state``), the lab says which
+happened, and the names it lacks. A quorum lasts
 for the cell it was made in: at the cell's end every rank's manager ends.
 
 Each step's quorum and each heal are recorded as they happen and sent to the notebook
@@ -68,6 +70,13 @@ _HEARTBEAT = timedelta(milliseconds=100)
 
 class WorldFinished(BaseException):
     """Raised in a replacement's loop once it reached the step where the others' cell ended."""
+
+
+def caught_up() -> bool:
+    """Whether this replacement's quorum reached the step the others' cell ended at (it healed and
+    stepped with them): what follows its loop in the cell then runs on the others' state."""
+    end = _world_ended_at()
+    return end is not None and _current is not None and _current.manager.current_step() == end
 
 
 def became_replacement(replacing: bool = True) -> None:

@@ -74,10 +74,18 @@ def memory_tracker(*tracked: torch.nn.Module | torch.optim.Optimizer) -> MemTrac
     return tracker
 
 
+def _tracked_total(tracker: MemTracker, which: str) -> int:
+    return int(sum(snap.get("Total", 0) for snap in tracker.get_tracker_snapshot(which).values()))
+
+
 def tracked_peak_bytes(tracker: MemTracker) -> int:
     """The most bytes a :func:`memory_tracker` saw alive at once, over all devices (``"Total"``)."""
-    peak = tracker.get_tracker_snapshot("peak")
-    return int(sum(snap.get("Total", 0) for snap in peak.values()))
+    return _tracked_total(tracker, "peak")
+
+
+def tracked_current_bytes(tracker: MemTracker) -> int:
+    """The bytes a :func:`memory_tracker` sees alive now, over all devices (``"Total"``)."""
+    return _tracked_total(tracker, "current")
 
 
 def active_fake_mode() -> FakeTensorMode | None:

@@ -1,6 +1,6 @@
 """The template process warm ranks are forked from (``cluster.warm`` starts and talks to it).
 
-    python -m distlab.rank.warm_template
+    python -m distlab.rank.warm_template PARENT_PID
 
 It imports what a rank imports (torch, torch.distributed, ipyparallel's engine, distlab's rank
 side) once, then forks an engine per request: the engine starts with all of that already in
@@ -13,7 +13,9 @@ Requests come on stdin, one JSON line each: ``{"argv": [...], "env": {...}, "cwd
 the answer on stdout is ``{"pid": N}`` (or ``{"error": "..."}``). ``{"entry": "preload", "modules":
 [...]}`` imports more here first, for the processes forked after it (a healing lab's torchft).
 The template ends when its stdin closes: when the process that started it stops it or ends, however
-it ends. A forked engine is a session of its own, as ipyparallel starts engines: the lab that asked
+it ends; while it imports (seconds on a loaded machine, and stdin is read only after) a timer
+checks every 0.2 s that the process that started it is still its parent.
+A forked engine is a session of its own, as ipyparallel starts engines: the lab that asked
 for it signals, guards and reaps it.
 """
 
@@ -31,6 +33,32 @@ _PYTHON = os.path.basename(sys.executable)
 # ``python -m`` put the directory the template started in first on sys.path; an engine started cold
 # has the directory it starts in there (where a notebook's own modules are imported from).
 _STARTED_IN = os.getcwd()
+
+
+_ORPHAN_CHECK_S = 0.2
+
+
+class _EndsWithParent:
+    """While the template imports, it ends as soon as the process that started it has (seen as a
+    new parent: the template is reparented). A timer's signal, not a thread: nothing here starts a
+    thread before a fork, and a fork does not inherit the timer (the handler is reset in the child)."""
+
+    def __init__(self) -> None:
+        # Said on the command line by the process that started it: it may have ended before now.
+        self.parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
+
+    def _check(self, signum: int = 0, frame: object = None) -> None:
+        if os.getppid() != self.parent:
+            os._exit(0)
+
+    def __enter__(self) -> None:
+        self._check()
+        signal.signal(signal.SIGALRM, self._check)
+        signal.setitimer(signal.ITIMER_REAL, _ORPHAN_CHECK_S, _ORPHAN_CHECK_S)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def _preload() -> None:
@@ -132,6 +160,7 @@ def _as_a_fresh_python() -> None:
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
@@ -189,36 +218,41 @@ def _forked_nanny() -> None:
     app.start_nanny = start_nanny
 
 
+def _say(answer: dict[str, object]) -> None:
+    try:
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # whoever asked has ended: so does the template, quietly
+        os._exit(0)
+
+
 def main() -> None:
-    _preload()
+    with _EndsWithParent():
+        _preload()
     # Forked engines are reaped by their labs; the template never waits for them.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is for the notebook
-    out = sys.stdout
-    out.write(json.dumps({"ready": os.getpid()}) + "\n")
-    out.flush()
+    _say({"ready": os.getpid()})
     for line in sys.stdin:
         try:
             request = json.loads(line)
         except ValueError as exc:
-            out.write(json.dumps({"error": f"bad request: {exc}"}) + "\n")
-            out.flush()
+            _say({"error": f"bad request: {exc}"})
             continue
         if request.get("entry") == "preload":
-            out.write(json.dumps(_preload_more(request)) + "\n")
-            out.flush()
+            with _EndsWithParent():
+                answer = _preload_more(request)
+            _say(answer)
             continue
         sys.stderr.flush()
         try:
             pid = os.fork()
         except OSError as exc:  # out of memory or of processes: the lab says so, the template goes on
-            out.write(json.dumps({"error": f"fork failed: {exc}"}) + "\n")
-            out.flush()
+            _say({"error": f"fork failed: {exc}"})
             continue
         if pid == 0:
             _child(request)
-        out.write(json.dumps({"pid": pid}) + "\n")
-        out.flush()
+        _say({"pid": pid})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,20 @@ def _divisors(n: int) -> str:
     return ", ".join(map(str, found)) if found else "1"
 
 
+def _default_split(layers: int, stages: int) -> tuple[int, ...]:
+    """Equal where ``stages`` divides ``layers``; else torchtitan's split (``Plan.layers_per_stage``)."""
+    if layers % stages == 0:
+        return (layers // stages,) * stages
+    base, extra = divmod(layers + 2, stages)  # the embedding and the head counted as a layer each
+    split = [base + (s < extra) for s in range(stages)]
+    split[0] -= 1
+    split[-1] -= 1
+    if min(split) < 1:  # too few layers to give the ends fewer: spread them plainly
+        base, extra = divmod(layers, stages)
+        split = [base + (s < extra) for s in range(stages)]
+    return tuple(split)
+
+
 def _model(model: object) -> ModelConfig:
     if isinstance(model, ModelConfig):
         return model
@@ -65,6 +79,7 @@ class PlanJSON(TypedDict):
     optimizer: str
     sequence_parallel: bool
     model_name: str
+    stage_layers: list[int]
 
 
 @dataclass(frozen=True)
@@ -77,7 +92,9 @@ class Plan:
     (sharded over all dp ranks, FSDP2), "hsdp" (sharded within groups of ``shard`` ranks, replicated
     across them). ``micro_batch_size`` sequences per rank per micro-batch; a step is
     ``micro_batches`` of them (the pipeline's micro-batches when ``pp > 1``, else gradient
-    accumulation). ``chunks``: stages per rank for the "interleaved" schedule. ``sequence_parallel``:
+    accumulation). ``chunks``: stages per rank for the "interleaved" schedule. ``stage_layers``: the
+    transformer layers of each of the ``pp * chunks`` stages, first to last; None: equal where they
+    divide, else torchtitan's split (``layers_per_stage``). ``sequence_parallel``:
     the residual stream and norms split along the sequence between tensor-parallel ranks (Korthikanti
     et al. 2022; all-gathers and reduce-scatters in place of the all-reduces); None: torchtitan's
     choice, on for Llama models with ``tp > 1``.
@@ -100,6 +117,7 @@ class Plan:
     checkpointing: str = "none"
     optimizer: str = "adamw"
     sequence_parallel: bool | None = None
+    stage_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -117,6 +135,18 @@ class Plan:
         if self.sequence_parallel is None:
             return self.tp > 1 and self.config.architecture == "llama"
         return self.sequence_parallel and self.tp > 1
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        """The transformer layers of each pipeline stage (``pp * chunks`` of them), first to last: as
+        given (``stage_layers``); equal where they divide; else torchtitan's split
+        (``generate_llm_fqn_per_model_part``), which counts the embedding and the output head as one
+        layer each and spreads the layers so counted evenly, one more to the first stages where they
+        do not divide. Llama 3 405B's 126 layers over 16 stages: 7, 8 x 14, 7, the split its paper
+        describes (one layer fewer on the first and the last stage, section 3.3.2)."""
+        if self.stage_layers is not None:
+            return tuple(self.stage_layers)
+        return _default_split(self.config.layers, self.pp * self.chunks)
 
     @property
     def dp_degree(self) -> int:
@@ -149,6 +179,7 @@ class Plan:
             precision=self.precision, checkpointing=self.checkpointing, optimizer=self.optimizer,
             sequence_parallel=self.sequence_parallel_on,
             model_name=self.model if isinstance(self.model, str) else self.model.name,
+            stage_layers=list(self.layers_per_stage),
         )
 
     # ------------------------------------------------------------------------------ checks
@@ -206,11 +237,19 @@ class Plan:
             raise LabUsageError(f"chunks={self.chunks} is for schedule='interleaved' (stages per rank); "
                                 f"with schedule={self.schedule!r} use chunks=1")
         stages = self.pp * self.chunks
-        if cfg.layers % stages:
-            raise LabUsageError(
-                f"pp*chunks = {stages} stages do not split {cfg.name}'s {cfg.layers} layers evenly (each stage "
-                f"gets layers/(pp*chunks); uneven splits are not modelled): use pp*chunks in {_divisors(cfg.layers)}"
-            )
+        if self.stage_layers is not None:
+            given = self.stage_layers
+            if not isinstance(given, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in given):
+                raise LabUsageError(f"stage_layers must be whole numbers of layers, at least 1 per stage (got "
+                                    f"{given!r}); e.g. stage_layers={_default_split(cfg.layers, stages)}")
+            if len(given) != stages or sum(given) != cfg.layers:
+                raise LabUsageError(
+                    f"stage_layers={tuple(given)} must give each of the pp*chunks = {stages} stages its layers, "
+                    f"{cfg.layers} in all ({cfg.name}); e.g. stage_layers={_default_split(cfg.layers, stages)}"
+                )
+        elif stages > cfg.layers:
+            raise LabUsageError(f"pp*chunks = {stages} stages are more than {cfg.name}'s {cfg.layers} layers: "
+                                f"give each stage at least one (pp*chunks <= {cfg.layers})")
 
     def _check_data_parallel(self) -> None:
         dp = self.dp_degree

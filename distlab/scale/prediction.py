@@ -27,6 +27,9 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
   are exposed, once per micro-batch per stage boundary.
 - **Pipeline**: ``theory.pipeline_step_time_s`` of the slowest stage's micro-batch time: the bubble
   of the plan's schedule, ``(p-1)/(m+p-1)`` (1F1B, GPipe) or ``(p-1)/(v m+p-1)`` (interleaved).
+  With uneven stages (``Plan.layers_per_stage``: Llama 3 405B's first and last stages one layer
+  short), ``m * t_max + (sum of every pipeline rank's t - t_max) / v``: the slowest rank paces the
+  micro-batches, every other fills and drains the pipeline once (for equal stages, the same).
   FSDP's collectives under a pipeline run once a step, not per micro-batch (torch's schedules keep
   the parameters gathered and reduce the gradients after the last micro-batch): its all-gathers hide
   behind the first micro-batch as above, its gradients' reduction is exposed after the last
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
     from .plan import Plan
     from .report import CollectiveCount, DryRunReport, RankKind
 
-__all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "predict", "predict_report"]
+__all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "fit_note", "predict", "predict_report"]
 
 #: The fraction of peak FLOPs a step's compute reaches (see the module): fitted on torchtitan's Llama
 #: 3.1 8B on 128 H100s (Table 3, FSDP, no compile) by benchmarks/bench_published_runs.py --fit, whose
@@ -81,14 +84,46 @@ class Prediction:
     hardware: str = ""
     network: str = ""
     efficiency: float = EFFICIENCY
+    #: The GPU's memory (0: not known) and, where the plan does not fit in it, one line saying by how
+    #: much and what takes the room.
+    memory_limit_bytes: float = 0.0
+    fit_note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the busiest GPU's peak fits in the GPU's memory (True where the memory is not known)."""
+        return not self.memory_limit_bytes or self.memory_per_gpu_bytes <= self.memory_limit_bytes
 
     def __str__(self) -> str:
         parts = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in self.breakdown.items() if v > 0)
-        return (
+        line = (
             f"step {self.step_time_s:.3f} s on {self.hardware} + {self.network}: "
             f"{self.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {100 * self.mfu:.1f}%, "
             f"{self.memory_per_gpu_bytes / 2**30:.1f} GiB per GPU ({parts})"
         )
+        return f"{line}\n{self.fit_note}" if self.fit_note else line
+
+
+def fit_note(kinds: list[RankKind], limit_bytes: float, hardware: str) -> str:
+    """One line when the busiest rank kind's peak is over ``limit_bytes``: by how much, what holds the
+    room (states or activations) and the plan options that shrink that part; "" when it fits."""
+    kind = max(kinds, key=lambda k: float(k.memory.get("peak", 0)))
+    peak = float(kind.memory.get("peak", 0))
+    if not limit_bytes or peak <= limit_bytes:
+        return ""
+    states = sum(float(kind.memory.get(k, 0)) for k in ("parameters", "gradients", "optimizer"))
+    activations = float(kind.memory.get("activations", 0))
+    if activations >= states:
+        larger, options = "activations", "checkpointing='full', a smaller micro_batch_size, or more tp or pp"
+    else:
+        larger, options = "parameters, gradients and optimizer states", "more GPUs to shard over, or more tp or pp"
+    who = "" if len(kinds) == 1 else f" ({kind.name})"
+    return (
+        f"does not fit: {peak / 2**30:.1f} GiB per GPU{who} against the {hardware}'s "
+        f"{limit_bytes / 2**30:.1f} GiB ({limit_bytes / 1e9:.0f} GB), {100 * (peak / limit_bytes - 1):.1f}% over; "
+        f"the larger part is "
+        f"{larger} ({max(states, activations) / 2**30:.1f} GiB): try {options}"
+    )
 
 
 def dimension_sizes(plan: Plan) -> dict[str, int]:
@@ -220,7 +255,15 @@ def predict_report(
     timed = [(_kind_time(k, plan, m, hw, net, dims, eff), k) for k in report.kinds]
     (slowest_mb, extras), _ = max(timed, key=lambda t: t[0][0])
     chunks = getattr(plan, "chunks", 1)
-    if plan.pp > 1:
+    split = getattr(plan, "layers_per_stage", ())
+    if plan.pp > 1 and len(set(split)) > 1:
+        # Uneven stages: the slowest sets the pace of the m micro-batches; the others' fill and drain
+        # the pipeline once (each pipeline rank's micro-batch time over its v chunks), which for
+        # equal stages is the uniform formula below: m*t + (p-1)*t/v.
+        per = plan.gpus // plan.pp
+        every = sum(t[0] * (k.ranks // per) for t, k in timed)
+        busy = m * slowest_mb + (every - slowest_mb) / chunks
+    elif plan.pp > 1:
         # Forward and backward shares do not change the step: the theory adds them (f + b).
         busy = pipeline_step_time_s(plan.pp, m, slowest_mb / 3, 2 * slowest_mb / 3, plan.schedule, chunks)
     else:
@@ -246,6 +289,8 @@ def predict_report(
         hardware=hw.name,
         network=net.name,
         efficiency=eff,
+        memory_limit_bytes=hw.memory_bytes,
+        fit_note=fit_note(list(report.kinds), hw.memory_bytes, hw.name),
     )
 
 

@@ -33,14 +33,19 @@ class CollectiveJSON(TypedDict):
     phase: str
 
 
-class MemoryJSON(TypedDict):
-    """A rank kind's bytes by :data:`MEMORY`, in the dry run's JSON."""
-
+class _Memory(TypedDict):
     parameters: int
     gradients: int
     optimizer: int
     activations: int
     peak: int
+
+
+class MemoryJSON(_Memory, total=False):
+    """A rank kind's bytes by :data:`MEMORY`, in the dry run's JSON; ``saved``: what one micro-batch's
+    forward leaves for its backward (the dry run's own, for a pipeline's micro-batches in flight)."""
+
+    saved: int
 
 
 @final  # no other keys: a failed run's {"error": ...} is told apart by its key

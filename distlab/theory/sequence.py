@@ -61,6 +61,7 @@ def causal_load_imbalance(ranks: int, layout: str = "contiguous") -> float:
 
 def expert_capacity(tokens: int, experts: int, capacity_factor: float = 1.0) -> int:
     """Slots each expert has for a batch of ``tokens``: ``floor(capacity_factor * tokens / experts)``
-    (GShard). At a factor of 1 a perfectly even router fills every slot; any imbalance drops tokens."""
+    (the Switch Transformer's definition, Fedus et al. 2021, section 2.2). At a factor of 1 a
+    perfectly even router fills every slot; any imbalance drops tokens."""
     t, e = checked_count("tokens", tokens), checked_count("experts", experts)
     return math.floor(checked_positive("capacity_factor", capacity_factor) * t / e)

@@ -118,6 +118,30 @@ def _activation(micro_batch: int, seq_len: int, hidden: int, bytes_per_element: 
     )
 
 
+def fsdp_shard_rows(rows: int, world_size: int, rank: int) -> int:
+    """Rows of a parameter's first dimension that rank ``rank``'s FSDP2 shard holds: torch.chunk's
+    split, chunks of ``ceil(rows / world_size)`` from rank 0 until the rows run out, so that the later
+    ranks may hold fewer or none (128,256 rows over 1,024 ranks: 126 each, 114 on rank 1,017, none on
+    the last six). torch/distributed/fsdp/_fully_shard/_fsdp_param.py: ``torch.chunk(..., world_size)``."""
+    n = checked_count("rows", rows, minimum=0)
+    w = checked_count("world_size", world_size)
+    r = checked_count("rank", rank, minimum=0)
+    if r >= w:
+        raise ValueError(f"rank must be below world_size ({w}), got {rank!r}")
+    chunk = -(-n // w)
+    return max(0, min(chunk, n - r * chunk))
+
+
+def fsdp_padded_shard_bytes(rows: int, row_elements: int, world_size: int, bytes_per_element: int = 4) -> int:
+    """Bytes every rank allocates for its FSDP2 shard of a parameter of ``rows`` rows of ``row_elements``
+    each: the shard is padded to the full chunk, ``ceil(rows / world_size)`` rows, on every rank (an
+    all-gather takes inputs of one size), whatever it really holds (:func:`fsdp_shard_rows`)."""
+    n = checked_count("rows", rows, minimum=0)
+    w = checked_count("world_size", world_size)
+    row_bytes = checked_count("row_elements", row_elements) * checked_count("bytes_per_element", bytes_per_element)
+    return -(-n // w) * row_bytes
+
+
 def ddp_bytes_per_step(gradients_bytes: float, world_size: int) -> float:
     """Bytes each rank sends per step in DDP: one ring all-reduce of the gradients, 2(N-1)/N * Psi.
     The ZeRO paper's ZeRO-1 and ZeRO-2 move the same (reduce-scatter of gradients, all-gather of

@@ -50,8 +50,8 @@ t.item()
 # the data are scikit-learn's handwritten digits (1,797 images of 8x8 pixels, shipped with the package):
 # each rank takes every second image, its own shard.
 #
-# `distlab.watch(model)` records what each rank does: the loss (`distlab.log`), every all-reduce bucket
-# with its bytes and time, per-layer gradient and weight norms, and a checksum of the weights. The
+# `distlab.watch(model)` records what each rank does: the loss (`distlab.log`), every all-reduce of a
+# bucket of gradients (below) with its bytes and time, per-layer gradient and weight norms, and a checksum of the weights. The
 # dashboard appears under the cell while it trains; when the cell ends it becomes a picture of its
 # last state, which the saved notebook keeps. (What a rank displays shows too, under its label: HTML,
 # figures, tables, widgets, and `tqdm` bars, one row per rank.)
@@ -60,14 +60,17 @@ t.item()
 #
 # - **step** time: one optimizer step on the rank, forward, backward and update;
 # - **exposed all-reduce**: the part of the gradient all-reduces that the backward did not hide, the
-#   time the step waited for communication (DDP all-reduces each bucket while the backward goes on;
-#   notebook 03);
+#   time the step waited for communication (DDP groups the gradients into **buckets**, 25 MiB each by
+#   default (`bucket_cap_mb`), and all-reduces a bucket as soon as the backward has filled it, while
+#   the backward goes on; notebook 03);
 # - **busbw**, bus bandwidth: an all-reduce's bytes over its time, scaled by 2(N-1)/N so that it reads
 #   as the speed of each link of the ring (NCCL's nccl-tests define it so); fitted against the ring
 #   model once there are all-reduces of several sizes (notebooks 03 and 12);
 # - **replicas agree**: the weights' checksums are equal on every rank (notebook 10 makes them differ);
 # - **memory** against theory: what the model's state takes on each rank, next to the formula
-#   (notebooks 06 and 15);
+#   (notebooks 06 and 15); the formula names the layout: "ddp, data x tensor parallel 2 x 1" is DDP
+#   over 2 ranks, each holding whole layers (tensor parallelism, which splits a layer across ranks, is
+#   notebook 05's);
 # - **stragglers**: all-reduces that one rank reached last, so that the others waited for it, out of
 #   all the all-reduces timed (notebook 18 finds the cause of one).
 

@@ -409,12 +409,17 @@ print(f"restart from a checkpoint every 25 steps: {redo_s / step_s:.0f} steps re
 # once. A machine whose network link goes down is worse. Its processes are alive and still think they
 # are in the job; the others hear only silence. The quorum treats silence as death: the lighthouse
 # misses the node's heartbeats and forms the next quorums without it, as it did for the crash. What
-# must not happen is the node's old processes coming back as they are, once the link returns: they
-# missed steps, hold stale weights, and cannot tell that the quorum moved on without them. The
-# general rule is called **fencing** (in clusters, "shoot the other node in the head"): a member the
-# others have given up on is made sure to be dead before anything takes its place. Here the fence is
-# part of the fault, as a cluster's health check would do it: right after node 2's link goes down,
-# its rank is killed. Its death crosses no link, so nothing resets the others' connections: they hear
+# must not happen is the node's old processes acting on what they hold once the link returns: they
+# missed steps and hold stale weights. Keeping a member the others gave up on from acting as if it
+# were still in is called **fencing**, and it is done in two ways (Kleppmann 2016, "How to do
+# distributed locking"). One makes sure the member is dead before anything takes its place (in
+# clusters, STONITH: "shoot the other node in the head"). The other numbers every membership (an
+# epoch, a *fencing token*) and refuses any action that carries a stale number. torchft has the
+# second built in: each quorum has an id under which the process group is rebuilt, and a replica
+# that joins a quorum behind its highest step heals from a peer before it steps, so a node whose
+# link came back would be told at its next quorum that it is behind. Here the fence is the first
+# kind, part of the fault, as a cluster's health check would do it: right after node 2's link goes
+# down, its rank is killed. Its death crosses no link, so nothing resets the others' connections: they hear
 # only silence. The lab then brings the link back and starts a new rank on the node, which heals from
 # a live peer like the crashed rank did.
 #

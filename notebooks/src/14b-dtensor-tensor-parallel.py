@@ -75,7 +75,19 @@ print("full_tensor() of both partials is the column sums of the whole tensor:", 
 # ## 1.1 What each redistribute moves
 #
 # `t.redistribute(mesh, [placement])` changes a DTensor's layout, with whatever collective that takes.
-# `CommDebugMode` (`torch.distributed.tensor.debug`) counts the collectives issued inside it:
+# `CommDebugMode` (`torch.distributed.tensor.debug`) counts the collectives issued inside it.
+#
+# **Predict first**: `column_sums` is `Partial`. Asked for `Shard(0)`, each rank must end with its
+# slice of the sum. Which collective does that take?
+
+# %%
+from distlab.quiz import predict
+
+guess = predict("Partial -> Shard(0) on 2 ranks: which collective does redistribute issue?",
+                choices={"all_reduce": "an all-reduce", "reduce_scatter": "a reduce-scatter",
+                         "all_gather": "an all-gather", "none": "none: each rank keeps what it has"},
+                answer="reduce_scatter")
+guess
 
 # %%
 # %%ddp
@@ -120,6 +132,12 @@ print("Shard -> Replicate an all-gather, Partial -> Replicate an all-reduce, Par
       == [{"all_gather": 1}, {"all_reduce": 1}, {"reduce_scatter": 1}, {}])
 print("Shard(0) -> Shard(1): an all-to-all on GPUs, an all-gather on CPUs:",
       moves["Shard(0) -> Shard(1)"][0] == ({"all_to_all": 1} if on_gpu else {"all_gather": 1}))
+
+# %% [markdown]
+# Your prediction against what the ranks issued for Partial → Shard(0):
+
+# %%
+guess.reveal(next(iter(moves["Partial -> Shard(0)"][0]), "none"))
 
 # %% [markdown]
 # Each change of layout is one collective, and the names are notebook 14's:

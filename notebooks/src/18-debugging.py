@@ -23,9 +23,12 @@
 # ## 1. A deadlock, read from the ranks' live stacks
 #
 # Ranks 0 and 1 swap a tensor, and so do ranks 2 and 3. Each rank sends its own, then receives its
-# peer's. On gloo (and on NCCL) a blocking `send` returns only once the peer's receive has taken the
-# data, so every rank waits in its `send` for a `recv` that its peer will post only after its own
-# `send` returns: none ever does.
+# peer's. On gloo a blocking `send` returns only once the peer's receive has taken the data, so
+# every rank waits in its `send` for a `recv` that its peer will post only after its own `send`
+# returns: none ever does. (On NCCL the host would not wait there: a blocking call makes the current
+# CUDA stream wait, as PyTorch's "Synchronous and asynchronous collective operations" says, so the
+# same deadlock sits on the stream and shows later, at the next synchronisation or in the watchdog's
+# timeout.)
 #
 # The notebook's main thread is busy while the ranks hang, waiting in `lab.run`. Another thread can
 # still ask where the ranks are: `lab.stacks()` reads every rank's Python frames from outside its
@@ -116,6 +119,17 @@ if rank == 0:
 # all-gathers the layer's weights from the other ranks of its `dp` group. Predict before you run it:
 # which ranks will the error name, and in which group?
 
+# %%
+from distlab.quiz import predict
+
+named = predict("Only rank 0 runs a forward of the FSDP2 x TP model (a 2 x 2 mesh: dp, tp). What will the hang name?",
+                choices={"dp": "rank 0 waiting in its dp group (ranks 0 and 2); rank 2 never came",
+                         "tp": "rank 0 waiting in its tp group (ranks 0 and 1); rank 1 never came",
+                         "world": "rank 0 waiting for all three others, in the world's group",
+                         "none": "nothing: rank 0 holds what its forward needs"},
+                answer="dp")
+named
+
 # %% tags=["raises-exception"]
 # %%ddp --timeout 5
 if rank == 0:
@@ -132,6 +146,13 @@ if rank == 0:
 
 # %% tags=["nbval-check-output"]
 print(*(note for note in sys.last_value.notes if note.startswith("collective")), sep="\n")
+
+# %% [markdown]
+# Your prediction against the group the check named:
+
+# %%
+hang = next(note for note in sys.last_value.notes if note.startswith("collective"))
+named.reveal("dp" if "mesh_dp of ranks 0,2" in hang else "tp" if "mesh_tp" in hang else "world")
 
 # %% [markdown]
 # The fix: every rank runs the forward, and only the printing is rank 0's. (The process group was
@@ -426,6 +447,15 @@ print("paused:", lab.paused)
 
 # %%
 # %quiz pitfalls -n 3
+
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise diverged-replicas`: find the parameters whose replicas differ across the ranks, bit
+#   for bit, from a fingerprint of each (a few bytes) rather than the parameters themselves.
 
 # %%
 # %dist stop

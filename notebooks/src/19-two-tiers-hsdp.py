@@ -193,25 +193,33 @@ else:
 # | HSDP, `[[0, 1], [2, 3]]` | one per rack | across racks: {0, 2}, {1, 3} |
 # | the wrong way, `[[0, 2], [1, 3]]` | across racks | one per rack |
 #
-# **Predict first**, with `theory.fsdp_uplink_bytes_per_step`. It counts the ring edges that leave
-# each rack, group by group. Two facts enter:
+# **Predict first**: under HSDP, how many times the model's bytes go up each uplink per step? Count
+# the ring edges that leave each rack, group by group (`theory.fsdp_uplink_bytes_per_step` does the
+# same, and grades your guess). Two facts enter:
 #
 # - The model has Psi bytes of float32 parameters.
 # - gloo's reduce-scatter moves an all-reduce's bytes, `2(N-1)/N * S` and not `(N-1)/N * S` (measured
-#   in notebook 14), so we say `reduce_scatter="all_reduce"`.
+#   in notebook 14), so the theory is told `reduce_scatter="all_reduce"`.
 
 # %%
+from distlab.quiz import predict
+
 WIDTH, BLOCKS = 512, 4
 psi = 4 * (BLOCKS * (WIDTH * WIDTH + WIDTH) + WIDTH + 1)       # float32 bytes of the model below
 print(f"parameters: {psi / 4:,.0f}, Psi = {psi / MB:.2f} MiB")
 LAYOUTS = ("flat", "hsdp", "shard-across")
 predicted = {layout: theory.fsdp_uplink_bytes_per_step(psi, 2, 2, layout, reduce_scatter="all_reduce")
              for layout in LAYOUTS}
-for layout in LAYOUTS:
-    nccl = theory.fsdp_uplink_bytes_per_step(psi, 2, 2, layout)
-    print(f"{layout:<13} up each uplink per step: {predicted[layout] / psi:.2f} Psi on gloo "
-          f"({nccl / psi:.2f} Psi with a ring reduce-scatter); at 100 Mbit/s at least "
-          f"{predicted[layout] / UPLINK:.2f} s of uplink time per step")
+
+
+def uplink_psi(layout):
+    """Psi up each uplink per step on gloo, for 2 racks of 2 ranks."""
+    return theory.fsdp_uplink_bytes_per_step(psi, 2, 2, layout, reduce_scatter="all_reduce") / psi
+
+
+guess = predict("HSDP, a shard group in each of 2 racks: how many Psi go up each uplink per step, on gloo?",
+                theory=uplink_psi, tolerance=0.1, layout="hsdp")
+guess
 
 # %% [markdown]
 # Flat FSDP's one ring over the four ranks crosses each uplink once, for each of its three
@@ -309,6 +317,18 @@ else:
     saved("layouts: checks")
 
 # %% [markdown]
+# The theory for every layout, then your prediction against what HSDP's uplinks carried (the busier
+# of the two):
+
+# %%
+for layout in LAYOUTS:
+    nccl = theory.fsdp_uplink_bytes_per_step(psi, 2, 2, layout)
+    print(f"{layout:<13} up each uplink per step: {predicted[layout] / psi:.2f} Psi on gloo "
+          f"({nccl / psi:.2f} Psi with a ring reduce-scatter); at 100 Mbit/s at least "
+          f"{predicted[layout] / UPLINK:.2f} s of uplink time per step")
+guess.reveal(max(results["hsdp"]["up"].values()) / psi) if on_racks else "no racks here: the saved run's table above"
+
+# %% [markdown]
 # The layout changes where the bytes go, not what is computed. Each step averages the gradients of
 # the same four batches, whichever groups do the averaging. So the three runs train the same model,
 # up to the order in which floats are added:
@@ -332,6 +352,16 @@ print("losses, flat:", [f"{v:.5f}" for v in flat_losses])
 
 # %%
 # %quiz communication-cost -n 3 --seed 19
+
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise clip-sharded-gradients`: clip the gradients of a model FSDP2 shards by the whole
+#   gradient's norm, from each rank's shards and one all-reduce of a single number, as
+#   `torch.nn.utils.clip_grad_norm_` does on one process.
 
 # %%
 # %dist stop

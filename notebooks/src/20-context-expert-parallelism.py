@@ -49,17 +49,22 @@ lab = distlab.current_lab()
 # - **Contiguous chunks**: rank 0 holds the start of the sequence and skips almost everything; rank
 #   N-1 computes against every chunk.
 # - **Zigzag**: the sequence is cut into 2N chunks, and rank r takes chunks r and 2N-1-r, one from
-#   each end. This evens the work out. Llama 3's context parallelism splits the sequence this way
-#   (Dubey et al. 2024).
+#   each end. This evens the work out. torch's `context_parallel` balances its ring this way, and
+#   Llama 3 split its sequences into the same 2N chunks (Dubey et al. 2024, section 3.3.2), though
+#   it did not pass K and V round a ring: each rank all-gathered them, then attended its queries to
+#   all the keys.
 #
-# **Predict first**, in query-key pairs per rank, for a sequence of 2,048 tokens on 4 ranks:
+# **Predict first**, for a sequence of 2,048 tokens on 4 ranks with contiguous chunks: how many times
+# the mean number of query-key pairs does the busiest rank compute? (The widget grades your guess
+# against the theory; the ranks' own count comes after they run.)
 
 # %%
+from distlab.quiz import predict
+
 L = 2048
-for layout in ("contiguous", "zigzag"):
-    pairs = theory.ring_attention_pairs(L, 4, layout)
-    print(f"{layout:<11} pairs per rank: {', '.join(f'{p:,}' for p in pairs)}; "
-          f"busiest / mean: {theory.causal_load_imbalance(4, layout):.2f}")
+guess = predict("Contiguous chunks, 4 ranks, causal attention: the busiest rank's query-key pairs over the mean?",
+                theory="causal_load_imbalance", tolerance=0.05, ranks=4, layout="contiguous")
+guess
 
 # %% [markdown]
 # The ranks run the code below. Every rank makes the same `q`, `k` and `v` for the whole sequence
@@ -171,6 +176,17 @@ for layout in ("contiguous", "zigzag"):
           [ring[r][layout]["pairs"] for r in range(4)] == expected)
 
 # %% [markdown]
+# The theory's pairs per rank for both layouts, then your prediction against what the ranks counted:
+
+# %%
+for layout in ("contiguous", "zigzag"):
+    pairs = theory.ring_attention_pairs(L, 4, layout)
+    print(f"{layout:<11} pairs per rank: {', '.join(f'{p:,}' for p in pairs)}; "
+          f"busiest / mean: {theory.causal_load_imbalance(4, layout):.2f}")
+counted = [ring[r]["contiguous"]["pairs"] for r in range(4)]
+guess.reveal(max(counted) / (sum(counted) / 4))
+
+# %% [markdown]
 # With contiguous chunks the last rank computes 4 times the first rank's pairs, and 1.6 times the
 # mean. A ring step ends when its slowest rank has received and computed, so the others wait. Zigzag
 # gives every rank the same work, and fewer pairs in all: smaller chunks skip more of the masked
@@ -223,8 +239,9 @@ print("every ring rank's peak is under a quarter of naive attention's:",
 # by the router's probability. Here E = 4 experts sit one per rank, and each rank has its own 256
 # tokens.
 #
-# An expert has a fixed number of slots per batch, its **capacity** (GShard):
-# `capacity_factor * tokens / experts`. Tokens routed to a full expert are **dropped**: the layer
+# An expert has a fixed number of slots per batch, its **capacity**, as the Switch Transformer
+# defines it (Fedus et al. 2021, section 2.2): `capacity_factor * tokens / experts` (GShard's top-2
+# routing gives each expert about `2 * tokens / experts`). Tokens routed to a full expert are **dropped**: the layer
 # passes them on unchanged (here, as zeros, the residual connection that would carry them is left
 # out). Fixed slots give the all-to-all a fixed shape. Each rank sends E x capacity rows, one block
 # per expert, padded where there are fewer tokens.
@@ -240,8 +257,9 @@ for cf in (1.0, 1.25, 2.0, 4.0):
 # imbalance drops tokens. The router below is untrained, with a bias towards expert 0, as an
 # unbalanced router would be. `moe_local` computes the layer in one process with every expert there.
 # `moe_parallel` is expert parallelism: one expert per rank, and two all-to-alls. It uses the
-# functional collective `all_to_all_single_autograd` (torch's, the one DTensor uses), whose backward
-# is an all-to-all too, so the layer trains.
+# functional collective `all_to_all_single_autograd` (torch's; torchtitan's expert dispatch calls it
+# too; DTensor's Shard-to-Shard redistribution has its own, `shard_dim_alltoall`, as notebook 14b
+# shows), whose backward is an all-to-all too, so the layer trains.
 
 # %%
 # %%ddp
@@ -328,8 +346,9 @@ print("fewer tokens dropped as the factor grows:", drops == sorted(drops, revers
 print("at a factor of 4 (every token's slot guaranteed) none is dropped:", drops[-1] == 0)
 
 # %% [markdown]
-# The router sends more than a quarter of the tokens to expert 0, so at a factor of 1 that expert
-# overflows and its late tokens are dropped. A larger factor drops fewer and pads more. The padding
+# The router sends more than half of the tokens to expert 0 (609 of 1,024 in the run saved here,
+# over twice an even share), so at a factor of 1 that expert overflows and its late tokens are
+# dropped. A larger factor drops fewer and pads more. The padding
 # is sent too: every all-to-all carries E x capacity rows from each rank, whether full or not.
 # Trained routers add a load-balancing loss to keep the experts evenly used (Switch), so that a
 # small factor (1 to 1.25 in Switch) drops little.

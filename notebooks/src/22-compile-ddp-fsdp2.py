@@ -163,14 +163,15 @@ if on_gpu:
 #   the buckets launch theirs across backward. One graph launches them all together, when its
 #   whole backward has run. That is on CPU ranks: on a GPU the host queues this small backward's
 #   kernels in a millisecond or two, and every run's launches fall inside that (two ranks sharing an
-#   H200: 1-2 ms of spread in all four runs).
+#   H200, on gloo with CUDA tensors since NCCL refuses two ranks on one GPU: 1-2 ms of spread in all
+#   four runs).
 # - **buckets**: eager DDP rebuilds its buckets after the first step, in the order the gradients
 #   arrived: four of two layers. Compiled, the gradients arrive graph by graph, in another order,
 #   which leaves a bias or two in a last bucket of a few kilobytes.
 # - **exposed all-reduce**: what the step waited for after its last bucket was launched. One graph
-#   waits for all its buckets one after the other (40-65 ms in our runs); the others wait for the
-#   last bucket only (10-30 ms). On loopback an 8 MB all-reduce takes about 10 ms; over a slower link
-#   (notebook 12) the gap grows with it.
+#   waits for all its buckets one after the other (36 ms in the run saved above: four 8 MB buckets);
+#   the others wait for the last bucket only (9-13 ms above). On loopback an 8 MB all-reduce takes
+#   about 10 ms, so four take about 40; over a slower link (notebook 12) the gap grows with it.
 
 # %% tags=["nbval-check-output"]
 cut, one = ddp_runs["compiled, cut at buckets"], ddp_runs["compiled, one graph"]
@@ -183,7 +184,8 @@ print("every compiled run trains to eager DDP's weights (within 1e-5):",
       all(max((a - b).abs().max().item() for a, b in zip(r["weights"], eager_w)) < 1e-5 for r in ddp_runs.values()))
 # Tens of milliseconds of backward between bucket launches against launches a few ms apart: a factor
 # of 4 leaves room for a loaded machine's bursts. On a GPU the host queues the whole backward in a
-# millisecond or two (an H200: 1-2 ms of spread in all four runs), so this holds for CPU ranks only.
+# millisecond or two (two gloo ranks on an H200: 1-2 ms of spread in all four runs), so this holds for
+# CPU ranks only.
 print("one graph launches its buckets together; cut at the buckets, they spread over backward (4x more), on CPU ranks:",
       on_gpu or cut["launch spread (ms)"] > 4 * one["launch spread (ms)"])
 
@@ -348,6 +350,16 @@ with distlab.watch(run, stats_every=4, checksum_every=4):
 
 # %%
 # %quiz communication-cost -n 3 --seed 22
+
+# %% [markdown]
+# ## Build it yourself
+#
+# The exercise for this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on ranks
+# the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise ddp-comm-hook`: DDP's averaging of one bucket written as a communication hook (the
+#   place where the compiled DDP above, like eager DDP, all-reduces each bucket), started without
+#   waiting and returned as a future, checked against DDP's default over several buckets.
 
 # %%
 # %dist stop

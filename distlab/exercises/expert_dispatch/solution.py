@@ -1,5 +1,5 @@
 def moe_forward(x, expert_of, capacity, expert):
-    """Expert parallelism's two all-to-alls: each kept token to its expert's rank and back (GShard)."""
+    """Expert parallelism's two all-to-alls: each kept token to its expert's rank and back, fixed capacity."""
     d = x.shape[1]
     send = torch.zeros(world_size * capacity, d, dtype=x.dtype)
     rows = []  # (token, row of the buffer) of every kept token

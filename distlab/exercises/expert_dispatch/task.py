@@ -6,8 +6,8 @@ EXERCISE = Exercise(
     lesson="20-context-expert-parallelism.ipynb",
     task="""\
 A mixture-of-experts layer with one expert per rank: expert `e` lives on rank `e`. Every rank has
-its own tokens and has routed each one to an expert already. Write the layer's communication, as
-GShard does it:
+its own tokens and has routed each one to an expert already. Write the layer's communication with
+a fixed capacity, as GShard and the Switch Transformer do:
 
 * each expert has `capacity` slots for each rank's tokens: the first `capacity` tokens of this rank
   routed to expert `e` (in token order) get a slot, the others are **dropped**;

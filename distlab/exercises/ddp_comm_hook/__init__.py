@@ -1,0 +1,6 @@
+"""Exercise ``ddp-comm-hook``: DDP's gradient averaging written as a communication hook, one bucket at a time.
+
+``task.py`` is what the learner reads and starts from (task, starter cell, hints); ``solution.py`` the
+reference, the text of a ``%%ddp`` cell; ``grader.py`` its cases and how each is graded, run on the
+grader's ranks. Nothing is imported here: a rank imports ``grader`` alone.
+"""

@@ -1,0 +1,6 @@
+"""Exercise ``diloco-outer-step``: DiLoCo's outer step, the averaged change of the ranks' models as a gradient.
+
+``task.py`` is what the learner reads and starts from (task, starter cell, hints); ``solution.py`` the
+reference, the text of a ``%%ddp`` cell; ``grader.py`` its cases and how each is graded, run on the
+grader's ranks. Nothing is imported here: a rank imports ``grader`` alone.
+"""
