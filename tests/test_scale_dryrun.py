@@ -182,3 +182,19 @@ def test_uneven_stages_hold_the_layers_the_plan_gives_them():
         assert _ops(kind, "all_gather", "forward", "dp_shard") == n + 1
     # More layers, more compute: the last stage's four blocks and the head against one block and the embedding.
     assert report.kinds[1].flops_per_micro_batch > 3 * report.kinds[0].flops_per_micro_batch
+
+
+def test_tensor_parallel_ranks_hold_their_share_of_the_vocabulary_not_the_whole():
+    # A one-block model whose memory is its loss: 2,048 tokens over a 32,768-word vocabulary, the
+    # logits split by vocabulary under loss parallelism. What a rank holds and computes halves from tp 2
+    # to tp 4. DTensor works out each op's output by running it at the global shape; counted, that put
+    # a whole [tokens, vocabulary] fp32 tensor (256 MiB here) or two into every rank's activations.
+    cfg = scale.ModelConfig("wide-vocab", "llama", 256, 1, 4, 4, 512, 32768, 2048, False)
+    two, four = (scale.dry_run(scale.Plan(model=cfg, gpus=tp, tp=tp, seq_len=2048, global_batch_tokens=2048)).kinds[0]
+                 for tp in (2, 4))
+    assert four.memory["activations"] == pytest.approx(two.memory["activations"] / 2, rel=0.05)
+    assert four.flops_per_micro_batch == pytest.approx(two.flops_per_micro_batch / 2, rel=0.05)
+    # the local logits in bf16, their fp32 copy, log-softmax's output and the gradients back: about
+    # four fp32 shards of 64 MiB (4.15 measured), where the global tensors made it 9.6
+    local_logits = 2048 * 32768 // 4 * 4
+    assert 3 * local_logits < four.memory["activations"] < 5 * local_logits

@@ -172,7 +172,7 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         modules = parallelize(plan, cfg, mesh, stage or 0)
         params = [p for m in modules for p in m.parameters()]
         tp = plan["tp"] > 1
-        with torchcompat_fake.fake_tensor_mode():
+        with torchcompat_fake.sharding_propagation_unseen(), torchcompat_fake.fake_tensor_mode():
             for m in modules:
                 m.to_empty(device="cpu")
             optimizer = ShardStepAdamW(params, lr=1e-4, foreach=True)
@@ -180,14 +180,6 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
                 p.grad = torch.zeros_like(p)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if tp:
-                # DTensor works out an op's output the first time it meets the op's placements and
-                # shapes by running it at the global shape (under this fake mode) and caches it: once
-                # per signature, which the measured step would count as compute (a fixed 136 MFLOPs
-                # for the 128-wide GPT at tp 2, whatever its depth; the memory read the same with and
-                # without this, for Llama 8B at tp 8). One micro-batch before fills that cache.
-                backward(micro_batch(plan, cfg, modules, tp), tp)
-                optimizer.zero_grad(set_to_none=True)
             counter, flops = Collectives(dims_of), LocalFlops()
             memory = tracked_step(plan, cfg, modules, optimizer, counter, flops)
             total_flops = flops.flops

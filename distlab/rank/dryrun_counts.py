@@ -101,8 +101,8 @@ class LocalFlops(DispatchMode):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
         formula = FLOPS.get(func.overloadpacket)
-        # Not an op another fake mode runs. DTensor's propagation under this step's own mode looks like
-        # compute here: _run_kind fills its cache before the measured micro-batch.
+        # Not an op another fake mode runs (DTensor's propagation under this step's own mode is kept
+        # from every mode: torchcompat_fake.sharding_propagation_unseen).
         if formula is not None and torchcompat_fake.active_fake_mode() is self.fake_mode:
             self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
             name = op_name(func)
