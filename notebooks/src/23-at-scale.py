@@ -133,19 +133,19 @@ for name, report in reports.items():
 # - **The activations decide.** In A one GPU runs a whole sequence of 8,192 tokens through all 32
 #   layers, and keeps what backward needs: 70 GiB. Tensor parallelism with sequence parallelism (B)
 #   splits the layers' inputs and outputs 8 ways, but not all of what they keep: the all-gathered
-#   inputs of the attention and MLP projections are kept whole for their weights' gradients. 19.5 GiB.
+#   inputs of the attention and MLP projections are kept whole for their weights' gradients. 12.9 GiB.
 # - **A pipeline's stages differ.** Under 1F1B the first stage runs 4 forwards before its first
 #   backward and holds 4 micro-batches at once, the last stage one (`theory.in_flight_micro_batches`).
 #   A micro-batch in flight holds what its forward saved for backward (8 layers split 8 ways), one
 #   more the step's working memory on top: C's first stage peaks at 12.8 GiB, 1 of it the unsharded
-#   gradients. Its last stage holds one micro-batch, but with the output head and the loss over
-#   128,256 vocabulary entries: 13.0 GiB, as much.
+#   gradients. Its last stage holds one micro-batch, with the output head and the loss over 128,256
+#   vocabulary entries, split 8 ways by vocabulary (loss parallelism): 6.4 GiB.
 #
 # The dry run computes on CPU kernels. Against torchtitan's two published 8B runs its peak came out 4%
 # and 12% above the measured totals, which also hold the CUDA context and NCCL's buffers; against
-# torchtitan's 70B run (tensor parallelism, full activation checkpointing), twice as high, a gap not
-# explained yet (`benchmarks/RESULTS.md`, "The scale predictor against published runs" and "Sequence
-# parallelism in the dry run's TP plan"). A's 75 GB of 80 is too close to plan on.
+# torchtitan's 70B run (tensor parallelism, full activation checkpointing) 20% under, a run that also
+# held Float8's buffers (`benchmarks/RESULTS.md`, "The scale predictor against published runs" and
+# "A tensor-parallel rank's loss"). A's 75 GB of 80 is too close to plan on.
 #
 # The checks: the states the dry run counted against `theory.sharded_memory`. FSDP2 shards each
 # tensor along its first dimension, padded to a multiple of the shards (the embedding's 128,256
@@ -183,14 +183,14 @@ print("every rank kind: AdamW's states are twice the parameters, plus a 4-byte s
       all(k.memory["optimizer"] == 2 * k.memory["parameters"] + 4 * local_tensors(r.plan, k)
           for r in reports.values() for k in r.kinds))
 print("A and B: the model states are under 2% of the peak, the activations the rest; C's, gradients and all, "
-      "under 10%:",
-      all(sum(k.memory[s] for s in ("parameters", "gradients", "optimizer")) < (0.1 if r.plan.pp > 1 else 0.02)
+      "under a fifth:",
+      all(sum(k.memory[s] for s in ("parameters", "gradients", "optimizer")) < (0.2 if r.plan.pp > 1 else 0.02)
           * k.memory["peak"] for r in reports.values() for k in r.kinds))
 first_c, middle_c, last_c = C.kinds
-print("A's peak is the highest; in C the first stage (4 micro-batches in flight) and the last (the head and the "
-      "loss) hold more activations than the middle ones:",
+print("A's peak is the highest; in C the activations follow the micro-batches in flight: the first stage (4) "
+      "holds the most, the middle ones (3) less, the last (1, with the head and the loss) the least:",
       max(reports, key=lambda n: max(k.memory["peak"] for k in reports[n].kinds)) == "A: FSDP 1024"
-      and min(first_c.memory["activations"], last_c.memory["activations"]) > middle_c.memory["activations"])
+      and first_c.memory["activations"] > middle_c.memory["activations"] > last_c.memory["activations"])
 
 # %% [markdown]
 # ## Which link each collective crosses
@@ -437,8 +437,8 @@ print("plan A at 1,024 GPUs predicts fewer tokens/s per GPU than the same FSDP a
 #
 # Llama 3 70B (80 layers 8,192 wide, 64 heads, 8 KV heads) is 9 times the parameters. Plan C's
 # layout: tensor parallelism in the node, 4 pipeline stages of 20 layers, FSDP2 over 32 replicas, no
-# activation checkpointing. One dry run: 16 to 18 s on a quiet 2-core machine, up to several times
-# that beside other work (as the saved run below was).
+# activation checkpointing. One dry run: about 15 s on a 2-core machine, several times that beside
+# heavy work.
 
 # %%
 plan_70b = scale.Plan(model="llama3-70b", gpus=1024, tp=8, pp=4, seq_len=8192, global_batch_tokens=STEP_TOKENS)
@@ -687,7 +687,9 @@ for name, (_, predicted, run) in on_lab.items():
 #
 # The times move with the load on the machine, so they are shown, not checked. The memory is checked:
 # the model's states are the same tensors in the dry run and on the lab, to the byte, and the peak,
-# FakeTensor's CPU kernels against the same kernels on real tensors, within 5%.
+# FakeTensor's CPU kernels against the same kernels on real tensors, within 5% (all three within
+# 0.1% in the saved run; TP's was 4% over while the dry run still counted DTensor's shape
+# propagation, which runs each op at its global shape).
 
 # %% tags=["nbval-check-output"]
 for name, (lab_report, predicted, run) in on_lab.items():
