@@ -86,7 +86,7 @@ def test_llama3_8b_on_1024_gpus_tp8_fsdp128(llama3_8b_tp8):
     # attention as PaLM counts model FLOPs (12LHQT): 4 * seq * dim per token and layer forward, 8
     # backward. Flash attention's backward also recomputes the scores (2 * seq * dim more, the fifth
     # matmul of torch's formula): recomputed, not the model's. This rank does 1/8 of each (DTensor's
-    # one-off shape propagation, which once added ~50% here, is not counted).
+    # shape propagation, each op run again at its global shape, which once added ~50% here, is not counted).
     matmuls = 6 * (report.parameters - cfg.vocab * cfg.dim) * 8192
     attention = 12 * cfg.layers * cfg.dim * 8192 * 8192
     assert kind.flops_per_micro_batch == pytest.approx((matmuls + attention) / 8, rel=0.01)
