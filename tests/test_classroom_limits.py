@@ -169,10 +169,12 @@ def test_an_idle_lab_is_stopped_but_never_while_a_cell_longer_than_the_idle_limi
     assert lab.running  # idle counts from the cell's end
     assert wait_for(lambda: not lab.running, 60), "the idle lab was not stopped"
     assert wait_for(lambda: not any(pid_alive(pid) for pid in pids), 30)
+    # The stop runs in the idle watch's thread: its processes go first, and the lab's panel file
+    # is removed at its very end, after which the line is printed. Wait for the line, then look.
+    line = f"[distlab] lab {registry.id_of(lab)} stopped: no cell for 3s, this class's idle limit"
+    assert wait_for(lambda: line in capsys.readouterr().out, 30)
     assert wait_for(lambda: not {p.pid for p in distlab_processes()} - before, 30), distlab_processes()
     assert registry.read_labs() == []
-    line = f"[distlab] lab {registry.id_of(lab)} stopped: no cell for 3s, this class's idle limit"
-    assert wait_for(lambda: line in capsys.readouterr().out, 10)  # printed once the stop is done
     with pytest.raises(LabUsageError, match="no lab is running"):
         lab.run("1", stream=False)
 
