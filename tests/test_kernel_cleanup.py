@@ -39,9 +39,7 @@ def _start_kernel_with_lab(line: str):
     km, kc = start_new_kernel(kernel_name="python3")
     pid = km.provisioner.process.pid
     before, namespaces_before = _lab_folders(), lab_namespaces(pid)
-    # The start's own deadline raised past its 30 s: beside the rest of the suite on two cores the
-    # engines of a fresh kernel's first lab have once waited 30 s for the controller (CI, stop 56).
-    execute(kc, f"%load_ext distlab\n%dist {line} --timeout 120", timeout=180)
+    execute(kc, f"%load_ext distlab\n%dist {line}", timeout=90)
     # Everything this kernel's lab made: a folder (the controller's sockets) and namespaces on nodes.
     folders = {f for f in _lab_folders() - before if os.path.basename(f).startswith(f"distlab-lab-{pid}-")}
     namespaces = lab_namespaces(pid) - namespaces_before

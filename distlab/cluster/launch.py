@@ -20,6 +20,7 @@ from . import warm
 from .allocator import engine_environment
 from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
 from .nodes import Network
+from .ports import controller_ports
 from .processes import pid_alive, wait_for
 from .slurm import SlurmEngineSetLauncher
 
@@ -103,6 +104,12 @@ def make_cluster(
         # other hosts); else loopback, unless engines may come from other hosts: those need every
         # interface, which ipyparallel spells "*" ("" would leave the controller's default, loopback).
         cluster.controller_ip = "127.0.0.1" if local else "*"
+    if network is None and local:
+        # Ports the kernel does not hand out by itself, so none is taken between ipyparallel's choice
+        # and its bind (cluster.ports); engines elsewhere keep the ports the user's profile opens.
+        block = controller_ports(cluster.controller_ip)
+        if block is not None:
+            cluster.controller_args = [*cluster.controller_args, f"--IPController.ports={block.start}-{block.stop - 1}"]
     return cluster
 
 
