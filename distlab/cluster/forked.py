@@ -18,7 +18,7 @@ from ipyparallel.cluster.launcher import (
     LocalProcessLauncher,
     ProcessStateError,
 )
-from traitlets import Float
+from traitlets import Float, Unicode
 
 from ..ipycompat_launchers import start_waiting
 from . import warm
@@ -40,13 +40,18 @@ class _Forked(LocalProcessLauncher):
         # The working directory as this process sees it (ipyparallel's is ".", relative to the
         # notebook's directory, which the template's may not be).
         cwd = os.path.abspath(self.work_dir)
-        self.pid = warm.current(env).fork(self.entry, argv, env, cwd, self.output_file)
+        self.pid = warm.current(env).fork(self.entry, argv, env, cwd, self.output_file, self._node())
         self.process = psutil.Process(self.pid)
         self.notify_start(self.pid)
         start_waiting(self)
 
     def _command(self) -> list[str]:
         raise NotImplementedError
+
+    def _node(self) -> dict[str, str] | None:
+        """The emulated node the process joins (its set's ``node_netns``), or None: this machine's."""
+        netns = getattr(self.parent, "node_netns", "")
+        return {"netns": netns, "hostname": self.parent.node_hostname} if netns else None
 
 
 class ForkedEngineLauncher(_Forked, LocalEngineLauncher):
@@ -63,6 +68,9 @@ class ForkedEngineSetLauncher(LocalEngineSetLauncher):
     # ipyparallel sleeps 0.1 s between two engines of a set (to order their ids, or spare the machine
     # a flood of Python start-ups): a fork costs milliseconds, and distlab orders ranks itself.
     delay = Float(0.0, config=True, help="seconds between forking two engines of a set")
+    # On an emulated node (cluster.nodes): the path of its network namespace, and its hostname.
+    node_netns = Unicode("", help="the network namespace (a path) the set's engines join; empty: none")
+    node_hostname = Unicode("", help="the hostname of the set's engines on their node")
 
 
 class ForkedControllerLauncher(_Forked, LocalControllerLauncher):

@@ -19,6 +19,7 @@ from ..errors import DistlabError
 from . import warm
 from .allocator import engine_environment
 from .forked import ForkedControllerLauncher, ForkedEngineSetLauncher
+from .namespaces import RUN_NETNS
 from .nodes import Network
 from .ports import controller_ports
 from .processes import pid_alive, wait_for
@@ -38,6 +39,7 @@ __all__ = [
     "engine_start_args",
     "link_client_sockets",
     "make_cluster",
+    "node_engine_start_args",
     "wait_for_engines",
 ]
 
@@ -79,14 +81,18 @@ def make_cluster(
             f"--IPController.client_ip={os.path.join(str(folder), _CLIENT_SOCKET)}",
         ]
     # warm_ok False: a lab that outlives its kernel (``notebook.kept``) cannot hang on its warm template.
-    forked = network is None and launcher == "local" and warm.enabled() and warm_ok
+    # Engines on nodes join their node's namespace once forked, which takes root's named namespaces.
+    forked = (
+        launcher == "local" and warm.enabled() and warm_ok and (network is None or not network.host.rootless)
+    )
     # ipyparallel's Slurm launcher, with what a lab needs of it (cluster.slurm).
     engines_class = ForkedEngineSetLauncher if forked else SlurmEngineSetLauncher if launcher == "slurm" else launcher
     cluster = ipp.Cluster(
         n=engines,
-        # Local engines and their controller are forked from the warm-rank template (cluster.warm).
+        # Local engines and their controller are forked from the warm-rank template (cluster.warm);
+        # on nodes the engines only: the controller in the switch's namespace starts as before.
         engine_launcher_class=engines_class,
-        controller_launcher_class=ForkedControllerLauncher if forked else "local",
+        controller_launcher_class=ForkedControllerLauncher if forked and network is None else "local",
         controller_args=args,
         delay=0,
         # Engines start at once and wait for the controller's connection file, instead of
@@ -142,6 +148,8 @@ class EngineStartArgs(TypedDict, total=False):
     engine_cmd: list[str]
     environment: dict[str, str]
     engine_args: list[str]
+    node_netns: str  # engines forked on an emulated node (ForkedEngineSetLauncher)
+    node_hostname: str
 
 
 def controller_start_args(network: Network | None) -> ControllerStartArgs:
@@ -162,6 +170,15 @@ def engine_start_args(local: bool, prefix: list[str] | None = None) -> EngineSta
         }
     # Elsewhere the remote command stays the launcher's own; torch loads after registration.
     return {"engine_args": ["--IPEngine.startup_command=import distlab.rank.group"]}
+
+
+def node_engine_start_args(cluster: ipp.Cluster, network: Network, node: int) -> EngineStartArgs:
+    """``engine_start_args`` for engines on emulated node ``node``: forked from the warm template
+    into the node's namespace where the cluster forks its engines, else started there cold."""
+    if cluster.engine_launcher_class is ForkedEngineSetLauncher:
+        return {**engine_start_args(True), "node_netns": os.path.join(RUN_NETNS, network.node_ns(node)),
+                "node_hostname": network.hostname(node)}
+    return engine_start_args(True, network.exec_prefix(node))
 
 
 def wait_for_engines(

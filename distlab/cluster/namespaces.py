@@ -27,6 +27,7 @@ from .processes import pid_alive, wait_for
 
 __all__ = [
     "NS_PREFIX",
+    "RUN_NETNS",
     "NamedNamespaces",
     "NamespaceHost",
     "lab_namespaces",
@@ -42,7 +43,7 @@ __all__ = [
 
 NS_PREFIX = "distlab-"
 _NS_PATTERN = re.compile(r"^distlab-(\d+)-(\d+)-(sw|probe|learner|n\d+|r\d+)$")
-_RUN_NETNS = "/run/netns"
+RUN_NETNS = "/run/netns"
 _CMD_TIMEOUT_S = 10.0
 # Capability bits (linux/capability.h): making namespaces mounts them (SYS_ADMIN); links, addresses
 # and queues need NET_ADMIN.
@@ -211,14 +212,14 @@ def require_netem(flag: str) -> None:
 
 def lab_namespaces() -> list[str]:
     try:
-        return sorted(n for n in os.listdir(_RUN_NETNS) if _NS_PATTERN.match(n))
+        return sorted(n for n in os.listdir(RUN_NETNS) if _NS_PATTERN.match(n))
     except OSError:
         return []
 
 
 def remove_namespaces(names: list[str]) -> None:
     """Kill what runs in each namespace and delete it; wait (bounded) until the kernel has let go."""
-    present = [n for n in names if os.path.exists(os.path.join(_RUN_NETNS, n))]
+    present = [n for n in names if os.path.exists(os.path.join(RUN_NETNS, n))]
     for name in present:
         with contextlib.suppress(DistlabError):
             for pid in run(["ip", "netns", "pids", name], "listing a node's processes").split():
@@ -227,7 +228,7 @@ def remove_namespaces(names: list[str]) -> None:
     for name in present:
         with contextlib.suppress(DistlabError):
             run(["ip", "netns", "del", name], "removing a node")
-    wait_for(lambda: not any(os.path.exists(os.path.join(_RUN_NETNS, n)) for n in present), 5.0)
+    wait_for(lambda: not any(os.path.exists(os.path.join(RUN_NETNS, n)) for n in present), 5.0)
 
 
 def remove_orphans() -> list[str]:

@@ -7,10 +7,12 @@ lab's start, each restart and each world an exercise is graded in paid it again.
 
     pid = current(env).fork("engine", argv, env, cwd, log)   # what cluster/forked.py's launchers do
 
-Only plain local engines (and their controller) are forked: on emulated nodes (a network namespace each) or through
-another launcher, engines start as before. What the template was started with that Python and
-torch read at import (``_IMPORT_TIME``) must be what a lab would start its engines with; when it
-changed, the template is replaced. It ends when the notebook does (its stdin closes).
+Local engines (and their controller) are forked; on emulated nodes made by root, each engine is
+forked too and joins its node's network namespace (the controller there starts as before); through
+another launcher, or on nodes in a user namespace (no root), engines start cold. What the
+template was started with that Python and torch read at import (``_IMPORT_TIME``) must be what a
+lab would start its engines with; when it changed, the template is replaced. It ends when the
+notebook does (its stdin closes).
 """
 
 from __future__ import annotations
@@ -91,11 +93,17 @@ class Template:
                 self._answer(timeout_s)
                 self._ready = True
 
-    def fork(self, entry: str, argv: list[str], env: Mapping[str, str], cwd: str, log: str) -> int:
+    def fork(
+        self, entry: str, argv: list[str], env: Mapping[str, str], cwd: str, log: str,
+        node: Mapping[str, str] | None = None,
+    ) -> int:
         """A new ``entry`` ("engine", "controller") process run as ``argv`` in ``env``, its output
-        appended to ``log``: its pid, a session and process group of its own."""
+        appended to ``log``: its pid, a session and process group of its own. ``node``: an emulated
+        node's ``{"netns": path, "hostname": name}``, which the process joins before it starts."""
         self.wait_ready()
-        request = {"entry": entry, "argv": argv, "env": dict(env), "cwd": cwd, "log": log}
+        request: dict[str, object] = {"entry": entry, "argv": argv, "env": dict(env), "cwd": cwd, "log": log}
+        if node is not None:
+            request["node"] = dict(node)
         with self._lock:
             assert self._proc.stdin is not None
             self._proc.stdin.write(json.dumps(request) + "\n")

@@ -27,6 +27,7 @@ from ..cluster.launch import (
     guard_iopub,
     link_client_sockets,
     make_cluster,
+    node_engine_start_args,
     wait_for_engines,
 )
 from ..cluster.nodes import Network
@@ -125,10 +126,10 @@ class LabProcesses:
         else:
             network.reconnect()  # a node whose link a cell cut is reachable again for its new engines
             if node is not None:
-                self.cluster.start_engines_sync(count, **engine_start_args(True, network.exec_prefix(node)))
+                self.cluster.start_engines_sync(count, **node_engine_start_args(self.cluster, network, node))
             else:
                 for each, per_node in enumerate(config.ranks_per_node()):
-                    self.cluster.start_engines_sync(per_node, **engine_start_args(True, network.exec_prefix(each)))
+                    self.cluster.start_engines_sync(per_node, **node_engine_start_args(self.cluster, network, each))
         self.guard.update()
 
     def gather_engines(

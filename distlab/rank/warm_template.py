@@ -9,7 +9,8 @@ a socket, starts a Python thread or touches CUDA before a fork (a forked child w
 socket and lose a thread). Importing torch starts one native thread that sleeps; forking after
 that import is what torch's own DataLoader workers do on Linux.
 
-Requests come on stdin, one JSON line each: ``{"argv": [...], "env": {...}, "cwd": ..., "log": ...}``;
+Requests come on stdin, one JSON line each: ``{"argv": [...], "env": {...}, "cwd": ..., "log": ...}``
+(and ``"node": {"netns": ..., "hostname": ...}`` for an engine on an emulated node, which joins it);
 the answer on stdout is ``{"pid": N}`` (or ``{"error": "..."}``). ``{"entry": "preload", "modules":
 [...]}`` imports more here first, for the processes forked after it (a healing lab's torchft).
 The template ends when its stdin closes: when the process that started it stops it or ends, however
@@ -36,6 +37,9 @@ _STARTED_IN = os.getcwd()
 
 
 _ORPHAN_CHECK_S = 0.2
+# setns(2) and unshare(2) flags (<sched.h>): os.setns and os.unshare are Python 3.12's.
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUTS = 0x04000000
 
 
 class _EndsWithParent:
@@ -106,6 +110,10 @@ def _child(request: dict[str, object]) -> None:
     code = 1
     try:
         os.setsid()  # a session and process group of its own, as ipyparallel's launcher makes
+        node = request.get("node")
+        if node:
+            assert isinstance(node, dict)
+            _enter_node(str(node["netns"]), str(node["hostname"]))
         _as_a_fresh_python()
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -148,6 +156,25 @@ def _child(request: dict[str, object]) -> None:
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _enter_node(netns: str, hostname: str) -> None:
+    """Join an emulated node (``cluster.nodes``): its network namespace (``netns``, a path under
+    /run/netns) and a hostname of its own, as ``ip netns exec NS unshare --uts`` and ``hostname``
+    do for an engine started cold. Before any socket: the engine's are all made in the node."""
+    import ctypes
+    import socket
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(netns, os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"entering the node's network namespace {netns}")
+    finally:
+        os.close(fd)
+    if libc.unshare(_CLONE_NEWUTS) != 0:
+        raise OSError(ctypes.get_errno(), "a hostname of the node's own (unshare CLONE_NEWUTS)")
+    socket.sethostname(hostname)
 
 
 def _as_a_fresh_python() -> None:
