@@ -1,6 +1,6 @@
 """Warm ranks against cold ones and torchrun: time to ready, and a restart, in one run.
 
-    python benchmarks/bench_warm.py [--repeats 5] [--ranks 2 4]
+    python benchmarks/bench_warm.py [--repeats 5] [--ranks 2 4] [--nodes N]
 
 Rows, interleaved in every repeat, each a fresh Python process:
 - torchrun: ``torchrun --standalone`` from its launch to its workers' first all-reduce (what
@@ -11,6 +11,8 @@ Rows, interleaved in every repeat, each a fresh Python process:
   is once a person has read the first cell: from calling ``distlab.start`` to its first all-reduce;
 - warm, at once: the template started at the same moment as the lab (a "Run All"), from launch.
 A restart (``lab.restart()``, to the new world's first all-reduce) is timed in the cold and warm rows.
+``--nodes N``: the labs on N emulated nodes (root): warm engines are forked into their node's
+namespace, cold ones start there under ``ip netns exec``; torchrun's row stays on loopback.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ DISTLAB = textwrap.dedent(
         warm.prewarm()
         warm.current(os.environ).wait_ready()
     asked = time.time()
-    lab = distlab.start(ranks=int(sys.argv[1]))
+    lab = distlab.start(ranks=int(sys.argv[1]), nodes=int(sys.argv[4]) or None)
     ready = time.time()
     t = time.perf_counter()
     lab.restart()
@@ -61,10 +63,10 @@ TORCHRUN_WORKER = textwrap.dedent(
 )
 
 
-def _distlab(ranks: int, mode: str) -> dict[str, float]:
+def _distlab(ranks: int, mode: str, nodes: int) -> dict[str, float]:
     env = {**os.environ, "DISTLAB_WARM": "0" if mode == "cold" else "1"}
     out = subprocess.run(
-        [sys.executable, "-c", DISTLAB, str(ranks), mode, repr(time.time())],
+        [sys.executable, "-c", DISTLAB, str(ranks), mode, repr(time.time()), str(nodes)],
         capture_output=True, text=True, env=env, timeout=300, check=True,
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -85,6 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--nodes", type=int, default=0, help="emulated nodes for the labs (0: none)")
     args = parser.parse_args()
     rows: dict[tuple[int, str], dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,11 +97,12 @@ def main() -> None:
             for ranks in args.ranks:
                 rows.setdefault((ranks, "torchrun"), {}).setdefault("ready", []).append(_torchrun(ranks, script))
                 for mode in ("cold", "warm", "warm, at once"):
-                    got = _distlab(ranks, "warm" if mode == "warm" else mode)
+                    got = _distlab(ranks, "warm" if mode == "warm" else mode, args.nodes)
                     cell = rows.setdefault((ranks, mode), {})
                     cell.setdefault("ready", []).append(got["from_start"] if mode == "warm" else got["from_launch"])
                     cell.setdefault("restart", []).append(got["restart"])
-    print("| ranks | how | ready (median s) | vs torchrun | restart (median s) | runs (ready) |")
+    where = f" on {args.nodes} nodes" if args.nodes else ""
+    print(f"| ranks{where} | how | ready (median s) | vs torchrun | restart (median s) | runs (ready) |")
     print("|---|---|---|---|---|---|")
     for ranks in args.ranks:
         base = statistics.median(rows[(ranks, "torchrun")]["ready"])
