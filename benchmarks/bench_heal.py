@@ -3,6 +3,11 @@ a replacement heals from a live peer, the cell ends on every rank. Against the b
 the same run: the same training in a lab that restarts from its last checkpoint.
 
     python benchmarks/bench_heal.py [--repeats 3] [--ranks 3] [--steps 150] [--dies-at 40] [--every 10]
+                                    [--nodes N] [--cold]
+
+``--nodes N``: every lab on N emulated nodes (root), the replacement started on the dead rank's node.
+``--cold``: a third column, the same heal with every engine started cold (``DISTLAB_WARM=0``), as a
+replacement on a node started before warm ranks reached the nodes.
 
 Each rank trains a small MLP, one step every ~``STEP_S`` (a sleep stands in for compute), keeping
 (healed step, wall time) for every committed step. Rank 1 SIGKILLs itself after committing step
@@ -91,8 +96,9 @@ def _fill(code: str, **values: object) -> str:
     return code
 
 
-def heal_once(ranks: int, steps: int, dies_at: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp, distlab.start(ranks=ranks, heal=True) as lab:
+def heal_once(ranks: int, steps: int, dies_at: int, nodes: int | None = None, cold: bool = False) -> dict[str, float]:
+    os.environ["DISTLAB_WARM"] = "0" if cold else "1"  # read at each lab's start
+    with tempfile.TemporaryDirectory() as tmp, distlab.start(ranks=ranks, heal=True, nodes=nodes) as lab:
         death = os.path.join(tmp, "died")
         t0 = time.time()
         lab.run(_fill(TRAIN, STEPS=steps, DIES_AT=dies_at, DEATH_FILE=death, STEP_S=STEP_S), stream=False)
@@ -124,8 +130,9 @@ def heal_once(ranks: int, steps: int, dies_at: int) -> dict[str, float]:
     }
 
 
-def restart_once(ranks: int, steps: int, dies_at: int, every: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp, distlab.start(ranks=ranks) as lab:
+def restart_once(ranks: int, steps: int, dies_at: int, every: int, nodes: int | None = None) -> dict[str, float]:
+    os.environ["DISTLAB_WARM"] = "1"
+    with tempfile.TemporaryDirectory() as tmp, distlab.start(ranks=ranks, nodes=nodes) as lab:
         death, ckpt = os.path.join(tmp, "died"), os.path.join(tmp, "ckpt.pt")
         code = _fill(BASELINE, STEPS=steps, DIES_AT=dies_at, DEATH_FILE=death, CKPT=ckpt, EVERY=every, STEP_S=STEP_S)
         t0 = time.time()
@@ -150,23 +157,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--dies-at", type=int, default=40)
     parser.add_argument("--every", type=int, default=25, help="the baseline's checkpoint interval, in steps")
+    parser.add_argument("--nodes", type=int, default=0, help="emulated nodes for every lab (0: none)")
+    parser.add_argument("--cold", action="store_true", help="also heal with every engine started cold")
     args = parser.parse_args()
-    heals, restarts = [], []
+    nodes = args.nodes or None
+    heals, colds, restarts = [], [], []
     for i in range(args.repeats):  # interleaved
-        heals.append(heal_once(args.ranks, args.steps, args.dies_at))
-        restarts.append(restart_once(args.ranks, args.steps, args.dies_at, args.every))
-        print(f"run {i}: heal {heals[-1]}  restart {restarts[-1]}", file=sys.stderr, flush=True)
+        heals.append(heal_once(args.ranks, args.steps, args.dies_at, nodes))
+        if args.cold:
+            colds.append(heal_once(args.ranks, args.steps, args.dies_at, nodes, cold=True))
+        restarts.append(restart_once(args.ranks, args.steps, args.dies_at, args.every, nodes))
+        print(f"run {i}: heal {heals[-1]}  cold {colds[-1:]}  restart {restarts[-1]}", file=sys.stderr, flush=True)
 
     def med(rows: list[dict[str, float]], key: str) -> float:
         return statistics.median(r[key] for r in rows)
 
     step_s = 1 / med(heals, "before_sps")
-    print(f"{args.ranks} ranks, {args.steps} steps, rank 1 dies after step {args.dies_at}; medians of {args.repeats}\n")
-    print("| | heal (torchft quorum) | restart from checkpoint (baseline) |")
-    print("|---|---|---|")
-    print(f"| death -> survivors' next committed step (s) | {med(heals, 'next_commit_s'):.2f} | - (every rank stops) |")
+    where = f" on {args.nodes} nodes" if args.nodes else ""
+    print(f"{args.ranks} ranks{where}, {args.steps} steps, rank 1 dies after step {args.dies_at}; medians of {args.repeats}\n")
+    print("| | heal (torchft quorum) | restart from checkpoint (baseline) |" + (" heal, cold engines |" if colds else ""))
+    print("|---|---|---|" + ("---|" if colds else ""))
+
+    def cold(key: str) -> str:
+        return f" {med(colds, key):.2f} |" if colds else ""
+
+    print(f"| death -> survivors' next committed step (s) | {med(heals, 'next_commit_s'):.2f} | - (every rank stops) |"
+          + cold("next_commit_s"))
     print(f"| death -> a whole world training again (s) | {med(heals, 'healed_s'):.2f} "
-          f"| {med(restarts, 'restart_s'):.2f} (+ the steps redone) |")
+          f"| {med(restarts, 'restart_s'):.2f} (+ the steps redone) |" + cold("healed_s"))
     print(f"| steps/s before / during / after | {med(heals, 'before_sps'):.1f} / {med(heals, 'during_sps'):.1f} / "
           f"{med(heals, 'after_sps'):.1f} | - |")
     print(f"| steps lost | {med(heals, 'lost_steps'):.0f} | {med(restarts, 'lost_steps'):.0f} "

@@ -28,21 +28,32 @@ def test_a_block_lies_below_the_ephemeral_range_and_each_of_its_ports_is_free() 
 
 def test_a_block_with_a_port_in_use_is_passed_over() -> None:
     with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen(1)
-        taken = held.getsockname()[1]
-        # The ephemeral range said to start just above the held port, so the first block drawn holds it.
+        taken = _hold_a_port_below(32768, held)
+        # The ephemeral range said to start just above the held port: the first block drawn ends at it.
         low = taken + 1
-        start = low - CONTROLLER_PORTS
-        draws = iter([start, start - 5 * CONTROLLER_PORTS])
+        first = low - CONTROLLER_PORTS
+        draws: list[int] = []
 
-        class Fixed(random.Random):
+        class FirstThenRandom(random.Random):
             def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:
-                return next(draws)
+                draws.append(first if not draws else super().randrange(start, stop, step))
+                return draws[-1]
 
-        block = controller_ports("127.0.0.1", rng=Fixed(), ephemeral=(low, 60999))
+        block = controller_ports("127.0.0.1", rng=FirstThenRandom(), ephemeral=(low, 60999))
     assert block is not None and taken not in block
-    assert block.start == start - 5 * CONTROLLER_PORTS
+    assert draws[0] == first and len(draws) >= 2 and block.start == draws[-1]
+
+
+def _hold_a_port_below(top: int, sock: socket.socket) -> int:
+    """Bind and listen on a free port between 20,000 and ``top``: a number no other process is given by chance."""
+    for port in random.sample(range(20_000, top), 200):
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        sock.listen(1)
+        return port
+    raise AssertionError(f"no free port between 20000 and {top}")
 
 
 def test_no_block_where_the_ephemeral_range_leaves_no_room_below_it() -> None:

@@ -142,8 +142,10 @@ big.reveal(t_of[4 * MB])
 
 # %% tags=["nbval-check-output"]
 if on_nodes:
-    print("at the large end, 4x the bytes costs 3.5x to 4.5x the time (bandwidth):",
-          3.5 < t_of[4 * MB] / t_of[1 * MB] < 4.5)
+    # The fastest runs: what a busy core adds to a run (a few ms, now and then) is not the link's.
+    fastest = {size: lo for size, _, lo, _ in timings}
+    print("at the large end, 4x the bytes costs 3.5x to 4.5x the time (bandwidth, fastest runs):",
+          3.5 < fastest[4 * MB] / fastest[1 * MB] < 4.5)
     print("busbw at 4 MiB is 80% to 100% of the link's rate:",
           0.8 < theory.busbw_bytes_per_s(4 * MB, t_of[4 * MB], 2) / LINK < 1.0)
     # Under half: the latency floor is at least the bytes' own time at the link's rate (20 us for 256 B
