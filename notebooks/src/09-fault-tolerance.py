@@ -426,10 +426,10 @@ print(f"restart from a checkpoint every 25 steps: {redo_s / step_s:.0f} steps re
 # Links need nodes: this lab runs three ranks on three emulated nodes (network namespaces joined by
 # shaped links, notebook 12), and `distlab.chaos(cut={2: 30})` brings node 2's link down right after
 # step 30 of 300 (the loop goes on past 300 until node 2's new rank has joined). A new rank on a
-# node starts cold: a fresh Python that imports torch, then torchft when the cell calls
-# `distlab.heal` (the warm spares of the section above are forked on this machine, with both
-# imported, not inside a node). Where nodes cannot be made (no root, e.g. on Binder), rank 2 is
-# killed at step 30 instead, and the cell says so.
+# node is forked from the same template as the warm spares of the section above, torch and torchft
+# already imported, and then joins the node's network namespace: it does not import anything again.
+# Where nodes cannot be made (no root, e.g. on Binder), rank 2 is killed at step 30 instead, and the
+# cell says so.
 #
 # **Predict**: do ranks 0 and 1 lose a step? Does node 2's new rank heal within a second, as the
 # crashed rank's did above, or does it miss many steps?
@@ -461,8 +461,8 @@ else:
     distlab.chaos(kill={2: 30})      # no nodes here: rank 2 dies after step 30 instead
 committed = []
 g = torch.Generator(device=device).manual_seed(100 + rank)
-# 300 steps, and on until node 2's new rank has joined the quorum: it starts cold, which on a
-# loaded machine can take longer than 300 steps (at most 2 minutes more).
+# 300 steps, and on until node 2's new rank has joined the quorum, which on a loaded machine can
+# take longer than 300 steps (at most 2 minutes more).
 give_up = time.time() + 120
 while manager.current_step() < 300 or (manager.num_participants() < world_size and time.time() < give_up):
     opt.zero_grad()
@@ -508,13 +508,15 @@ print(f"restart from a checkpoint every 25 steps: {redo_s / step_s:.0f} steps re
 # %% [markdown]
 # The survivors lost no step: their quorum went on without node 2 after the lighthouse's heartbeat
 # timeout, which shows as their longest wait between two steps (the crash above cost them the same).
-# Node 2's work is what the cut cost: the steps from the cut until its new rank healed. Nearly all of
-# it is the new rank's cold start: the lab says when its process was running the cell (a few
-# seconds after the cut), and the rest is its imports in `distlab.heal` (torchft, and torch._dynamo,
-# which torchft's DDP wrapper imports) and its manager's start before its first quorum. Measured
-# for this project on this kind of machine, a restarted torchft replica took 6-16 s in all, almost
-# all of it imports (`../shared/FACTS.md`). A warm spare on the node would bring it to the local case
-# above. None of the lost work is redone: the new rank takes the live state, and the
+# Node 2's work is what the cut cost: the steps from the cut until its new rank healed. Most of it
+# passed before anyone knew. The fenced rank died behind its cut link, so nothing told the controller
+# at once (a death on a live link is told by the rank's nanny within milliseconds, as in the crash
+# above): the controller took node 2's rank for dead only once it had heard no heartbeat from it for
+# 5 s (20 beats of 250 ms, the lab's setting on nodes). Its replacement, forked into the node with
+# torch and torchft already imported, then ran the cell within a second (the lab's line above says
+# how long) and healed at its first quorum. A cluster pays the same: a node that goes silent is
+# declared dead only after a timeout, and the shorter the timeout, the more often a slow node is
+# taken for a dead one. None of the lost work is redone: the new rank takes the live state, and the
 # job's step count never went back.
 
 # %% [markdown]
