@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 
+import psutil
 import pytest
 import torch
 from conftest import lab_namespaces, rank_lines
@@ -75,6 +76,20 @@ def test_ranks_are_grouped_by_node_and_reach_rank_0_at_node_0s_address(nodes_lab
         assert torchrun_node == [str(rank // 2), "2", "2"]  # torchrun's node index, node count, ranks per node
         assert interfaces == ["eth0", "lo"]  # the node's own loopback and its one link
         assert "00000000" not in routes  # no default route: nothing leaves the lab's network
+
+
+def test_each_rank_is_forked_warm_into_its_nodes_network_namespace(nodes_lab):
+    # Forked from this process's warm template (torch already imported), then moved into its node:
+    # the namespace the node's link ends in, not this machine's.
+    network = nodes_lab.processes.network
+    for r in nodes_lab.status():
+        parent = psutil.Process(r.pid).parent()
+        assert parent is not None and parent.cmdline()[-2:] == ["distlab.rank.warm_template", str(os.getpid())], (
+            r, parent.cmdline() if parent else None)
+        node = int(r.host.removeprefix("node"))
+        netns = os.path.join("/run/netns", network.node_ns(node))
+        assert os.stat(f"/proc/{r.pid}/ns/net").st_ino == os.stat(netns).st_ino, (r, netns)
+        assert os.stat(f"/proc/{r.pid}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino
 
 
 def test_traffic_between_nodes_crosses_the_link_and_traffic_within_a_node_does_not(nodes_lab):
