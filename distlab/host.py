@@ -1,4 +1,5 @@
-"""This machine and its processes, as both sides ask them: the machine's id, whether a pid runs.
+"""This machine and its processes, as both sides ask them: the machine's id, whether a pid runs,
+entering a network namespace.
 
 Plain functions of the operating system, imported by the notebook (which signals and reaps what it
 started), by the ranks (an engine says which machine it is on) and by the Jupyter server.
@@ -9,7 +10,10 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["machine_id", "pid_alive"]
+__all__ = ["CLONE_NEWNET", "enter_network_namespace", "machine_id", "pid_alive"]
+
+#: setns(2)'s flag for a network namespace (<sched.h>); os.setns is Python 3.12's.
+CLONE_NEWNET = 0x40000000
 
 
 @functools.cache  # a process never moves to another machine
@@ -44,3 +48,18 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def enter_network_namespace(path: str, what: str) -> None:
+    """Move the calling process into the network namespace at ``path`` (under /run/netns), as a
+    child does after a fork, before it opens a socket. Refused: OSError naming ``what``."""
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"entering {what}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)

@@ -25,18 +25,17 @@ hub is killed, ``cluster.namespaces.remove_orphans`` finds it by the hub's pid i
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import os
 
-from ..cluster.namespaces import remove_namespaces, run
+from ..cluster.namespaces import RUN_NETNS, remove_namespaces, run
 from ..errors import DistlabError
+from ..host import enter_network_namespace
 
-__all__ = ["BLOCK", "CLONE_NEWNET", "LearnerNetwork", "claim_network", "hub_address", "release_network"]
+__all__ = ["BLOCK", "LearnerNetwork", "claim_network", "hub_address", "release_network"]
 
 #: Where hubs' networks come from: a /24 each, its first address the hub's, learner k the (k+2)th.
 BLOCK = ipaddress.IPv4Network("198.19.240.0/20")
-CLONE_NEWNET = 0x40000000
 
 
 def hub_address(network: ipaddress.IPv4Network) -> str:
@@ -96,14 +95,7 @@ class LearnerNetwork:
 
     def enter(self) -> None:
         """Move the calling process into the namespace (run after fork, while it is still root)."""
-        fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                errno = ctypes.get_errno()
-                raise OSError(errno, f"entering {self.name}: {os.strerror(errno)}")
-        finally:
-            os.close(fd)
+        enter_network_namespace(os.path.join(RUN_NETNS, self.name), self.name)
 
     def remove(self) -> None:
         """Kill what still runs in the namespace and remove it (and with it the link)."""

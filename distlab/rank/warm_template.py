@@ -37,8 +37,7 @@ _STARTED_IN = os.getcwd()
 
 
 _ORPHAN_CHECK_S = 0.2
-# setns(2) and unshare(2) flags (<sched.h>): os.setns and os.unshare are Python 3.12's.
-_CLONE_NEWNET = 0x40000000
+# unshare(2)'s flag for a hostname of one's own (<sched.h>); os.unshare is Python 3.12's.
 _CLONE_NEWUTS = 0x04000000
 
 
@@ -165,13 +164,10 @@ def _enter_node(netns: str, hostname: str) -> None:
     import ctypes
     import socket
 
+    from distlab.host import enter_network_namespace
+
+    enter_network_namespace(netns, f"the node's network namespace {netns}")
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(netns, os.O_RDONLY)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"entering the node's network namespace {netns}")
-    finally:
-        os.close(fd)
     if libc.unshare(_CLONE_NEWUTS) != 0:
         raise OSError(ctypes.get_errno(), "a hostname of the node's own (unshare CLONE_NEWUTS)")
     socket.sethostname(hostname)
