@@ -64,10 +64,10 @@ def _start_kernel_with_lab(line: str):
         ("shutdown", "start -n 2"),
         ("restart", "start -n 2"),
         ("sigkill", "start -n 2"),
-        ("shutdown", "start -n 2 --nodes 2 --link 1gbit"),
-        ("sigkill", "start -n 2 --nodes 2 --link 1gbit"),
-        ("shutdown", "start -n 2 --heal"),  # torchft's lighthouse, and the template's torchft preload
-        ("sigkill", "start -n 2 --heal"),
+        # Namespaces and links of nodes, torchft's lighthouse and the template's torchft preload:
+        # one lab makes them all, so each way of ending a kernel is tried on it once.
+        ("shutdown", "start -n 2 --nodes 2 --link 1gbit --heal"),
+        ("sigkill", "start -n 2 --nodes 2 --link 1gbit --heal"),
     ],
 )
 def test_no_distlab_process_or_namespace_outlives_its_kernel(how, line):
