@@ -13,8 +13,10 @@ __all__ = [
     "CELL_FILE",
     "HEALING_KEY",
     "HEALING_MODULES",
+    "HEALING_QUORUM_TIMEOUT_S",
     "HEALING_RANK_ENVIRONMENT",
     "LEARNER_FILE",
+    "LIGHTHOUSE_PID_FILE",
     "PAUSE_REPLY",
     "PAUSE_REQUEST",
     "PROGRESS_KEY",
@@ -147,6 +149,13 @@ HEALING_MODULES = [
 #: torchft's compiled part logs every quorum at INFO to stderr (a cell's output): warnings only,
 #: unless the user chose (RUST_LOG is read when it first logs).
 HEALING_RANK_ENVIRONMENT = {"RUST_LOG": "warn"}
+#: In a healing lab's folder (beside its end file): the pid of its running lighthouse, which
+#: ``distlab.chaos(lighthouse=step)`` kills on rank 0 (the lab writes it again when it restarts one).
+LIGHTHOUSE_PID_FILE = "lighthouse.pid"
+#: How long a healing rank's manager waits for a quorum (torchft's ``quorum_timeout``): a quorum lost
+#: with a lighthouse that died fails after this long.
+HEALING_QUORUM_TIMEOUT_S = 30.0
+
 
 class CellReply(TypedDict, total=False):
     """A rank's answer to a cell: exactly one of ``value``, ``repr`` or ``error``."""

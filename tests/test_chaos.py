@@ -83,6 +83,7 @@ def test_kill_in_a_lab_that_heals_kills_once_and_the_replacement_goes_on(lab_fac
         ("distlab.chaos(slow={0: -1})", "rank 0's delay must be seconds, 0 or more"),
         ("distlab.chaos(nan=[1, 2])", "takes a dict of rank to value"),
         ("distlab.chaos(cut={0: 3})", "cuts a node's link, which needs a lab on emulated nodes: %dist start"),
+        ("distlab.chaos(lighthouse=3)", "kills torchft's lighthouse, which only a lab that heals has: %dist start"),
     ],
 )
 def test_a_schedule_that_cannot_be_kept_says_why(lab, call, says):

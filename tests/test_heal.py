@@ -50,18 +50,58 @@ def _train(victim: int, steps: int, dies_at: int, death_file: str, step_s: float
     )
 
 
-def test_a_lab_that_heals_runs_its_lighthouse_on_the_labs_address_and_it_ends_with_the_lab(lab_factory):
+def _listening(pid: int) -> list[tuple[str, int]]:
+    return [tuple(c.laddr) for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+# Rank 0 kills the lighthouse after step 5 (``distlab.chaos``); the loop's 30 steps go on.
+LIGHTHOUSE_DIES = textwrap.dedent(
+    """
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 4)
+    model, opt = distlab.heal(net, torch.optim.SGD(net.parameters(), lr=0.05))
+    distlab.chaos(lighthouse=5)
+    manager = distlab.rank.heal.current().manager
+    for step in range(30):
+        opt.zero_grad()
+        model(torch.randn(16, 8)).square().mean().backward()
+        opt.step()
+    final = manager.current_step()
+    """
+)
+
+
+def test_a_lab_that_heals_runs_its_lighthouse_on_the_labs_address_starts_it_again_when_it_dies_and_ends_it(
+    lab_factory,
+):
     lab = lab_factory(ranks=2, heal=True)
     lighthouse = lab.healer.lighthouse
     assert lighthouse is not None and lighthouse.address.startswith("http://127.0.0.1:")
-    proc = psutil.Process(lighthouse.pid)
-    listening = [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
-    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    listening = _listening(lighthouse.pid)
+    assert listening and all(ip == "127.0.0.1" for ip, _ in listening), listening
     # Every rank was told where it is.
     seen = lab.run("import os; os.environ['TORCHFT_LIGHTHOUSE']", stream=False)
     assert set(seen.values()) == {lighthouse.address}
+    # Killed while the ranks train: the lab starts it again on the same address; the quorum the
+    # ranks were waiting for is lost (torchft's quorum timeout, 30 s), that one step does not commit,
+    # and the loop goes on with the new lighthouse.
+    ran = lab.run(LIGHTHOUSE_DIES, stream=False, timeout=120)
+    (note,) = [n for n in ran.notes if "lighthouse died" in n]
+    assert "killed by signal 9" in note and "started it again on the same address" in note, note
+    again = lab.healer.lighthouse
+    assert again is not None and again.pid != lighthouse.pid and again.address == lighthouse.address
+    assert _listening(again.pid) == listening
+    assert not pid_alive(lighthouse.pid)
+    pgids = lab.processes.guard.pgids()
+    assert again.pid in pgids and lighthouse.pid not in pgids, "the guard ends the new one, not the old number"
+    assert "[chaos] rank 0: torchft's lighthouse killed after step 5" in ran.stdout[0]
+    for rank in (0, 1):
+        assert "step 6: torchft's quorum failed" in ran.stdout[rank], ran.stdout[rank]
+    assert lab.pull("final") == {0: 29, 1: 29}, "30 steps, the one whose quorum was lost not committed"
+    weights = lab.run(WEIGHTS.replace("model.", "net."), stream=False)
+    assert len(set(weights.values())) == 1, weights
     lab.stop()
-    assert wait_for(lambda: not pid_alive(lighthouse.pid), 10)
+    assert wait_for(lambda: not pid_alive(again.pid), 10)
 
 
 WEIGHTS = (

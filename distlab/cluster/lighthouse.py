@@ -9,6 +9,10 @@ lab's address only, on a port the kernel chose. A replica whose heartbeats stop 
 ``HEARTBEAT_TIMEOUT_MS`` is out of the next quorum: that is how long the survivors of a death wait
 before they commit a step without it (torchft's default is 5 s; measured in ``../shared/FACTS.md``).
 It starts in a session of its own so that the lab's guard can end it with everything else.
+
+Its state is soft (the replicas it hears from, the quorum it last formed), so one started again on
+the same address carries on: :meth:`Lighthouse.again` (``notebook.healing`` does it when one dies).
+Its pid is written in the lab's folder (``wire.LIGHTHOUSE_PID_FILE``), where ``distlab.chaos`` reads it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import DistlabError, LabUsageError
+from ..wire import LIGHTHOUSE_PID_FILE
 
 __all__ = ["HEARTBEAT_TIMEOUT_MS", "Lighthouse", "executable"]
 
@@ -49,32 +54,43 @@ class Lighthouse:
     proc: subprocess.Popen[bytes]
     address: str
     log: str
+    host: str = ""
+    folder: str = ""
+    prefix: tuple[str, ...] = ()
 
     @classmethod
-    def start(cls, host: str, folder: str, timeout_s: float = 30.0, prefix: Sequence[str] = ()) -> Lighthouse:
-        """Start one, bound to ``host``; ``prefix`` runs it where that address is (on emulated
-        nodes, the switch's namespace: ``Network.exec_prefix(None)``, which execs it, pid and all)."""
+    def start(
+        cls, host: str, folder: str, timeout_s: float = 30.0, prefix: Sequence[str] = (), port: int = 0
+    ) -> Lighthouse:
+        """Start one, bound to ``host`` (and ``port``; 0: one the kernel chooses); ``prefix`` runs it
+        where that address is (on emulated nodes, the switch's namespace: ``Network.exec_prefix(None)``,
+        which execs it, pid and all)."""
         log = os.path.join(folder, "lighthouse.log")
-        with open(log, "wb") as out:
+        with open(log, "ab" if port else "wb") as out:  # one started again adds to the log
+            start = out.tell()
             proc = subprocess.Popen(
-                [*prefix, executable(), "--bind", f"{host}:0", "--min_replicas", "1",
+                [*prefix, executable(), "--bind", f"{host}:{port}", "--min_replicas", "1",
                  "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
                 start_new_session=True,
             )
-        lighthouse = cls(proc, "", log)
+        lighthouse = cls(proc, "", log, host, folder, tuple(prefix))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.poll() is None:
             with open(log, errors="replace") as f:
+                f.seek(start)
                 match = _LISTENING.search(f.read())
             if match:
                 # It names the machine's host name; ranks are given the address it is bound to.
                 lighthouse.address = f"http://{host}:{match.group(1)}"
+                with open(os.path.join(folder, LIGHTHOUSE_PID_FILE), "w") as f:
+                    f.write(str(proc.pid))
                 return lighthouse
             time.sleep(0.02)
         lighthouse.stop()
         with open(log, errors="replace") as f:
+            f.seek(start)
             said = f.read().strip().splitlines()[-3:]
         raise DistlabError(
             f"torchft's lighthouse did not start within {timeout_s:g} s: {' / '.join(said) or 'no output'}"
@@ -83,6 +99,15 @@ class Lighthouse:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def again(self, timeout_s: float = 30.0) -> Lighthouse:
+        """This one, ended, started again on the same address: the ranks' managers reach it there."""
+        self.stop()
+        return Lighthouse.start(self.host, self.folder, timeout_s, self.prefix, self.port)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

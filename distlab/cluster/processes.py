@@ -142,6 +142,11 @@ class ProcessGuard:
         self._own.add(pgid)
         self.update()
 
+    def disown(self, pgid: int) -> None:
+        """A group adopted before that has ended (a lighthouse that died): its number may be reused."""
+        self._own.discard(pgid)
+        self.update()
+
     def update(self) -> None:
         """Rewrite the watchdog's list (after engines started or stopped)."""
         if self._pgid_file is None:

@@ -271,11 +271,14 @@ class CellRunner:
             self._held = running
             return RunResult({}, {}, {}, notes=[outcome.paused.text().splitlines()[0]], paused=outcome.paused)
         ctx = cell.ctx
+        # Said as the cell ends, where a rank was replaced or the lighthouse started again.
+        said = 0 if outcome.replaced else len(outcome.notes)
         if outcome.replaced:
             self._healer.whole_again(outcome)
-            if stream:
-                for note in outcome.notes:
-                    print(f"[distlab] {note}", flush=True)
+        outcome.notes.extend(self._healer.lighthouse_notes())
+        if stream:
+            for note in outcome.notes[said:]:
+                print(f"[distlab] {note}", flush=True)
         if outcome.failures:
             world = self._world.current
             recovery.diagnose(outcome, ctx, selected)

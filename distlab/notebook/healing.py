@@ -7,6 +7,11 @@ rank's place, one whole group again after a healing cell, and the record of what
   whole group after it (:meth:`Healer.whole_again`);
 - ``healing_record``: the quorums and heals the ranks published, folded (``HealingRecords``, the
   healer's ``records``, keeps the last cell's: ``lab.heals()``).
+
+The lighthouse is the one process every quorum needs. A watcher starts it again on the same address
+the moment it dies (its state is soft: the replicas it hears from); each rank's quorum in flight was
+lost with it and fails at torchft's quorum timeout, which ``rank.heal`` turns into a step that does not
+commit, so the cell goes on. The cell's notes say so (:meth:`Healer.lighthouse_notes`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -21,7 +27,7 @@ from typing import Any
 from ..cluster import warm
 from ..cluster.lighthouse import Lighthouse
 from ..errors import DistlabError, RankError, format_ranks
-from ..wire import HEALING_MODULES, HEALING_RANK_ENVIRONMENT
+from ..wire import HEALING_MODULES, HEALING_QUORUM_TIMEOUT_S, HEALING_RANK_ENVIRONMENT
 from . import rpc
 from .config import LabConfig
 from .group import get, group_spec
@@ -41,6 +47,10 @@ class Healer:
         self._timeout = timeout
         self._debug = debug
         self.lighthouse: Lighthouse | None = None  # torchft's, in a lab that heals
+        self._lighthouse_lock = threading.Lock()  # the watcher's restart against the lab's stop
+        self._watching = threading.Event()  # cleared to end the watcher
+        #: What the watcher did since the last cell's notes were taken (``lighthouse_notes``).
+        self._lighthouse_events: list[str] = []
         self.records = HealingRecords()
         # What lab.push gave every rank: a replacement is given it too.
         self._pushed: dict[str, Any] = {}
@@ -60,16 +70,62 @@ class Healer:
             processes.controller_ip(), processes.folder, self._timeout, processes.exec_prefix()
         )
         processes.guard.adopt(self.lighthouse.pid)
+        self._watching.set()
+        threading.Thread(target=self._watch_lighthouse, daemon=True, name="distlab-lighthouse").start()
         if processes.network is None and config.launcher == "local" and warm.enabled():
             # A replacement rank is forked from the template: with torchft there, it starts with it.
             # In the background: the lab's own ranks are forked first.
             threading.Thread(target=_preload_healing, daemon=True, name="distlab-preload-torchft").start()
         phase("lighthouse_s")
 
+    def stop_watching(self) -> None:
+        """From now on a lighthouse that dies stays dead (the lab is stopping, or let go)."""
+        self._watching.clear()
+        with self._lighthouse_lock:  # a restart under way ends first
+            pass
+
     def stop_lighthouse(self) -> None:
-        lighthouse, self.lighthouse = self.lighthouse, None
+        self.stop_watching()
+        with self._lighthouse_lock:
+            lighthouse, self.lighthouse = self.lighthouse, None
         if lighthouse is not None:
             lighthouse.stop()  # ended with the lab's process groups already: reaped here
+
+    def _watch_lighthouse(self, every_s: float = 0.1) -> None:
+        """Start the lighthouse again on its address whenever it dies, until the lab stops it."""
+        while self._watching.is_set():
+            time.sleep(every_s)
+            with self._lighthouse_lock:
+                old = self.lighthouse
+                if old is None or not self._watching.is_set() or old.proc.poll() is None:
+                    continue
+                died_at = time.monotonic()
+                code = old.proc.returncode
+                how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+                guard = self._processes.guard
+                guard.disown(old.pid)
+                try:
+                    self.lighthouse = old.again(self._timeout)
+                except DistlabError as exc:
+                    self.lighthouse = None
+                    self._lighthouse_events.append(
+                        f"torchft's lighthouse died ({how}) and could not be started again ({exc}): "
+                        "no quorum can form; %dist restart (lab.restart()) starts the lab again"
+                    )
+                    return
+                guard.adopt(self.lighthouse.pid)
+                self._lighthouse_events.append(
+                    f"torchft's lighthouse died ({how}); distlab started it again on the same address in "
+                    f"{time.monotonic() - died_at:.1f} s. A quorum the ranks were waiting for died with it: that "
+                    f"step fails at torchft's quorum timeout ({HEALING_QUORUM_TIMEOUT_S:g} s) and does not commit, "
+                    "and the next step's quorum forms on the new lighthouse"
+                )
+
+    def lighthouse_notes(self) -> list[str]:
+        """What happened to the lighthouse since the last call (a cell's notes)."""
+        with self._lighthouse_lock:
+            notes, self._lighthouse_events = self._lighthouse_events, []
+        return notes
 
     @property
     def healing(self) -> Healing:

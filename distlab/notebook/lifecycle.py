@@ -138,6 +138,7 @@ class Lifecycle:
         """Stop the lab's own processes (its companions have stopped) and make sure they are gone."""
         if config.keep:
             self._keeper.remove()
+        self._healer.stop_watching()  # the lighthouse dies with the lab's groups below: not to be started again
         processes = self._processes
         if not processes.running:
             processes.stop([])  # a start that failed before its cluster existed: its network and folder
@@ -152,6 +153,7 @@ class Lifecycle:
 
     def detach(self, config: LabConfig) -> None:
         """Let go of a kept lab; the watchdog stays: it ends the lab if nobody attaches it in time."""
+        self._healer.stop_watching()
         self._keeper.let_go(labs.id_of(self._owner), config)
         labs.remove(self._owner)
         self._bus.tell("stopped")

@@ -18,6 +18,10 @@ says of it, counted in optimizer steps:
   replacements, started on the node once the lab has brought its link back, heal from a live peer.
   Elsewhere the node's ranks go on, cut off, until their cell ends, which brings the link back up;
   the lab also brings every link up before it starts engines on the nodes (a restart).
+- ``lighthouse=step`` (a lab that heals): right after the ``step``-th step, rank 0 SIGKILLs torchft's
+  lighthouse, the process every quorum needs. The lab starts it again on the same address at once;
+  the quorum each rank was waiting for died with it and fails at torchft's quorum timeout, so that
+  step does not commit and the next forms on the new lighthouse (``notebook.healing``).
 
 Steps are counted by hooks on every optimizer (torch's global step hooks), from the call on; in a
 cell that heals (``distlab.heal``) they are the quorum's steps. A replacement rank, which runs the
@@ -64,19 +68,21 @@ def chaos(
     slow: Mapping[int, float] | None = None,
     nan: Mapping[int, int] | None = None,
     cut: Mapping[int, int] | None = None,
+    lighthouse: int | None = None,
 ) -> None:
     """Schedule faults for this cell: ``kill``, ``nan`` map a rank to a step, ``slow`` to seconds,
-    ``cut`` a node to a step."""
+    ``cut`` a node to a step, ``lighthouse`` is a step."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     kill, nan = _steps("kill", kill, world), _steps("nan", nan, world)
     slow = _seconds(slow, world)
     cuts = _cuts(cut)
+    lighthouse_at = _lighthouse_step(lighthouse)
     node = int(os.environ.get("GROUP_RANK", "0"))
     if heal.is_replacement():
         # The kills, cuts and NaNs were its predecessor's, and done: replayed here (a replacement
         # that came after the others ended trains on alone, from step 1) they would fault it again.
-        kill, nan, cuts = {}, {}, {}
+        kill, nan, cuts, lighthouse_at = {}, {}, {}, None
     _stop()
     state = {"count": 0}
 
@@ -108,6 +114,10 @@ def chaos(
                 _die(f"[chaos] rank {rank}: fenced (killed), its node cut off", cut=True)
             _link("down")
             _cut_here.append(node)
+        if rank == 0 and lighthouse_at == step and not state.get("lighthouse"):
+            # Once: the step after it does not commit, and would count as this one again.
+            state["lighthouse"] = 1
+            _kill_lighthouse(step)
 
     _handles.append(register_optimizer_step_pre_hook(before))
     _handles.append(register_optimizer_step_post_hook(after))
@@ -122,6 +132,27 @@ def _die(last_words: str, cut: bool = False) -> None:
     if cut:
         _link("down")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _lighthouse_step(step: int | None) -> int | None:
+    if step is None:
+        return None
+    if not heal.lighthouse_pid():
+        raise LabUsageError(
+            "distlab.chaos(lighthouse=...) kills torchft's lighthouse, which only a lab that heals has: "
+            "%dist start -n 4 --heal (distlab.start(ranks=4, heal=True))"
+        )
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise LabUsageError(f"distlab.chaos(lighthouse=...) takes the step to kill it after, from 1 (got {step!r})")
+    return step
+
+
+def _kill_lighthouse(step: int) -> None:
+    pid = heal.lighthouse_pid()
+    print(f"[chaos] rank 0: torchft's lighthouse killed after step {step}", flush=True)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _cuts(schedule: Mapping[int, int] | None) -> dict[int, int]:

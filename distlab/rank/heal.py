@@ -35,6 +35,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import time
 import warnings
 from datetime import timedelta
@@ -43,8 +44,8 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 import torch.distributed as dist
 
-from ..errors import LabUsageError
-from ..wire import HEALING_RANK_ENVIRONMENT
+from ..errors import DistlabError, LabUsageError
+from ..wire import HEALING_QUORUM_TIMEOUT_S, HEALING_RANK_ENVIRONMENT, LIGHTHOUSE_PID_FILE
 from . import quorums, torchcompat_torchft
 from .hooks import at_cell_end
 from .identity import address_toward
@@ -55,8 +56,8 @@ if TYPE_CHECKING:
     from torchft.process_group import ProcessGroupGloo
 
 __all__ = [
-    "Healing", "WorldFinished", "current", "ended_step", "heal", "is_replacement", "set_lighthouse", "share_state",
-    "shutdown",
+    "Healing", "WorldFinished", "current", "ended_step", "heal", "is_replacement", "lighthouse_pid", "set_lighthouse",
+    "share_state", "shutdown",
 ]
 
 _LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: its Manager reads it too
@@ -64,8 +65,12 @@ _END_FILE = "DISTLAB_HEAL_END"  # where the lab writes the step the others' cell
 # Quorum, collective and transfer deadlines: a death is noticed by the lighthouse's heartbeat
 # timeout (1 s); these only bound what hangs on a peer that is gone.
 _TIMEOUT = timedelta(seconds=10)
-_QUORUM_TIMEOUT = timedelta(seconds=30)
+_QUORUM_TIMEOUT = timedelta(seconds=HEALING_QUORUM_TIMEOUT_S)
 _HEARTBEAT = timedelta(milliseconds=100)
+# Steps in a row whose quorum may fail before the cell raises: a lighthouse started again answers
+# the next step's quorum; one that stays away would leave the loop skipping steps forever.
+_LOST_QUORUMS = 3
+_GRPC_MESSAGE = re.compile(r'message: "([^"]*)"')
 
 
 class WorldFinished(BaseException):
@@ -156,7 +161,8 @@ class Healing:
             heartbeat_interval=_HEARTBEAT,
             checkpoint_transport=_recording_transport_class()(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
         )
-        self.ddp: torch.nn.Module = torchcompat_torchft.healing_ddp_class()(self.manager, model)
+        self.lost_quorums = 0  # steps in a row whose quorum failed (``_lost_quorum``)
+        self.ddp: torch.nn.Module = torchcompat_torchft.healing_ddp_class(_lost_quorum)(self.manager, model)
         self.opt = _healing_optimizer_class()(self.manager, optimizer)
 
     def _state(self) -> _HealState:
@@ -207,6 +213,14 @@ def _healing_optimizer_class() -> type[OptimizerWrapper]:
                 seen = None
             before = manager.current_step()  # a healing rank's is the others', once healed
             super().step(closure)
+            healing = _current
+            if healing is not None and manager.current_step() > before:
+                healing.lost_quorums = 0
+            elif healing is not None and healing.lost_quorums >= _LOST_QUORUMS:
+                raise DistlabError(
+                    f"torchft's quorum failed {healing.lost_quorums} steps in a row: the lab's lighthouse is not "
+                    "answering (lab.healer.lighthouse); %dist restart (lab.restart()) starts the lab again"
+                )
             log = quorums.current()
             if log is not None and seen is not None:
                 log.attempt(before + 1, seen[0], seen[1], manager.current_step() > before)
@@ -258,6 +272,34 @@ def _recording_transport_class() -> type[PGTransport]:
             return state
 
     return RecordingTransport
+
+
+def _lost_quorum(exc: BaseException) -> None:
+    """A step's quorum failed (the lighthouse died while this rank waited): said once per step, and
+    counted; the step does not commit and the next asks for a new quorum (``torchcompat_torchft``)."""
+    healing = _current
+    if healing is None:
+        return
+    healing.lost_quorums += 1
+    text = str(exc).strip()
+    # torchft's compiled client says a gRPC status whole ('status: Cancelled, message: "Timeout
+    # expired", details: [], metadata: ...'): its message is what the learner needs.
+    found = _GRPC_MESSAGE.search(text)
+    said = found.group(1) if found else (text.splitlines()[0][:120] if text else "no message")
+    print(
+        f"[distlab] step {healing.manager.current_step() + 1}: torchft's quorum failed ({type(exc).__name__}: "
+        f"{said}); the step does not commit, the next asks for a new quorum", flush=True,
+    )
+
+
+def lighthouse_pid() -> int | None:
+    """The pid of the lab's running lighthouse (``wire.LIGHTHOUSE_PID_FILE``, in the lab's folder)."""
+    end = os.environ.get(_END_FILE, "")
+    try:
+        with open(os.path.join(os.path.dirname(end), LIGHTHOUSE_PID_FILE)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _tensor_bytes(state: object) -> int:

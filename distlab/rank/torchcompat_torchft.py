@@ -10,6 +10,7 @@ release is checked as well; torchft itself is imported only when a function need
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any, cast
 
@@ -41,9 +42,9 @@ def _check_torchft() -> None:
 
 
 @functools.cache
-def healing_ddp_class() -> Any:
+def healing_ddp_class(lost_quorum: Callable[[BaseException], None]) -> Any:
     """torchft's ``DistributedDataParallel``, with its gradient hook made safe for a peer that dies
-    mid-exchange: ``healing_ddp_class()(manager, model)``.
+    mid-exchange and for a quorum that failed: ``healing_ddp_class(lost_quorum)(manager, model)``.
 
     ``DistributedDataParallel._comm_hook`` (the hook torchft's DDP registers, a static method) and
     its future's ``_fut`` (the torch future inside torchft's managed one): torchft 0.2.0's hook
@@ -51,6 +52,13 @@ def healing_ddp_class() -> Any:
     issues #295 and #304), and the survivor crashed instead of skipping the step. Here the gradient
     comes back as it is; the step does not commit (``should_commit`` says no), so nothing of it
     reaches the weights. torchft has no public way to give its DDP another hook.
+
+    ``Manager._quorum_future``: a quorum that failed (its lighthouse died while the manager waited)
+    raises out of ``allreduce`` in the middle of backward, which leaves DDP's reducer half done, and
+    again from the next step's ``start_quorum``, which waits on the previous quorum first. Here the
+    failure is reported as any error of the step is (the step does not commit) and the manager
+    forgets that quorum, so the next step asks for a new one; ``lost_quorum`` is told. torchft has no
+    public way to drop a failed quorum.
     """
     _check_torchft()
     from torchft.ddp import DistributedDataParallel
@@ -60,7 +68,15 @@ def healing_ddp_class() -> Any:
 
         @staticmethod
         def _comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            work = state.allreduce(bucket.buffer())
+            try:
+                work = state.allreduce(bucket.buffer())
+            except Exception as exc:  # noqa: BLE001 - the quorum's failure: torchft reports its exchange's own errors
+                state.report_error(exc)
+                state._quorum_future = None
+                lost_quorum(exc)
+                lost: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+                lost.set_result(bucket.buffer())
+                return lost
             work.wait()
             inner = getattr(work.get_future(), "_fut", None)
             if inner is not None:
