@@ -75,6 +75,23 @@ def test_kill_in_a_lab_that_heals_kills_once_and_the_replacement_goes_on(lab_fac
     assert weights[0] == weights[1]
 
 
+def test_two_ranks_killed_at_the_same_step_are_both_replaced_and_healed(lab_factory):
+    lab = lab_factory(ranks=4, heal=True)
+    out = lab.run(HEALING.replace("SCHEDULE", "distlab.chaos(kill={1: 10, 2: 10})"), stream=False)
+    # Each replacement healed past step 10 and was not killed again (its output is the new process's).
+    assert not any("[chaos]" in out.stdout[r] for r in (1, 2)), out.stdout
+    (note,) = [n for n in out.notes if "died" in n]
+    assert note.startswith("ranks 1-2 died; their replacements ran the cell") and "the replicas are identical" in note
+    record = lab.heals()
+    assert record is not None
+    healed = sorted(h.rank for h in record.heals if h.replacement)
+    assert healed == [1, 2], record.text()
+    weights = lab.run("[p.detach().tolist() for p in net.parameters()]", stream=False)
+    assert all(weights[r] == weights[0] for r in range(4))
+    total = lab.run("t = torch.ones(1); dist.all_reduce(t); int(t.item())", stream=False)
+    assert total == dict.fromkeys(range(4), 4), "the next cell has the whole world's group again"
+
+
 @pytest.mark.parametrize(
     "call, says",
     [

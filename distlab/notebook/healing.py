@@ -188,13 +188,16 @@ class Healer:
             return
         ranks = format_ranks(sorted(outcome.replaced))
         seconds = max(outcome.replaced.values())
+        one = len(outcome.replaced) == 1
+        it_was = "it was" if one else "they were"
         if same == {True}:
             how = "healed from a live peer and went on with the others, who did not stop; the replicas are identical"
         elif same == {False}:
-            how = f"came after the others had ended the cell: it was given rank {src}'s model and optimizer at the end"
+            how = f"came after the others had ended the cell: {it_was} given rank {src}'s state at the end"
         else:
             how = "made no healing in the cell (distlab.heal) to compare"
-        outcome.notes.append(f"rank {ranks} died; its replacement ran the cell {seconds:.1f} s later, {how}")
+        who = f"rank {ranks} died; its replacement ran" if one else f"ranks {ranks} died; their replacements ran"
+        outcome.notes.append(f"{who} the cell {seconds:.1f} s later, {how}")
 
 
 def _preload_healing() -> None:
