@@ -75,7 +75,7 @@ def test_kill_in_a_lab_that_heals_kills_once_and_the_replacement_goes_on(lab_fac
     assert weights[0] == weights[1]
 
 
-def test_two_ranks_killed_at_the_same_step_are_both_replaced_and_healed(lab_factory):
+def test_two_ranks_killed_at_once_both_heal_and_a_stalled_rank_is_dropped_then_heals_forward(lab_factory):
     lab = lab_factory(ranks=4, heal=True)
     out = lab.run(HEALING.replace("SCHEDULE", "distlab.chaos(kill={1: 10, 2: 10})"), stream=False)
     # Each replacement healed past step 10 and was not killed again (its output is the new process's).
@@ -84,12 +84,27 @@ def test_two_ranks_killed_at_the_same_step_are_both_replaced_and_healed(lab_fact
     assert note.startswith("ranks 1-2 died; their replacements ran the cell") and "the replicas are identical" in note
     record = lab.heals()
     assert record is not None
-    healed = sorted(h.rank for h in record.heals if h.replacement)
-    assert healed == [1, 2], record.text()
+    assert sorted(h.rank for h in record.heals if h.replacement) == [1, 2], record.text()
     weights = lab.run("[p.detach().tolist() for p in net.parameters()]", stream=False)
     assert all(weights[r] == weights[0] for r in range(4))
     total = lab.run("t = torch.ones(1); dist.all_reduce(t); int(t.item())", stream=False)
     assert total == dict.fromkeys(range(4), 4), "the next cell has the whole world's group again"
+    # A rank that stops past the lighthouse's join timeout (10 s) is dropped from the others' quorums,
+    # not waited for: they go on; it comes back, heals forward to their step, and ends where they end
+    # (its loop, counted from zero, would run on alone), with the lines after its loop run too.
+    out = lab.run(HEALING.replace("SCHEDULE", "distlab.chaos(stall={3: (10, 13)})") + "ended = step\n", stream=False)
+    assert "[chaos] rank 3: stalls 13 s before step 10" in out.stdout[3]
+    record = lab.heals()
+    assert record is not None
+    missed = record.skipped[3]
+    assert missed[0] == 11 and missed == list(range(11, missed[-1] + 1)) and len(missed) > 1, record.text()
+    (back,) = [h for h in record.heals if h.rank == 3 and h.step > 1]
+    assert not back.replacement and back.step == missed[-1] + 1 and back.source != 3, record.text()
+    assert not any("quorum failed" in text for text in out.stdout.values()), out.stdout
+    weights = lab.run("[p.detach().tolist() for p in net.parameters()]", stream=False)
+    assert all(weights[r] == weights[0] for r in range(4))
+    ended = lab.pull("ended")
+    assert ended[3] < ended[0] == ended[1] == ended[2] == 299, "it ended its loop early, at the others' step"
 
 
 @pytest.mark.parametrize(
@@ -100,6 +115,7 @@ def test_two_ranks_killed_at_the_same_step_are_both_replaced_and_healed(lab_fact
         ("distlab.chaos(slow={0: -1})", "rank 0's delay must be seconds, 0 or more"),
         ("distlab.chaos(nan=[1, 2])", "takes a dict of rank to value"),
         ("distlab.chaos(cut={0: 3})", "cuts a node's link, which needs a lab on emulated nodes: %dist start"),
+        ("distlab.chaos(stall={1: 5})", "rank 1's stall must be (step from 1, seconds), like stall={1: (40, 15)}"),
         ("distlab.chaos(lighthouse=3)", "kills torchft's lighthouse, which only a lab that heals has: %dist start"),
     ],
 )

@@ -29,12 +29,17 @@ from dataclasses import dataclass
 from ..errors import DistlabError, LabUsageError
 from ..wire import LIGHTHOUSE_PID_FILE
 
-__all__ = ["HEARTBEAT_TIMEOUT_MS", "Lighthouse", "executable"]
+__all__ = ["HEARTBEAT_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "Lighthouse", "executable"]
 
 #: Heartbeats a replica may miss before the quorum goes on without it.
 HEARTBEAT_TIMEOUT_MS = 1000
 #: How often the lighthouse looks for a quorum while replicas gather.
 QUORUM_TICK_MS = 50
+#: How long a quorum waits for a replica that heartbeats but has not asked to join (a straggler)
+#: before it forms without it; the straggler joins a later quorum and heals there. Under the ranks'
+#: quorum timeout (``wire.HEALING_QUORUM_TIMEOUT_S``), so that the others' wait ends in a quorum,
+#: not in a failure (torchft's default, 60 s, is past it); torchft's Slurm example uses 10 s.
+JOIN_TIMEOUT_MS = 10_000
 _LISTENING = re.compile(r"listening on: \S+:(\d+)")
 
 
@@ -70,7 +75,8 @@ class Lighthouse:
             start = out.tell()
             proc = subprocess.Popen(
                 [*prefix, executable(), "--bind", f"{host}:{port}", "--min_replicas", "1",
-                 "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS)],
+                 "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS),
+                 "--join_timeout_ms", str(JOIN_TIMEOUT_MS)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
                 start_new_session=True,

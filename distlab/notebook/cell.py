@@ -200,10 +200,11 @@ class CellRun:
 
     def _tell_replacements_where_the_others_ended(self) -> None:
         """Once a rank that was not replaced has ended the cell, write the step its quorum reached: a
-        replacement, which counts its loop from zero, ends its cell there (``rank.heal``)."""
-        if self._end_written or not self.outcome.replaced or not self.ctx.heal_end:
+        replacement, which counts its loop from zero, ends its cell there, and so does a rank that
+        healed forward after a stall (``rank.heal``); the others never read it."""
+        if self._end_written or not self.ctx.heal_end:
             return
-        if all(self.pending[r].ready() for r in self.outcome.replaced):
+        if all(ar.ready() for ar in self.pending.values()):
             return
         for rank, ar in self.pending.items():
             if rank in self.outcome.replaced or not ar.ready():

@@ -6,6 +6,9 @@ says of it, counted in optimizer steps:
 - ``kill={rank: step}``: the rank's process is SIGKILLed right after its ``step``-th step (a crash:
   no exception, no exit handlers);
 - ``slow={rank: seconds}``: the rank sleeps that long before each of its steps (a straggler);
+- ``stall={rank: (step, seconds)}``: the rank sleeps that long once, before its ``step``-th step (a
+  long pause: a swap storm, a slow disk). In a cell that heals, a stall past the lighthouse's join
+  timeout (10 s) drops the rank from the others' quorums; it rejoins at its next quorum and heals;
 - ``nan={rank: step}``: the rank's gradients are NaN at its ``step``-th step, after they were averaged
   and before the update: its weights become NaN and the replicas differ; at the next step the NaN
   reaches its loss, and through the averaged gradients every rank's weights.
@@ -69,20 +72,22 @@ def chaos(
     nan: Mapping[int, int] | None = None,
     cut: Mapping[int, int] | None = None,
     lighthouse: int | None = None,
+    stall: Mapping[int, tuple[int, float]] | None = None,
 ) -> None:
     """Schedule faults for this cell: ``kill``, ``nan`` map a rank to a step, ``slow`` to seconds,
-    ``cut`` a node to a step, ``lighthouse`` is a step."""
+    ``stall`` to a step and seconds, ``cut`` a node to a step, ``lighthouse`` is a step."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     kill, nan = _steps("kill", kill, world), _steps("nan", nan, world)
     slow = _seconds(slow, world)
+    stalls = _stalls(stall, world)
     cuts = _cuts(cut)
     lighthouse_at = _lighthouse_step(lighthouse)
     node = int(os.environ.get("GROUP_RANK", "0"))
     if heal.is_replacement():
         # The kills, cuts and NaNs were its predecessor's, and done: replayed here (a replacement
         # that came after the others ended trains on alone, from step 1) they would fault it again.
-        kill, nan, cuts, lighthouse_at = {}, {}, {}, None
+        kill, nan, cuts, lighthouse_at, stalls = {}, {}, {}, None, {}
     _stop()
     state = {"count": 0}
 
@@ -96,6 +101,10 @@ def chaos(
         step = this_step() if heal.current() is not None else state["count"] + 1
         if rank in slow:
             time.sleep(slow[rank])
+        if rank in stalls and stalls[rank][0] == step and not state.get("stalled"):
+            state["stalled"] = 1
+            print(f"[chaos] rank {rank}: stalls {stalls[rank][1]:g} s before step {step}", flush=True)
+            time.sleep(stalls[rank][1])
         if nan.get(rank) == step:
             print(f"[chaos] rank {rank}: gradients set to NaN at step {step}", flush=True)
             for group in optimizer.param_groups:
@@ -192,6 +201,20 @@ def _link(state: str) -> None:
     if done.returncode != 0:
         said = done.stderr.strip() or f"ip exited with {done.returncode}"
         raise RuntimeError(f"distlab.chaos could not bring the node's link ({_LINK}) {state}: {said}")
+
+
+def _stalls(schedule: Mapping[int, tuple[int, float]] | None, world: int) -> dict[int, tuple[int, float]]:
+    out: dict[int, tuple[int, float]] = {}
+    for rank, value in _items("stall", schedule, world):
+        step, seconds = value if isinstance(value, tuple) and len(value) == 2 else (None, None)
+        if (isinstance(step, bool) or not isinstance(step, int) or step < 1 or isinstance(seconds, bool)
+                or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf):
+            raise LabUsageError(
+                f"distlab.chaos(stall=...): rank {rank}'s stall must be (step from 1, seconds), like "
+                f"stall={{{rank}: (40, 15)}} (got {value!r})"
+            )
+        out[rank] = (step, float(seconds))
+    return out
 
 
 def _steps(name: str, schedule: Mapping[int, int] | None, world: int) -> dict[int, int]:

@@ -113,8 +113,10 @@ _replacement = False  # this process took the place of a rank that died (``join`
 
 
 def _world_ended_at() -> int | None:
-    """The step the others' cell ended at, once the lab wrote it, where this rank is a replacement."""
-    if not _replacement:
+    """The step the others' cell ended at, once the lab wrote it, where this rank's loop counts behind
+    its quorum's steps: a replacement, or a rank that healed forward (it stalled, was dropped from the
+    quorum, and healed to the others' step when it came back)."""
+    if not (_replacement or (_current is not None and _current.healed_forward)):
         return None
     path = os.environ.get(_END_FILE, "")
     try:
@@ -162,6 +164,7 @@ class Healing:
             checkpoint_transport=_recording_transport_class()(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
         )
         self.lost_quorums = 0  # steps in a row whose quorum failed (``_lost_quorum``)
+        self.healed_forward = False  # healed past steps it had not taken (``RecordingTransport``)
         self.ddp: torch.nn.Module = torchcompat_torchft.healing_ddp_class(_lost_quorum)(self.manager, model)
         self.opt = _healing_optimizer_class()(self.manager, optimizer)
 
@@ -264,6 +267,11 @@ def _recording_transport_class() -> type[PGTransport]:
             t0 = time.perf_counter()
             state = super().recv_checkpoint(src_rank, metadata, step, timeout)
             seconds = time.perf_counter() - t0
+            healing = _current
+            if healing is not None and step > 0:
+                # To the others' step past the first: steps its loop did not count (a stall dropped it
+                # from their quorum), so its loop would run on past theirs (``_world_ended_at``).
+                healing.healed_forward = True
             log = quorums.current()
             if log is not None:
                 # torchft heals it to the others' ``step``: the next is the first it takes with them.
