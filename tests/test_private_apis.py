@@ -53,7 +53,7 @@ from _private_uses import cross_module_violations, foreign_violations, matches, 
 import distlab
 
 #: The compatibility modules, by their paths in distlab/ (``"x*.py"``: every module whose name starts so).
-COMPAT = ("rank/torchcompat*.py", "ipycompat*.py")
+COMPAT = ("rank/torchcompat*.py", "ipycompat*.py", "cluster/torchftcompat*.py")
 
 #: Files whose private uses are excused: none. (Kept as the place to name one, with the reason, should a
 #: private use ever have no compatibility module to go to.)

@@ -119,10 +119,27 @@ def test_another_torchft_is_refused_in_one_line_that_says_what_to_install(versio
 def test_the_torchft_healing_is_run_with_is_accepted_and_its_ddp_made():
     pytest.importorskip("torchft")
     assert torchcompat_torchft.torchft_version_problem("0.2.0") is None
-    healing = torchcompat_torchft.healing_ddp_class()
+    healing = torchcompat_torchft.healing_ddp_class(print)
     from torchft.ddp import DistributedDataParallel
 
     assert issubclass(healing, DistributedDataParallel) and "_comm_hook" in vars(healing)
+
+
+@pytest.mark.cluster
+def test_the_lighthouse_is_started_from_torchfts_compiled_module_alone_without_torch(tmp_path):
+    pytest.importorskip("torchft")
+    from distlab.cluster import torchftcompat_lighthouse
+    from distlab.cluster.lighthouse import Lighthouse
+
+    assert torchftcompat_lighthouse.KNOWN_GOOD_TORCHFT == torchcompat_torchft.KNOWN_GOOD_TORCHFT
+    lighthouse = Lighthouse.start("127.0.0.1", str(tmp_path))
+    try:
+        with open(f"/proc/{lighthouse.pid}/maps") as f:
+            mapped = f.read()
+        assert "_torchft" in mapped and "libtorch" not in mapped, "torchft's server, without torch loaded"
+        assert lighthouse.address.startswith("http://127.0.0.1:")
+    finally:
+        lighthouse.stop()
 
 
 def test_a_forwarding_work_says_what_the_work_it_stands_for_says():

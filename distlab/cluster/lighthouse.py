@@ -4,8 +4,9 @@
     lighthouse.address      # "http://127.0.0.1:PORT": what each rank's torchft Manager is given
     lighthouse.stop()
 
-It is torchft's own compiled server (``torchft_lighthouse``, installed with torchft), bound to the
-lab's address only, on a port the kernel chose. A replica whose heartbeats stop for
+It is torchft's own compiled server (what ``torchft_lighthouse``, installed with torchft, runs;
+started here without importing torch: ``torchftcompat_lighthouse``), bound to the lab's address
+only, on a port the kernel chose. A replica whose heartbeats stop for
 ``HEARTBEAT_TIMEOUT_MS`` is out of the next quorum: that is how long the survivors of a death wait
 before they commit a step without it (torchft's default is 5 s; measured in ``../shared/FACTS.md``).
 It starts in a session of its own so that the lab's guard can end it with everything else.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from ..errors import DistlabError, LabUsageError
 from ..wire import LIGHTHOUSE_PID_FILE
 
-__all__ = ["HEARTBEAT_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "Lighthouse", "executable"]
+__all__ = ["HEARTBEAT_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "Lighthouse", "command", "executable"]
 
 #: Heartbeats a replica may miss before the quorum goes on without it.
 HEARTBEAT_TIMEOUT_MS = 1000
@@ -50,6 +51,13 @@ def executable() -> str:
     if not found:
         raise LabUsageError("healing needs torchft: pip install 'distlab[heal]' (torchft 0.2.0), then start again")
     return found
+
+
+def command() -> list[str]:
+    """How the lighthouse is started: torchft's compiled server loaded alone (``torchftcompat_lighthouse``:
+    a fraction of a second, where torchft's own ``torchft_lighthouse`` imports torch first)."""
+    executable()  # torchft is installed, or one line says how to get it
+    return [sys.executable, os.path.join(os.path.dirname(__file__), "torchftcompat_lighthouse.py")]
 
 
 @dataclass
@@ -74,7 +82,7 @@ class Lighthouse:
         with open(log, "ab" if port else "wb") as out:  # one started again adds to the log
             start = out.tell()
             proc = subprocess.Popen(
-                [*prefix, executable(), "--bind", f"{host}:{port}", "--min_replicas", "1",
+                [*prefix, *command(), "--bind", f"{host}:{port}", "--min_replicas", "1",
                  "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS),
                  "--join_timeout_ms", str(JOIN_TIMEOUT_MS)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
