@@ -48,7 +48,7 @@ class Healer:
         self._debug = debug
         self.lighthouse: Lighthouse | None = None  # torchft's, in a lab that heals
         self._lighthouse_lock = threading.Lock()  # the watcher's restart against the lab's stop
-        self._watching = threading.Event()  # cleared to end the watcher
+        self._stop_watcher = threading.Event()  # set to end the running watcher; each start makes its own
         #: What the watcher did since the last cell's notes were taken (``lighthouse_notes``).
         self._lighthouse_events: list[str] = []
         self.records = HealingRecords()
@@ -70,8 +70,8 @@ class Healer:
             processes.controller_ip(), processes.folder, self._timeout, processes.exec_prefix()
         )
         processes.guard.adopt(self.lighthouse.pid)
-        self._watching.set()
-        threading.Thread(target=self._watch_lighthouse, daemon=True, name="distlab-lighthouse").start()
+        self._stop_watcher = stop = threading.Event()
+        threading.Thread(target=self._watch_lighthouse, args=(stop,), daemon=True, name="distlab-lighthouse").start()
         if processes.network is None and config.launcher == "local" and warm.enabled():
             # A replacement rank is forked from the template: with torchft there, it starts with it.
             # In the background: the lab's own ranks are forked first.
@@ -80,7 +80,7 @@ class Healer:
 
     def stop_watching(self) -> None:
         """From now on a lighthouse that dies stays dead (the lab is stopping, or let go)."""
-        self._watching.clear()
+        self._stop_watcher.set()
         with self._lighthouse_lock:  # a restart under way ends first
             pass
 
@@ -91,13 +91,12 @@ class Healer:
         if lighthouse is not None:
             lighthouse.stop()  # ended with the lab's process groups already: reaped here
 
-    def _watch_lighthouse(self, every_s: float = 0.1) -> None:
-        """Start the lighthouse again on its address whenever it dies, until the lab stops it."""
-        while self._watching.is_set():
-            time.sleep(every_s)
+    def _watch_lighthouse(self, stop: threading.Event, every_s: float = 0.1) -> None:
+        """Start the lighthouse again on its address whenever it dies, until ``stop`` is set."""
+        while not stop.wait(every_s):
             with self._lighthouse_lock:
                 old = self.lighthouse
-                if old is None or not self._watching.is_set() or old.proc.poll() is None:
+                if old is None or stop.is_set() or old.proc.poll() is None:
                     continue
                 died_at = time.monotonic()
                 code = old.proc.returncode
