@@ -133,7 +133,7 @@ def test_a_cut_node_in_a_lab_that_heals_is_fenced_and_its_ranks_come_back(lab_fa
     # Node 0's ranks never stopped: every step is theirs. Node 1's were out from step 11 on.
     assert {s.step for s in record.steps if {0, 1} <= set(s.participants)} == set(range(2, 301)), record
     assert min(record.skipped[2]) == min(record.skipped[3]) == 11, record
-    assert any("rank 2-3 died" in note for note in out.notes), out.notes
+    assert any("ranks 2-3 died" in note for note in out.notes), out.notes
     weights = lab.run("[p.detach().tolist() for p in net.parameters()]", stream=False)
     assert all(weights[r] == weights[0] for r in range(4)), weights
     # The link is up again: node 1's new ranks and node 0's work together.

@@ -73,7 +73,7 @@ def _start_kernel_with_lab(line: str):
 def test_no_distlab_process_or_namespace_outlives_its_kernel(how, line):
     km, kc, procs, folders = _start_kernel_with_lab(line)
     if "--heal" in line:
-        assert any("torchft_lighthouse" in " ".join(p.cmdline()) for p in procs)
+        assert any("torchftcompat_lighthouse" in " ".join(p.cmdline()) for p in procs)
     try:
         if how == "shutdown":
             kc.stop_channels()
