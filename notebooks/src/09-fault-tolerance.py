@@ -520,6 +520,81 @@ print(f"restart from a checkpoint every 25 steps: {redo_s / step_s:.0f} steps re
 # job's step count never went back.
 
 # %% [markdown]
+# ## A rank that stalls, and the lighthouse itself
+#
+# Two more faults, and neither is a death. A rank can *stall*: alive, heartbeating, but not taking
+# steps (a swap storm, a slow disk, a long garbage collection). The lighthouse cannot take it for dead,
+# since its heartbeats still arrive. It waits for a live replica that has not asked to join only as long
+# as its **join timeout** (10 s in this lab; torchft's default is 60 s, longer than the ranks' own 30 s
+# quorum timeout), then forms the quorum without it. When the rank comes back it is behind the quorum's
+# step, and its next quorum heals it *forward* from a live peer.
+#
+# The lighthouse is the one process every quorum needs: a single point of failure. What it holds is
+# soft (who is heartbeating, the last quorum), so a new one on the same address can take over, and the
+# lab starts one the moment the old one dies. But each rank's manager had a quorum request open with the
+# old lighthouse, and that request is not sent again. It fails when torchft's quorum timeout, 30 s,
+# runs out. distlab turns the failure into a step that does not commit, and the next step asks the new
+# lighthouse.
+#
+# The cell below has both faults: `distlab.chaos(stall={1: (20, 12)})` stops rank 1 for 12 s before its
+# step 20, and `distlab.chaos(lighthouse=200)` has rank 0 kill the lighthouse after step 200.
+#
+# **Predict**: how long do ranks 0 and 2 pause for the stall, and for the lighthouse? How many of rank
+# 1's steps does the stall cost? Does any step commit twice, or any replica end different?
+
+# %%
+# %%ddp
+import time
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+model, opt = distlab.heal(model, opt)
+manager = distlab.rank.heal.current().manager
+distlab.chaos(stall={1: (20, 12)}, lighthouse=200)
+seen = []  # (step, time) after every iteration: a step that did not commit repeats the one before
+g = torch.Generator(device=device).manual_seed(100 + rank)
+for step in range(300):
+    opt.zero_grad()
+    model(torch.randn(32, 64, generator=g, device=device)).square().mean().backward()
+    opt.step()
+    seen.append((manager.current_step(), time.time()))
+    time.sleep(0.03)
+
+# %% [markdown]
+# The survivors' pauses, rank 1's missed steps, and the replicas:
+
+# %% tags=["nbval-check-output"]
+record = lab.heals()
+seen = lab.run("seen", stream=False)
+weights = lab.run(digest, stream=False)
+pauses = sorted(((b[1] - a[1], a[0]) for a, b in zip(seen[0], seen[0][1:])), reverse=True)[:2]
+stall_pause, light_pause = sorted(pauses, key=lambda p: p[1])
+missed = record.skipped[1]
+back = next(h for h in record.heals if h.rank == 1 and h.step > 1)
+print("the stall: ranks 0 and 2 paused between 10 and 12 s:", 10 <= stall_pause[0] < 12)
+print("rank 1 missed the steps from 21 on, and healed forward at the next:",
+      missed[0] == 21 and back.step == missed[-1] + 1 and not back.replacement)
+print("the lighthouse: the survivors paused between 30 and 32 s:", 30 <= light_pause[0] < 32)
+print("one iteration did not commit, and every rank's step count ended at 299:",
+      sum(1 for a, b in zip(seen[0], seen[0][1:]) if b[0] == a[0]) == 1
+      and {r: s[-1][0] for r, s in seen.items()} == {0: 299, 1: 299, 2: 299})
+print("every replica's weights bit-identical:", len(set(weights.values())) == 1)
+
+# %%
+print(f"stall: {stall_pause[0]:.1f} s of waiting for ranks 0 and 2, then {len(missed)} steps without rank 1 "
+      f"({missed[0]} to {missed[-1]}); it healed at step {back.step} from rank {back.source} in {back.seconds:.2f} s")
+print(f"lighthouse: {light_pause[0]:.1f} s without a step, after step {light_pause[1]}")
+
+# %% [markdown]
+# The stall cost the others the join timeout once: after that their quorums formed at once, without
+# rank 1 (the lighthouse forms a quorum without waiting when every member of the last one has asked).
+# Rank 1 lost the steps it was away for, and took none twice: it came back at the others' step, and its
+# loop, which counts from zero, ended where theirs did. The lighthouse's death cost every rank one
+# quorum timeout and one step, and nothing else: nobody healed, because nobody fell behind. A shorter
+# quorum timeout would shorten that pause, but a timeout shorter than the longest a quorum can take to
+# form (the join timeout, a replacement's first quorum) would fail steps that would have succeeded.
+
+# %% [markdown]
 # ## Practice
 
 # %%
