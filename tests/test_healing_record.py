@@ -7,7 +7,10 @@ import itertools
 import time
 from typing import Any
 
+import pytest
+
 from distlab.dashboard.healing import CellHealing, HealingConfig
+from distlab.errors import DistlabError
 from distlab.notebook.healing_record import (
     HEALED,
     PARTICIPATED,
@@ -287,3 +290,21 @@ def test_in_a_kernel_one_widget_is_redrawn_at_most_every_interval_and_becomes_th
         lab.bus.poll({}, final=True)
     assert shown[-1]["text/plain"] == cell.record().text() and "<table>" in shown[-1]["text/html"]  # type: ignore[union-attr]
     assert cell.view.comm is None, "the widget was closed: the saved notebook keeps the text and HTML"
+
+
+def test_a_lost_quorum_is_said_by_its_grpc_message_and_the_third_in_a_row_ends_the_cell(capsys):
+    lost = quorums.LostQuorums()
+    grpc = TimeoutError('status: Cancelled, message: "Timeout expired", details: [], metadata: MetadataMap {}')
+    lost.lost(201, grpc)
+    lost.stepped(committed=False)
+    assert capsys.readouterr().out == (
+        "[distlab] step 201: torchft's quorum failed (TimeoutError: Timeout expired); the step does not commit, "
+        "the next asks for a new quorum\n"
+    )
+    lost.stepped(committed=True)  # the new lighthouse answered: the row ends
+    for step in range(202, 202 + quorums.LOST_IN_A_ROW - 1):
+        lost.lost(step, RuntimeError("connection refused"))
+        lost.stepped(committed=False)
+    lost.lost(204, RuntimeError("connection refused"))
+    with pytest.raises(DistlabError, match="torchft's quorum failed 3 steps in a row: the lab's lighthouse"):
+        lost.stepped(committed=False)

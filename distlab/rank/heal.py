@@ -35,7 +35,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import time
 import warnings
 from datetime import timedelta
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 import torch.distributed as dist
 
-from ..errors import DistlabError, LabUsageError
+from ..errors import LabUsageError
 from ..wire import HEALING_QUORUM_TIMEOUT_S, HEALING_RANK_ENVIRONMENT, LIGHTHOUSE_PID_FILE
 from . import quorums, torchcompat_torchft
 from .hooks import at_cell_end
@@ -67,10 +66,6 @@ _END_FILE = "DISTLAB_HEAL_END"  # where the lab writes the step the others' cell
 _TIMEOUT = timedelta(seconds=10)
 _QUORUM_TIMEOUT = timedelta(seconds=HEALING_QUORUM_TIMEOUT_S)
 _HEARTBEAT = timedelta(milliseconds=100)
-# Steps in a row whose quorum may fail before the cell raises: a lighthouse started again answers
-# the next step's quorum; one that stays away would leave the loop skipping steps forever.
-_LOST_QUORUMS = 3
-_GRPC_MESSAGE = re.compile(r'message: "([^"]*)"')
 
 
 class WorldFinished(BaseException):
@@ -163,7 +158,7 @@ class Healing:
             heartbeat_interval=_HEARTBEAT,
             checkpoint_transport=_recording_transport_class()(self.pg, timeout=_TIMEOUT, device=torch.device("cpu")),
         )
-        self.lost_quorums = 0  # steps in a row whose quorum failed (``_lost_quorum``)
+        self.lost_quorums = quorums.LostQuorums()  # those that failed, in a row (``_lost_quorum``)
         self.healed_forward = False  # healed past steps it had not taken (``RecordingTransport``)
         self.ddp: torch.nn.Module = torchcompat_torchft.healing_ddp_class(_lost_quorum)(self.manager, model)
         self.opt = _healing_optimizer_class()(self.manager, optimizer)
@@ -216,14 +211,8 @@ def _healing_optimizer_class() -> type[OptimizerWrapper]:
                 seen = None
             before = manager.current_step()  # a healing rank's is the others', once healed
             super().step(closure)
-            healing = _current
-            if healing is not None and manager.current_step() > before:
-                healing.lost_quorums = 0
-            elif healing is not None and healing.lost_quorums >= _LOST_QUORUMS:
-                raise DistlabError(
-                    f"torchft's quorum failed {healing.lost_quorums} steps in a row: the lab's lighthouse is not "
-                    "answering (lab.healer.lighthouse); %dist restart (lab.restart()) starts the lab again"
-                )
+            if _current is not None:
+                _current.lost_quorums.stepped(manager.current_step() > before)
             log = quorums.current()
             if log is not None and seen is not None:
                 log.attempt(before + 1, seen[0], seen[1], manager.current_step() > before)
@@ -283,21 +272,9 @@ def _recording_transport_class() -> type[PGTransport]:
 
 
 def _lost_quorum(exc: BaseException) -> None:
-    """A step's quorum failed (the lighthouse died while this rank waited): said once per step, and
-    counted; the step does not commit and the next asks for a new quorum (``torchcompat_torchft``)."""
-    healing = _current
-    if healing is None:
-        return
-    healing.lost_quorums += 1
-    text = str(exc).strip()
-    # torchft's compiled client says a gRPC status whole ('status: Cancelled, message: "Timeout
-    # expired", details: [], metadata: ...'): its message is what the learner needs.
-    found = _GRPC_MESSAGE.search(text)
-    said = found.group(1) if found else (text.splitlines()[0][:120] if text else "no message")
-    print(
-        f"[distlab] step {healing.manager.current_step() + 1}: torchft's quorum failed ({type(exc).__name__}: "
-        f"{said}); the step does not commit, the next asks for a new quorum", flush=True,
-    )
+    """The running step's quorum failed (``torchcompat_torchft``'s gradient hook): said and counted."""
+    if _current is not None:
+        _current.lost_quorums.lost(_current.manager.current_step() + 1, exc)
 
 
 def lighthouse_pid() -> int | None:

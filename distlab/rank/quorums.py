@@ -11,18 +11,26 @@ It publishes through the rank's one publisher (``rank/publish.py``) under ``wire
 all of it each time (ipyparallel keeps a key's latest value), at most every ``INTERVAL_S``; the
 cell's end sends the final state (:func:`flush`). A rank SIGKILLed loses what it had not sent: the
 notebook knows its steps from the others' quorums (``notebook.healing_record``).
+
+A quorum that failed (its lighthouse died while the rank waited) is said on the rank's output and
+counted in a row (:class:`LostQuorums`): a lighthouse the lab started again answers the next step,
+one that stays away would leave the loop skipping steps forever.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 
+from ..errors import DistlabError
 from ..wire import HEALING_KEY, HealEvent, HealingPublish, QuorumSpan
 from .hooks import at_cell_end
 from .publish import Source, rank_publisher
 
-__all__ = ["INTERVAL_S", "MAX_HEALS", "MAX_SPANS", "QuorumLog", "begin", "current", "flush"]
+__all__ = [
+    "INTERVAL_S", "LOST_IN_A_ROW", "MAX_HEALS", "MAX_SPANS", "LostQuorums", "QuorumLog", "begin", "current", "flush",
+]
 
 #: Seconds between two publishes of the record, at least.
 INTERVAL_S = 0.25
@@ -30,6 +38,39 @@ INTERVAL_S = 0.25
 #: times in one cell keeps its latest changes.
 MAX_SPANS = 500
 MAX_HEALS = 100
+#: Steps in a row whose quorum may fail before the cell raises.
+LOST_IN_A_ROW = 3
+# torchft's compiled client says a gRPC status whole ('status: Cancelled, message: "Timeout
+# expired", details: [], metadata: ...'): its message is what the learner needs.
+_GRPC_MESSAGE = re.compile(r'message: "([^"]*)"')
+
+
+class LostQuorums:
+    """One healing rank's quorums that failed, in a row: each said once, on the rank's output."""
+
+    def __init__(self) -> None:
+        self.in_a_row = 0
+
+    def lost(self, step: int, exc: BaseException) -> None:
+        """Step ``step``'s quorum failed: it does not commit, and the next step asks for a new one."""
+        self.in_a_row += 1
+        text = str(exc).strip()
+        found = _GRPC_MESSAGE.search(text)
+        said = found.group(1) if found else (text.splitlines()[0][:120] if text else "no message")
+        print(
+            f"[distlab] step {step}: torchft's quorum failed ({type(exc).__name__}: {said}); the step does not "
+            "commit, the next asks for a new quorum", flush=True,
+        )
+
+    def stepped(self, committed: bool) -> None:
+        """After a step: a commit ends the row; the ``LOST_IN_A_ROW``-th loss raises, saying why."""
+        if committed:
+            self.in_a_row = 0
+        elif self.in_a_row >= LOST_IN_A_ROW:
+            raise DistlabError(
+                f"torchft's quorum failed {self.in_a_row} steps in a row: the lab's lighthouse is not "
+                "answering (lab.healer.lighthouse); %dist restart (lab.restart()) starts the lab again"
+            )
 
 
 class QuorumLog:
