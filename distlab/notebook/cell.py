@@ -136,7 +136,7 @@ class CellRun:
         while True:
             if self.ctx.replace is not None:
                 self._replace_the_dead()
-                self._tell_replacements_where_the_others_ended()
+                self._tell_late_ranks_where_the_others_ended()
             running = [r for r, ar in pending.items() if not ar.ready()]
             if not running:
                 return
@@ -198,7 +198,7 @@ class CellRun:
             self._sent(rank, self._send(target, rank))
             self.outcome.replaced[rank] = time.monotonic() - t0
 
-    def _tell_replacements_where_the_others_ended(self) -> None:
+    def _tell_late_ranks_where_the_others_ended(self) -> None:
         """Once a rank that was not replaced has ended the cell, write the step its quorum reached: a
         replacement, which counts its loop from zero, ends its cell there, and so does a rank that
         healed forward after a stall (``rank.heal``); the others never read it."""

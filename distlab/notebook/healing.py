@@ -91,13 +91,15 @@ class Healer:
         if lighthouse is not None:
             lighthouse.stop()  # ended with the lab's process groups already: reaped here
 
-    def _watch_lighthouse(self, stop: threading.Event, every_s: float = 0.1) -> None:
-        """Start the lighthouse again on its address whenever it dies, until ``stop`` is set."""
-        while not stop.wait(every_s):
+    def _watch_lighthouse(self, stop: threading.Event) -> None:
+        """Start the lighthouse again on its address whenever it dies, until ``stop`` is set. It waits
+        on the process itself (no polling): the lab's stop sets ``stop`` before it ends the lighthouse,
+        so this thread lives exactly as long as the lighthouses it watches."""
+        while (old := self.lighthouse) is not None:
+            old.proc.wait()
             with self._lighthouse_lock:
-                old = self.lighthouse
-                if old is None or stop.is_set() or old.proc.poll() is None:
-                    continue
+                if stop.is_set() or self.lighthouse is not old:
+                    return
                 died_at = time.monotonic()
                 code = old.proc.returncode
                 how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
