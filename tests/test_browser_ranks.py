@@ -188,7 +188,7 @@ def test_what_ranks_display_shows_live_and_stays_in_the_saved_notebook(server: J
             "[...plot.querySelectorAll('.scatterlayer path.js-line')].map(p => (p.getAttribute('d') || '').length)])"
         )
         raise AssertionError(f"no line drawn in the live dashboard: (title, path lengths) {drawn}; "
-                             f"page errors {page.js_errors}") from e  # type: ignore[attr-defined]
+                             f"page errors {page.js_errors}, console errors {page.console_errors}") from e  # type: ignore[attr-defined]
     shot(page, "ranks-2-dashboard-live")
     (server.root / SEEN).touch()
     training = cells.finish(4)

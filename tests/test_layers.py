@@ -56,6 +56,7 @@ NOTEBOOK = (
     "distlab.scale",  # plans, predictions and the dry run's launcher; the dry run itself is its own process
     "distlab.progress_file",  # the learner's progress file: the quiz and the exercises' checks write it
     "distlab.classroom",  # the hub's process and its service, and the class's limits read in the kernel
+    "distlab.ipycompat_plotly",  # plotly's widget bundle, shared by the dashboard's figures
 )
 #: The package itself: ``import distlab`` is lazy (PEP 562), and its magics are the notebook's.
 ROOT = "distlab"

@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from ..ipycompat_plotly import SharedBundleFigure
 from ..records import StepRecord
 from .analysis import Divergence, LinkModel, RankMemory, Straggler, TraceRow, timed_steps
 from .meter import Metered, MeteredHTML
@@ -44,8 +45,9 @@ _OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce"
 TRACE_COLUMNS = ("step", "epoch", "rank", "action", "local state", "global state")
 
 
-class MeteredFigure(Metered, go.FigureWidget):
-    """A plotly FigureWidget that counts the widget messages it sends."""
+class MeteredFigure(Metered, SharedBundleFigure, go.FigureWidget):
+    """A plotly FigureWidget that counts the widget messages it sends, and whose page imports
+    plotly's front end once for all figures (``ipycompat_plotly``), not once each."""
 
 
 def warm() -> None:

@@ -10,10 +10,10 @@ so the locals are the values they held when the cell failed, not a copy made bef
 from __future__ import annotations
 
 import ast
-import gc
 import linecache
 import os
 import sysconfig
+import traceback
 import types
 from dataclasses import dataclass
 from typing import TypedDict
@@ -75,11 +75,26 @@ def drop() -> None:
     global _kept
     if _kept is None:
         return
-    _kept = None
-    # A traceback's frames often sit in a reference cycle (a local holding the exception): collect
-    # them now, so that what they held (activations on a GPU after an out-of-memory error) is freed
-    # before the next cell's code runs, not at some later collection.
-    gc.collect()
+    exc, _kept = _kept.exc, None
+    # A traceback's frames often sit in a reference cycle (a local holding the exception): clear
+    # their locals now, so that what they held (activations on a GPU after an out-of-memory error)
+    # is freed before the next cell's code runs, not at some later collection. A full collection
+    # did this before: 0.13 s a rank on an idle machine, and past a 2 s cell deadline on a loaded
+    # one (four ranks collecting on two cores); clearing the failure's own frames costs microseconds.
+    _clear_frames(exc, set())
+
+
+def _clear_frames(exc: BaseException | None, seen: set[int]) -> None:
+    """Clear the locals of every frame in ``exc``'s traceback and in those of the exceptions it chains."""
+    if exc is None or id(exc) in seen:
+        return
+    seen.add(id(exc))
+    traceback.clear_frames(exc.__traceback__)  # a frame still running is left as it is
+    _clear_frames(exc.__cause__, seen)
+    _clear_frames(exc.__context__, seen)
+    for inner in getattr(exc, "exceptions", ()):  # an ExceptionGroup's members
+        if isinstance(inner, BaseException):
+            _clear_frames(inner, seen)
 
 
 class FrameDescription(TypedDict):
