@@ -9,7 +9,7 @@ import pytest
 
 from distlab.scale import hardware
 from distlab.scale import prediction as predict
-from distlab.theory import collective_time_s
+from distlab.theory import algorithm_times, collective_time_s, nccl_collective_time_s
 
 H100 = hardware.HARDWARE["h100-sxm"]
 IB = hardware.NETWORKS["ib-400g"]
@@ -35,6 +35,12 @@ def _c(op, dim, group_size, nbytes, calls=1, phase="forward"):
     return NS(op=op, dim=dim, group_size=group_size, bytes=nbytes, calls_per_micro_batch=calls, phase=phase)
 
 
+def _nccl(op, size, n, per_node):
+    """What the algorithm NCCL picks costs on the H100 profile over the IB network."""
+    return nccl_collective_time_s(op, size, n, per_node, H100.node_link_bytes_per_s, H100.node_link_latency_s,
+                                  IB.bytes_per_s, IB.latency_s, nvls=H100.nvls)
+
+
 def test_each_dimension_runs_on_the_link_its_groups_span():
     # 16 GPUs, tp 8 innermost: a tp group is one node; the dp groups (ranks 8 apart) cross nodes.
     assert predict.links(_plan(), H100) == {
@@ -50,8 +56,9 @@ def test_tensor_parallel_time_is_exposed_and_fsdp_hides_behind_compute_but_for_o
     gather = _c("all_gather", "dp_shard", 2, 8 * 2**20, calls=10)
     report = NS(plan=_plan(), micro_batches=4, tokens_per_step=4 * 8192 * 2, kinds=[_kind(0.1, [tp, gather])])
     pred = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5)
-    tp_s = 4 * collective_time_s("all_reduce", 64 * 2**20, 8, H100.node_link_bytes_per_s, H100.node_link_latency_s)
-    one_gather = collective_time_s("all_gather", 16 * 2**20, 2, IB.bytes_per_s, IB.latency_s)
+    tp_s = 4 * _nccl("all_reduce", 64 * 2**20, 8, 8)  # a node's NVSwitch reduces (NVLS)
+    one_gather = _nccl("all_gather", 16 * 2**20, 2, 1)  # the dp_shard group: one rank on each of 2 nodes
+    assert pred.algorithms == {"dp_shard all_gather": "ring", "tp all_reduce": "nvls"}
     assert 10 * one_gather < 0.1  # the all-gathers hide behind the compute...
     optimizer = 2 * 4e9 / H100.memory_bytes_per_s
     expected = 4 * (0.1 + tp_s + one_gather) + optimizer  # ...but for the first
@@ -72,9 +79,10 @@ def test_a_machine_that_overlaps_nothing_exposes_every_collective_and_per_op_lin
     report = NS(plan=_plan(tp=1, gpus=2), micro_batches=2, tokens_per_step=2 * 8192,
                 kinds=[_kind(0.1, [gather, scatter], ranks=2)])
     lab = replace(H100, gpus_per_node=2, overlap=0.0, efficiency=0.5,
-                  node_link_by_op={"reduce_scatter": (1e9, 1e-4)})
+                  node_link_by_op={"reduce_scatter": (1e9, 1e-4)}, nccl=False, nvls=False)
     pred = predict.predict_report(report, lab, "ib-400g")
     assert pred.efficiency == 0.5  # the hardware's own, not the published fit
+    assert pred.algorithms == {}  # gloo's rings: no algorithm chosen
     gathers = 10 * collective_time_s("all_gather", 16 * 2**20, 2, H100.node_link_bytes_per_s, H100.node_link_latency_s)
     scatters = 5 * collective_time_s("reduce_scatter", 16 * 2**20, 2, 1e9, 1e-4)
     assert pred.breakdown["exposed dp_shard"] == pytest.approx(2 * (gathers + scatters), rel=1e-9)
@@ -106,13 +114,37 @@ def test_under_a_pipeline_fsdp_gathers_and_reduces_once_a_step_not_per_micro_bat
     kinds = [_kind(0.1, [gather, scatter], ranks=16), _kind(0.1, [gather, scatter], ranks=16)]
     pred = predict.predict_report(NS(plan=plan, micro_batches=8, tokens_per_step=8 * 8192, kinds=kinds),
                                   efficiency=0.5)
-    one_gather = collective_time_s("all_gather", 32 * 2**20, 4, IB.bytes_per_s, IB.latency_s)
-    scatters = 3 * collective_time_s("reduce_scatter", 32 * 2**20, 4, IB.bytes_per_s, IB.latency_s)
+    # tp 4 innermost: a dp_shard group of 4 has 2 ranks on each of 2 nodes
+    assert predict.ranks_per_node(plan, H100)["dp_shard"] == 2
+    one_gather = _nccl("all_gather", 32 * 2**20, 4, 2)
+    scatters = 3 * _nccl("reduce_scatter", 32 * 2**20, 4, 2)
     assert "exposed dp_shard" not in pred.breakdown  # nothing per micro-batch
     assert pred.breakdown["exposed dp_shard (once a step)"] == pytest.approx(one_gather + scatters, rel=1e-9)
     busy = pred.step_time_s - pred.breakdown["optimizer step"] - pred.breakdown["exposed dp_shard (once a step)"]
     assert busy == pytest.approx(9 * 0.1)  # (m + p - 1) micro-batch times of compute alone
     assert sum(pred.breakdown.values()) == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+def test_each_collective_costs_the_algorithm_nccl_would_pick_for_its_group_at_1024_gpus():
+    # DDP over 1,024 GPUs (8 on each of 128 nodes): a 25 MiB bucket's all-reduce runs on a tree, whose
+    # latency is 2 (7 NVLink + 7 network) hops, where a ring pays 2 x 1,023 steps; FSDP under TP 8 (one
+    # rank of each group per node) gathers its small shards with PAT.
+    ddp = _plan(gpus=1024, tp=1, dp="ddp")
+    assert predict.ranks_per_node(ddp, H100)["dp_replicate"] == 8
+    bucket = _c("all_reduce", "dp_replicate", 1024, 25 * 2**20, calls=40, phase="backward")
+    pred = predict.predict_report(NS(plan=ddp, micro_batches=1, tokens_per_step=8192, kinds=[_kind(0.1, [bucket])]),
+                                  efficiency=0.5)
+    assert pred.algorithms == {"dp_replicate all_reduce": "tree"}
+    times = {a.algorithm: a.seconds for a in algorithm_times(
+        "all_reduce", 25 * 2**20, 1024, 8, H100.node_link_bytes_per_s, H100.node_link_latency_s, IB.bytes_per_s,
+        IB.latency_s, nvls=True)}
+    assert times["tree"] < times["ring"] - 5e-3  # the ring's 2,046 steps cost milliseconds more
+    fsdp = _plan(gpus=1024, tp=8)
+    assert predict.ranks_per_node(fsdp, H100) == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 8}
+    gather = _c("all_gather", "dp_shard", 128, 2**20 // 128, calls=32)
+    pred = predict.predict_report(NS(plan=fsdp, micro_batches=1, tokens_per_step=8192, kinds=[_kind(0.1, [gather])]),
+                                  efficiency=0.5)
+    assert pred.algorithms == {"dp_shard all_gather": "pat"}
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from .dryrun_launcher import dry_run
 from .hardware import HARDWARE, NETWORKS, Hardware, Network
 from .models import MODELS, ModelConfig, parameters
 from .plan import Plan
-from .prediction import EFFICIENCY, Prediction, predict, predict_report
+from .prediction import EFFICIENCY, Prediction, predict, predict_report, ranks_per_node
 from .report import CollectiveCount, DryRunReport, RankKind
 
 __all__ = [
@@ -41,4 +41,5 @@ __all__ = [
     "parameters",
     "predict",
     "predict_report",
+    "ranks_per_node",
 ]

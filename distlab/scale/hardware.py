@@ -8,8 +8,8 @@ Link bandwidths are per GPU and per direction: NVLink's "900 GB/s" is both direc
 cost in the latency-bandwidth model (``theory.collective_time_s``); it is an assumption (no datasheet
 prints it), stated here so that its effect can be seen. On a node's 8 GPUs it adds little to a large
 model's megabyte-sized collectives; a ring over 1,024 GPUs pays 1,023 of them per phase (5 ms per
-collective at 5 us), which the predictor charges in full, though NCCL picks other algorithms (trees)
-for large groups: at that scale the ring's latency term is an upper bound.
+collective at 5 us) where NCCL runs a ring; the predictor charges each collective the algorithm NCCL
+would pick (``theory.algorithm_times``: a tree's latency grows with log2 of the nodes).
 
 ``scale.calibrate(lab)`` makes the same two objects from a lab's own measurements, for the lab.
 """
@@ -49,6 +49,11 @@ class Hardware:
     #: (bandwidth, latency) of the node's link per collective where they were fitted apart (``scale.calibrate``:
     #: gloo's reduce-scatter moves an all-reduce's bytes); otherwise every op uses the two above.
     node_link_by_op: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: Its collectives run on NCCL, which picks an algorithm per call (``theory.algorithm_times``);
+    #: False: every collective is a ring (gloo on a lab, ``scale.calibrate``).
+    nccl: bool = False
+    #: The node's GPUs sit on NVSwitches that reduce (NVLink SHARP, Hopper and later): NCCL's NVLS.
+    nvls: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ HARDWARE: dict[str, Hardware] = {
         node_link_latency_s=3e-6,
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979, FP8 3,958 and TF32 989 TFLOPS with "
         "sparsity; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s); 8 GPUs per HGX node",
+        nccl=True,
+        nvls=True,
     ),
     "h200": Hardware(
         name="h200",
@@ -85,6 +92,8 @@ HARDWARE: dict[str, Hardware] = {
         node_link_latency_s=3e-6,
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM: the H100's tensor cores; 141 GB HBM3e at 4.8 TB/s; "
         "NVLink 900 GB/s); 8 GPUs per HGX node",
+        nccl=True,
+        nvls=True,
     ),
     "a100-sxm": Hardware(
         name="a100-sxm",
@@ -96,6 +105,7 @@ HARDWARE: dict[str, Hardware] = {
         node_link_latency_s=3e-6,
         source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: BF16 312 and TF32 156 TFLOPS dense; HBM2e at "
         "2,039 GB/s; NVLink 600 GB/s); 8 GPUs per DGX A100",
+        nccl=True,
     ),
 }
 

@@ -16,7 +16,10 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
 - **Where a collective runs**: the mesh is laid out as torchtitan lays it, ``(pp, dp_replicate,
   dp_shard, cp, tp)`` with tp innermost, consecutive ranks on a node. A dimension's group whose
   ranks all sit in one node uses the node's link (NVLink), else the network (each GPU's NIC, the
-  ring's bottleneck). Each collective costs ``theory.collective_time_s`` (the ring model).
+  ring's bottleneck). On a GPU profile (``Hardware.nccl``) each collective costs what the algorithm
+  NCCL would pick costs (``theory.algorithm_times``: ring, tree, NVLS inside an NVSwitch node, PAT
+  across one rank per node), given how many of the group's ranks share a node; ``Prediction.algorithms``
+  says which ran. On a lab's calibrated profile (gloo), ``theory.collective_time_s`` (the ring model).
 - **Overlap**: tensor-parallel collectives sit in the forward and backward's critical path: exposed
   in full. FSDP's all-gathers and reduce-scatters (and HSDP's or DDP's all-reduces) run beside
   compute (FSDP2 prefetches the next unit): exposed is what exceeds the compute they hide behind,
@@ -44,17 +47,18 @@ GiB), which the published-runs table shows as the gap.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..theory import collective_time_s, pipeline_step_time_s
+from ..theory import algorithm_times, collective_time_s, pipeline_step_time_s
 from .hardware import Hardware, Network, hardware_named, network_named
 
 if TYPE_CHECKING:
     from .plan import Plan
     from .report import CollectiveCount, DryRunReport, RankKind
 
-__all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "fit_note", "predict", "predict_report"]
+__all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "fit_note", "predict", "predict_report", "ranks_per_node"]
 
 #: The fraction of peak FLOPs a step's compute reaches (see the module): fitted on torchtitan's Llama
 #: 3.1 8B on 128 H100s (Table 3, FSDP, no compile) by benchmarks/bench_published_runs.py --fit, whose
@@ -88,6 +92,10 @@ class Prediction:
     #: much and what takes the room.
     memory_limit_bytes: float = 0.0
     fit_note: str = ""
+    #: The algorithm each dimension's collectives ran with, by "dimension op" (``"dp_shard all_gather":
+    #: "pat"``; two joined by "/" where calls of different sizes ran with different ones). Empty on a
+    #: lab's profile, whose collectives are rings.
+    algorithms: dict[str, str] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -153,17 +161,41 @@ def links(plan: Plan, hardware: Hardware) -> dict[str, str]:
     return found
 
 
-def _collective_s(c: CollectiveCount, link: str, hardware: Hardware, network: Network) -> float:
+def ranks_per_node(plan: Plan, hardware: Hardware) -> dict[str, int]:
+    """How many of a dimension's group's ranks share a node, for each dimension (``MESH_ORDER``, tp
+    innermost and consecutive ranks on a node): all of them where the group fits in a node; one where
+    its ranks are a node or more apart (FSDP's group under TP 8)."""
+    sizes = dimension_sizes(plan)
+    found = {}
+    for i, dim in enumerate(MESH_ORDER):
+        stride = math.prod(sizes[inner] for inner in MESH_ORDER[i + 1:])
+        found[dim] = math.gcd(sizes[dim], max(1, hardware.gpus_per_node // stride))
+    return found
+
+
+def _collective_s(
+    c: CollectiveCount, link: str, hardware: Hardware, network: Network, per_node: int = 1,
+    chosen: dict[str, set[str]] | None = None,
+) -> float:
     if c.op not in _COLLECTIVE_OPS or c.group_size < 2:
         return 0.0
+    size = c.bytes * c.group_size if c.op == "all_gather" else c.bytes
+    if hardware.nccl and c.op in ("all_reduce", "all_gather", "reduce_scatter"):
+        ppn = math.gcd(c.group_size, per_node if link != "node" else c.group_size)
+        fastest = algorithm_times(
+            c.op, size, c.group_size, ppn, hardware.node_link_bytes_per_s, hardware.node_link_latency_s,
+            network.bytes_per_s, network.latency_s, nvls=hardware.nvls,
+        )[0]
+        if chosen is not None:
+            chosen.setdefault(f"{c.dim} {c.op}", set()).add(fastest.algorithm)
+        return fastest.seconds
     bandwidth, latency = (
         hardware.node_link_by_op.get(c.op, (hardware.node_link_bytes_per_s, hardware.node_link_latency_s))
         if link == "node"
         else network.by_op.get(c.op, (network.bytes_per_s, network.latency_s))
     )
-    # The dry run counts what each rank puts in: an all-gather's shard, a reduce-scatter's whole
-    # input; theory's sizes are the whole tensor the collective makes or reduces.
-    size = c.bytes * c.group_size if c.op == "all_gather" else c.bytes
+    # (size: the dry run counts what each rank puts in, an all-gather's shard, a reduce-scatter's
+    # whole input; theory's sizes are the whole tensor the collective makes or reduces.)
     return collective_time_s(c.op, size, c.group_size, bandwidth, latency)
 
 
@@ -177,7 +209,8 @@ def _point_to_point_s(c: CollectiveCount, link: str, hardware: Hardware, network
 
 
 def _kind_time(
-    kind: RankKind, plan: Plan, micro_batches: int, hw: Hardware, net: Network, dims: dict[str, str], efficiency: float
+    kind: RankKind, plan: Plan, micro_batches: int, hw: Hardware, net: Network, dims: dict[str, str], efficiency: float,
+    chosen: dict[str, set[str]] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
     peak = hw.peak_flops.get(plan.precision) or hw.peak_flops["bf16"]
@@ -189,6 +222,7 @@ def _kind_time(
     # the first micro-batch as FSDP's always do, the gradients' reduction waits for nothing after it.
     once: dict[str, dict[str, float]] = {}
     calls_once: dict[str, int] = {}
+    per_node = ranks_per_node(plan, hw)
     for c in kind.collectives:
         link = dims.get(c.dim, "network")
         if c.op in ("send", "recv"):
@@ -196,7 +230,7 @@ def _kind_time(
             if c.op == "send":
                 per_mb["pp"] = per_mb.get("pp", 0.0) + c.calls_per_micro_batch * _point_to_point_s(c, link, hw, net)
             continue
-        seconds = _collective_s(c, link, hw, net)
+        seconds = _collective_s(c, link, hw, net, per_node.get(c.dim, 1), chosen)
         if c.phase == "optimizer":
             per_step[c.dim] = per_step.get(c.dim, 0.0) + c.calls_per_micro_batch * seconds
         elif plan.pp > 1 and c.dim in _ONCE_UNDER_PIPELINE:
@@ -252,7 +286,8 @@ def predict_report(
     plan = report.plan
     dims = links(plan, hw)
     m = report.micro_batches
-    timed = [(_kind_time(k, plan, m, hw, net, dims, eff), k) for k in report.kinds]
+    chosen: dict[str, set[str]] = {}
+    timed = [(_kind_time(k, plan, m, hw, net, dims, eff, chosen), k) for k in report.kinds]
     (slowest_mb, extras), _ = max(timed, key=lambda t: t[0][0])
     chunks = getattr(plan, "chunks", 1)
     split = getattr(plan, "layers_per_stage", ())
@@ -291,6 +326,7 @@ def predict_report(
         efficiency=eff,
         memory_limit_bytes=hw.memory_bytes,
         fit_note=fit_note(list(report.kinds), hw.memory_bytes, hw.name),
+        algorithms={key: "/".join(sorted(names)) for key, names in sorted(chosen.items())},
     )
 
 

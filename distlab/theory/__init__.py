@@ -16,6 +16,7 @@ The models live in modules by subject; every public name is here, so ``theory.X`
     communication   ring all-reduce, compiled DDP's graphs, bus bandwidth, parameter server, latency and
                     bandwidth fitted
     collectives     bytes each rank sends and receives per collective, their time, busbw factors
+    algorithms      the algorithm NCCL runs a collective with (ring, tree, NVLS, PAT) and its time
     memory          bytes per parameter, per-device memory under DDP and ZeRO, activation sizes
     sharding        memory per device under DDP, ZeRO-1/2/3, FSDP2 with TP and PP; bytes moved per step
     transformer     a GPT-2-style model's parameters, training FLOPs per token, MFU, activations per layer
@@ -26,6 +27,7 @@ The models live in modules by subject; every public name is here, so ``theory.X`
 
 from __future__ import annotations
 
+from .algorithms import ALGORITHMS, AlgorithmTime, algorithm_times, nccl_collective_time_s
 from .batch import (
     accumulation_steps_for,
     global_batch_size,
@@ -113,8 +115,10 @@ from .transformer import (
 from .units import DIMENSIONS, UNITS, dimension_of, from_base_units, parse_quantity, to_base_units, unit_dimension
 
 __all__ = [
+    "ALGORITHMS",
     "DIMENSIONS",
     "UNITS",
+    "AlgorithmTime",
     "CollectiveBytes",
     "LatencyBandwidthFit",
     "MemoryBreakdown",
@@ -128,6 +132,7 @@ __all__ = [
     "activation_bytes",
     "activation_bytes_per_layer",
     "algbw_bytes_per_s",
+    "algorithm_times",
     "amdahl_speedup",
     "asynchronous_run_time_s",
     "bubble_fraction",
@@ -167,6 +172,7 @@ __all__ = [
     "memory_per_device_bytes",
     "micro_batches_for_bubble",
     "model_flops_utilization",
+    "nccl_collective_time_s",
     "optimal_checkpoint_interval_s",
     "overlapped_backward_time_s",
     "parallel_efficiency",

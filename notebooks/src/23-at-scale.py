@@ -17,8 +17,9 @@
 # 2. **Cited**: the GPU and the network (`scale.HARDWARE`, `scale.NETWORKS`), each figure from a
 #    datasheet named next to it.
 # 3. **Modelled**: the step time, from the counts and the figures, by a model stated in
-#    `distlab/scale/prediction.py`: compute at a fraction of the peak, collectives by the ring model
-#    of notebook 03, what overlaps and what does not, the pipeline's bubble. One number is fitted,
+#    `distlab/scale/prediction.py`: compute at a fraction of the peak, each collective by the
+#    algorithm NCCL would run it with (the ring of notebook 03, a tree, NVLS, PAT), what overlaps and
+#    what does not, the pipeline's bubble. One number is fitted,
 #    not counted: that fraction of the peak, on a run torchtitan published (checked below).
 #
 # Nothing but the last section needs ranks: each dry run is a process of its own. The last section
@@ -200,47 +201,59 @@ print("A's peak is the highest; in C the activations follow the micro-batches in
 # gets. `scale.predict_report(report, hardware, network)` places each mesh dimension's groups as
 # torchtitan's mesh lays them out: a group whose ranks sit in one node uses NVLink (`"node"`), any
 # other the network. Below, per plan and dimension: the group size, its link, the bytes one rank
-# puts in per micro-batch (the dry run's count), and what they take in the ring model
-# (`theory.collective_time_s`; a pipeline's send and receive at the link's rate).
+# puts in per micro-batch (the dry run's count), and what they take with the algorithm NCCL would
+# pick for each call. NCCL predicts every algorithm it may use (its message size, its ranks and how
+# many share a node) and runs the fastest (NCCL's `src/graph/tuning.cc`); `theory.algorithm_times`
+# keeps the shape of each: the **ring** of notebook 03 (2(N-1) steps for an all-reduce, those that
+# leave a node at the network's latency), a **tree** for all-reduces across nodes (its latency grows
+# with log2 of the nodes), **NVLS** inside an H100 node (the NVSwitch reduces: 480 GB/s of bus
+# bandwidth against a ring's 370, NVIDIA's figure in nccl-tests issue 212) and **PAT** for
+# all-gathers and reduce-scatters over one rank per node. A pipeline's send and receive go at the
+# link's rate.
 
 # %%
 preds = {name: scale.predict_report(r, hardware="h100-sxm", network="ib-400g") for name, r in reports.items()}
 
 
-def seconds(c, link):
-    """One call of a counted collective in the ring model; a pipeline's send at the link's rate."""
-    rate, latency = ((H100.node_link_bytes_per_s, H100.node_link_latency_s) if link == "node"
-                     else (IB.bytes_per_s, IB.latency_s))
+def seconds(c, link, per_node):
+    """One call of a counted collective, by the algorithm NCCL would pick; a pipeline's send at the link's rate."""
     if c.op == "send":
+        rate, latency = ((H100.node_link_bytes_per_s, H100.node_link_latency_s) if link == "node"
+                         else (IB.bytes_per_s, IB.latency_s))
         return latency + c.bytes / rate
     whole = c.bytes * c.group_size if c.op == "all_gather" else c.bytes  # an all-gather's input is its shard
-    return theory.collective_time_s(c.op, whole, c.group_size, rate, latency)
+    on_node = c.group_size if link == "node" else per_node[c.dim]
+    return theory.nccl_collective_time_s(c.op, whole, c.group_size, on_node, H100.node_link_bytes_per_s,
+                                         H100.node_link_latency_s, IB.bytes_per_s, IB.latency_s, nvls=H100.nvls)
 
 
-def by_dimension(kind, links):
+def by_dimension(kind, plan, links):
     """{dim: (group size, link, bytes in per micro-batch, seconds per micro-batch)} for one rank kind."""
+    per_node = scale.ranks_per_node(plan, H100)  # how many of a dimension's group share a node
     found = {}
     for c in kind.collectives:
         if c.op == "recv":  # a boundary's transfer is counted at its send
             continue
         size, link, moved, took = found.get(c.dim, (c.group_size, links[c.dim], 0, 0.0))
         found[c.dim] = (size, link, moved + c.calls_per_micro_batch * c.bytes,
-                        took + c.calls_per_micro_batch * seconds(c, link))
+                        took + c.calls_per_micro_batch * seconds(c, link, per_node))
     return found
 
 
 for name, report in reports.items():
     kind = max(report.kinds, key=lambda k: k.flops_per_micro_batch)  # C: the last stage, the slowest
     print(f"{name} ({kind.name}):")
-    for dim, (size, link, moved, took) in by_dimension(kind, preds[name].links).items():
+    chosen = preds[name].algorithms
+    for dim, (size, link, moved, took) in by_dimension(kind, report.plan, preds[name].links).items():
+        how = ", ".join(f"{key.split()[1]} {algo}" for key, algo in chosen.items() if key.split()[0] == dim)
         print(f"  {dim:<9} groups of {size:>4} over {link:<8} {moved / 2**30:6.2f} GiB in, "
-              f"{1e3 * took:6.1f} ms per micro-batch")
+              f"{1e3 * took:6.1f} ms per micro-batch  ({how or 'point to point'})")
 
 # %% [markdown]
 # - **Tensor parallelism stays in the node.** Its 8 ranks are consecutive, and so are a node's 8
 #   GPUs. Its collectives are the heaviest per micro-batch: with sequence parallelism every layer
 #   all-gathers its input and reduce-scatters its output, for attention and for the MLP, in forward
-#   and again in backward. On NVLink they take 42 ms per micro-batch in B, in the critical path of
+#   and again in backward. On NVLink they take 41 ms per micro-batch in B, in the critical path of
 #   every layer: nothing hides them.
 # - **FSDP crosses the network.** In A a `dp_shard` group is all 1,024 GPUs; in B its ranks are 8
 #   apart (one per node), in C 8 apart within each 256-GPU pipeline stage. FSDP2 gathers each block's
@@ -249,14 +262,18 @@ for name, report in reports.items():
 #   shard in B and C.
 # - **The pipeline's stages are 256 ranks apart**: C's sends and receives cross the network too, but
 #   one boundary's activation is 8 MiB per micro-batch.
-# - **At 1,024 ranks the ring's latency counts.** A ring over N ranks takes N-1 steps, each paying
-#   the link's latency: 1,023 x 5 µs = 5 ms per collective in A, for 99 collectives per micro-batch.
-#   The 5 µs is the predictor's assumption (`hardware.py` says so); NCCL has other algorithms for
-#   large groups (trees, for all-reduce), and the predictor models rings only.
+# - **At 1,024 ranks the ring's latency counts.** NCCL has no tree for all-gathers and
+#   reduce-scatters, and PAT needs one rank per node: A's groups (8 ranks on each of 128 nodes) run
+#   as rings of 1,023 steps, 127 of them across the network at 5 µs and 896 over NVLink at 3 µs,
+#   3.3 ms per collective, for 99 collectives per micro-batch. (The two latencies are the predictor's
+#   assumptions: `hardware.py` says so.) An all-reduce over the same ranks would run on a tree:
+#   2 x (7 NVLink + 7 network) hops, about 0.1 ms.
+# - **Inside a node the switch reduces.** B's one all-reduce kind in tp (the norms' gradients) runs as
+#   NVLS; its all-gathers and reduce-scatters stay rings, which NVLS does not beat at these sizes.
 #
 # The checks: each dimension's link, and the predicted exposed tensor-parallel time recomputed from
-# the dry run's collectives with `theory.collective_time_s` (an all-gather's whole output is the rank's
-# shard times the group).
+# the dry run's collectives with `theory.nccl_collective_time_s` (an all-gather's whole output is the
+# rank's shard times the group).
 
 # %% tags=["nbval-check-output"]
 links = {name: p.links for name, p in preds.items()}
@@ -267,10 +284,10 @@ print("dp_shard crosses the network in all three; C's pipeline too:",
       and links["C: FSDP 32 x TP 8 x PP 4"]["pp"] == "network")
 
 
-tp_per_micro_batch_s = by_dimension(B.kinds[0], links["B: FSDP 128 x TP 8"])["tp"][3]
-print("B's exposed tp time is the ring model of its counted collectives, in full, every micro-batch:",
+tp_per_micro_batch_s = by_dimension(B.kinds[0], B.plan, links["B: FSDP 128 x TP 8"])["tp"][3]
+print("B's exposed tp time is what its counted collectives take by NCCL's algorithms, in full, every micro-batch:",
       abs(preds["B: FSDP 128 x TP 8"].breakdown["exposed tp"] / (B.micro_batches * tp_per_micro_batch_s) - 1) < 1e-9)
-b_dims = by_dimension(B.kinds[0], links["B: FSDP 128 x TP 8"])
+b_dims = by_dimension(B.kinds[0], B.plan, links["B: FSDP 128 x TP 8"])
 print("in B, tensor parallelism puts over twice the bytes in per micro-batch that FSDP does:",
       b_dims["tp"][2] > 2 * b_dims["dp_shard"][2])
 
@@ -307,12 +324,12 @@ show(preds)
 # How to read it:
 #
 # - **A and B compute the same**: every GPU does 1/1,024 of the step's FLOPs, one way or the other.
-#   In A, though, each GPU's FSDP traffic per micro-batch (1.8 s, over a quarter of it the ring's
-#   latency) is longer than its compute (1.45 s): the network cannot keep up, and 0.36 s of it shows.
+#   In A, though, each GPU's FSDP traffic per micro-batch (1.6 s, a fifth of it the rings' latency)
+#   is longer than its compute (1.45 s): the network cannot keep up, and 0.18 s of it shows.
 # - **B trades that for NVLink**: FSDP moves 8 times fewer bytes per micro-batch over 8 times fewer
 #   ranks, but B runs 8 micro-batches, and FSDP2 gathers the weights and reduce-scatters the
-#   gradients in each. Its tensor parallelism adds 0.34 s that nothing hides. Slower than A by the
-#   model, and it fits: 21 GB against A's 75 GB.
+#   gradients in each. Its tensor parallelism adds 0.33 s that nothing hides. Slower than A by the
+#   model, and it fits: 14 GB against A's 75 GB.
 # - **C pays a bubble and an imbalance**. With 4 stages and 32 micro-batches, 1F1B idles
 #   `(p-1)/(m+p-1)` = 3/35 of the pipeline's time. And a pipeline runs at the pace of its slowest stage: the
 #   last, which also computes the output head (128,256 x 4,096 per token), does 22% more than the
@@ -417,7 +434,7 @@ print(f"MFU {100 * at_fit.mfu:.1f}%, PaLM's count on the SXM's peak (torchtitan:
 # matmuls and `torch.compile`, which the predictor does not model: a plan with tensor parallelism is
 # less sure than one without.
 #
-# Plan A, the same model with the same FSDP at 8 times the GPUs, predicts about a fifth fewer tokens/s
+# Plan A, the same model with the same FSDP at 8 times the GPUs, predicts about a tenth fewer tokens/s
 # per GPU than this run: each GPU's reduce-scatters and all-gathers are as large whatever the number of
 # GPUs, the ring over 1,024 ranks pays 8 times the latency, and A's micro-batch of one sequence, half
 # this run's, leaves half the compute to hide them behind.
@@ -609,11 +626,12 @@ except LabUsageError as error:
 # - Keep the chattiest collectives on the fastest link: **tensor parallelism in the node**
 #   (NVLink), FSDP and the pipeline across nodes.
 # - FSDP hides behind compute only while its traffic per micro-batch is shorter than the compute; over
-#   1,024 ranks a ring also pays 1,023 steps of latency per collective.
+#   1,024 ranks a ring also pays 1,023 steps of latency per collective, where NCCL has no tree for it.
 # - A pipeline costs **its bubble**, `(p-1)/(m+p-1)` for 1F1B, and runs at the pace of its
 #   **slowest stage** (the one with the output head).
-# - A prediction is only as good as what it leaves out: here, one fitted efficiency, the ring model,
-#   and no Float8 or `torch.compile`. Compare it with a published run before trusting it.
+# - A prediction is only as good as what it leaves out: here, one fitted efficiency, a
+#   latency-bandwidth model of each of NCCL's algorithms (without its LL protocols), and no Float8 or
+#   `torch.compile`. Compare it with a published run before trusting it.
 
 # %%
 # %quiz scaling -n 3 --seed 23
