@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import pwd
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,9 +85,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         owner = running.process.pid
         hub_address = running.hub_address() + "/32"
         yield running
-    # Nothing of the class outlives its hub: namespaces, control groups, the hub's address, processes.
+    # Nothing of the class outlives its hub: namespaces, control groups, temporary folders, the hub's address.
     assert namespaces_of(owner) == []
     assert glob.glob(f"/sys/fs/cgroup/*/distlab-{owner}-*") + glob.glob(f"/sys/fs/cgroup/distlab-{owner}-*") == []
+    assert glob.glob(f"/tmp/distlab-{owner}-*") == []  # the learners' temporary folders
     assert f" {hub_address} " not in subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True,
                                                     text=True, check=True).stdout
 
@@ -271,12 +273,18 @@ def test_the_hub_enforces_the_cores_and_ends_every_process_of_a_stopped_learner(
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
         "print('stray', p.pid)")
     pid = int(next(line for line in stray.splitlines() if line.startswith("stray ")).split()[1])
+    # Her lab's files (its sockets, its watchdog's list) are in a temporary folder of her own, not in /tmp:
+    # the group's end kills the watchdog that would remove them.
+    uid = pwd.getpwnam("dl-ann").pw_uid
+    (tmp,) = glob.glob(f"/tmp/distlab-{hub.process.pid}-dl-ann-*")
+    assert os.stat(tmp).st_uid == uid and glob.glob(f"{tmp}/distlab-*.pgids")
     status, _ = hub.request("DELETE", "/hub/api/users/dl-ann/server")
     assert status in (202, 204)
     wait_for(lambda: not _alive(pid) and not any(_alive(r["pid"]) for r in ann["lab"]["ranks"]), 60,
              "ann's processes to end with her server")
     wait_for(lambda: ann["netns"] not in namespaces_of(hub.process.pid) and not os.path.exists(folder), 30,
              "ann's namespace and control group to go")
+    wait_for(lambda: not os.path.exists(tmp), 30, "ann's temporary folder to go with her server")
 
 
 def _alive(pid: int) -> bool:

@@ -11,7 +11,10 @@ runs and removed after it stops:
   spawner only passes on as variables, are enforced by the kernel, and every process the learner
   started is ended with the server, whatever escaped its session;
 - ``DISTLAB_LIMITS`` in the server's environment, which distlab reads in the learner's kernels
-  (``limits``: ranks and labs at once, the idle end; cores as the group enforces them).
+  (``limits``: ranks and labs at once, the idle end; cores as the group enforces them);
+- a temporary folder of the learner's own (``TMPDIR``): what their labs keep there (a lab's sockets,
+  its watchdog's list) goes with the server even when the group's end kills the watchdog that would
+  have removed it.
 
 The hub must run as root (as for any ``LocalProcessSpawner`` serving other users).
 """
@@ -23,6 +26,7 @@ import os
 import pwd
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
@@ -72,6 +76,9 @@ class ClassroomSpawner(LocalProcessSpawner):
         text = self._limits_text()
         if text:
             env["DISTLAB_LIMITS"] = text
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:
+            env["TMPDIR"] = tmp
         return env
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
@@ -106,6 +113,11 @@ class ClassroomSpawner(LocalProcessSpawner):
         group = LearnerGroup(f"distlab-{os.getpid()}-{self.user.name}", self.cpu_limit or None, memory)
         self._group: LearnerGroup | None = group
         try:
+            # In /tmp, where a learner's processes write by default: the hub's own TMPDIR (root's) may be a
+            # folder they cannot enter.
+            self._tmp: str | None = tempfile.mkdtemp(prefix=f"distlab-{os.getpid()}-{self.user.name}-", dir="/tmp")
+            learner = pwd.getpwnam(self.user.name)
+            os.chown(self._tmp, learner.pw_uid, learner.pw_gid)  # 0700: theirs alone
             group.make()
             if self.own_network:
                 if not self.network:
@@ -147,6 +159,10 @@ class ClassroomSpawner(LocalProcessSpawner):
         if network is not None:
             network.remove()
             self._network = None
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:  # after the group's end: nothing of theirs is left to write there
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._tmp = None
         index = getattr(self, "_index", None)
         if index is not None:
             self._taken.discard(index)
