@@ -147,30 +147,26 @@ def dimension_sizes(plan: Plan) -> dict[str, int]:
     return {"pp": plan.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": plan.cp, "tp": plan.tp}
 
 
+def _groups(plan: Plan) -> dict[str, tuple[int, int]]:
+    """Each dimension's (group size, stride): a group's ranks are ``stride`` apart (``MESH_ORDER``, tp
+    innermost and consecutive ranks on a node)."""
+    sizes = dimension_sizes(plan)
+    return {dim: (sizes[dim], math.prod(sizes[inner] for inner in MESH_ORDER[i + 1:]))
+            for i, dim in enumerate(MESH_ORDER)}
+
+
 def links(plan: Plan, hardware: Hardware) -> dict[str, str]:
     """Which link each dimension's groups cross: "node" when a group's ranks share a node, else
     "network" ("none" for a dimension of size 1: no group, nothing crosses)."""
-    sizes = dimension_sizes(plan)
-    found = {}
-    for i, dim in enumerate(MESH_ORDER):
-        stride = 1
-        for inner in MESH_ORDER[i + 1:]:
-            stride *= sizes[inner]
-        span = stride * sizes[dim]  # a group's ranks are `stride` apart
-        found[dim] = "none" if sizes[dim] == 1 else "node" if span <= hardware.gpus_per_node else "network"
-    return found
+    return {dim: "none" if size == 1 else "node" if stride * size <= hardware.gpus_per_node else "network"
+            for dim, (size, stride) in _groups(plan).items()}
 
 
 def ranks_per_node(plan: Plan, hardware: Hardware) -> dict[str, int]:
-    """How many of a dimension's group's ranks share a node, for each dimension (``MESH_ORDER``, tp
-    innermost and consecutive ranks on a node): all of them where the group fits in a node; one where
-    its ranks are a node or more apart (FSDP's group under TP 8)."""
-    sizes = dimension_sizes(plan)
-    found = {}
-    for i, dim in enumerate(MESH_ORDER):
-        stride = math.prod(sizes[inner] for inner in MESH_ORDER[i + 1:])
-        found[dim] = math.gcd(sizes[dim], max(1, hardware.gpus_per_node // stride))
-    return found
+    """How many of a dimension's group's ranks share a node, for each dimension: all of them where the
+    group fits in a node; one where its ranks are a node or more apart (FSDP's group under TP 8)."""
+    return {dim: math.gcd(size, max(1, hardware.gpus_per_node // stride))
+            for dim, (size, stride) in _groups(plan).items()}
 
 
 def _collective_s(
@@ -179,6 +175,8 @@ def _collective_s(
 ) -> float:
     if c.op not in _COLLECTIVE_OPS or c.group_size < 2:
         return 0.0
+    # The dry run counts what each rank puts in: an all-gather's shard, a reduce-scatter's whole
+    # input; theory's sizes are the whole tensor the collective makes or reduces.
     size = c.bytes * c.group_size if c.op == "all_gather" else c.bytes
     if hardware.nccl and c.op in ("all_reduce", "all_gather", "reduce_scatter"):
         ppn = math.gcd(c.group_size, per_node if link != "node" else c.group_size)
@@ -194,8 +192,6 @@ def _collective_s(
         if link == "node"
         else network.by_op.get(c.op, (network.bytes_per_s, network.latency_s))
     )
-    # (size: the dry run counts what each rank puts in, an all-gather's shard, a reduce-scatter's
-    # whole input; theory's sizes are the whole tensor the collective makes or reduces.)
     return collective_time_s(c.op, size, c.group_size, bandwidth, latency)
 
 
@@ -210,7 +206,7 @@ def _point_to_point_s(c: CollectiveCount, link: str, hardware: Hardware, network
 
 def _kind_time(
     kind: RankKind, plan: Plan, micro_batches: int, hw: Hardware, net: Network, dims: dict[str, str], efficiency: float,
-    chosen: dict[str, set[str]] | None = None,
+    per_node: dict[str, int], chosen: dict[str, set[str]] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
     peak = hw.peak_flops.get(plan.precision) or hw.peak_flops["bf16"]
@@ -222,7 +218,6 @@ def _kind_time(
     # the first micro-batch as FSDP's always do, the gradients' reduction waits for nothing after it.
     once: dict[str, dict[str, float]] = {}
     calls_once: dict[str, int] = {}
-    per_node = ranks_per_node(plan, hw)
     for c in kind.collectives:
         link = dims.get(c.dim, "network")
         if c.op in ("send", "recv"):
@@ -287,7 +282,8 @@ def predict_report(
     dims = links(plan, hw)
     m = report.micro_batches
     chosen: dict[str, set[str]] = {}
-    timed = [(_kind_time(k, plan, m, hw, net, dims, eff, chosen), k) for k in report.kinds]
+    per_node = ranks_per_node(plan, hw)
+    timed = [(_kind_time(k, plan, m, hw, net, dims, eff, per_node, chosen), k) for k in report.kinds]
     (slowest_mb, extras), _ = max(timed, key=lambda t: t[0][0])
     chunks = getattr(plan, "chunks", 1)
     split = getattr(plan, "layers_per_stage", ())

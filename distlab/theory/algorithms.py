@@ -94,23 +94,22 @@ def algorithm_times(
         net_bw = checked_positive("network_bytes_per_s", network_bytes_per_s)
         net_lat = checked_non_negative("network_latency_s", network_latency_s)
     else:
-        net_bw, net_lat = node_bw, node_lat  # not crossed
+        net_bw, net_lat = node_bw, node_lat  # not crossed: every link is the node's
     if n == 1:
         return [AlgorithmTime("ring", 0.0, 0.0)]
-    link_bw = net_bw if nodes > 1 else node_bw
     share = busiest_rank_share(op, n)
     phases = 2 if op == "all_reduce" else 1
     steps, network_steps = phases * (n - 1), phases * (nodes - 1)
     ring_latency = (steps - network_steps) * node_lat + network_steps * net_lat
-    found = [AlgorithmTime("ring", ring_latency, share * size / link_bw)]
+    found = [AlgorithmTime("ring", ring_latency, share * size / net_bw)]
     if op == "all_reduce":
         hops = (ppn - 1) * node_lat + int(math.log2(nodes)) * net_lat
-        found.append(AlgorithmTime("tree", 2 * hops, 2 * size / (TREE_BANDWIDTH * link_bw)))
+        found.append(AlgorithmTime("tree", 2 * hops, 2 * size / (TREE_BANDWIDTH * net_bw)))
         if nvls and nodes == 1:
             found.append(AlgorithmTime("nvls", NVLS_LATENCY_S, share * size / (NVLS_GAIN * node_bw)))
     elif ppn == 1:
         latency = PAT_BASE_S + int(math.log2(nodes)) * net_lat / PAT_NETWORK_DIVISOR + PAT_PER_RANK_S * n
-        found.append(AlgorithmTime("pat", latency, size / (PAT_BANDWIDTH * link_bw)))
+        found.append(AlgorithmTime("pat", latency, size / (PAT_BANDWIDTH * net_bw)))
     return sorted(found, key=lambda a: a.seconds)
 
 
