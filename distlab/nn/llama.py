@@ -17,6 +17,7 @@ heads from the width of its local ``wq`` / ``wk`` outputs, so a tensor-parallel 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -31,11 +32,13 @@ from torch.utils.checkpoint import (
 )
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from ..scale.models import ModelConfig
 
-__all__ = ["Transformer", "TransformerStage", "stage_modules", "tensor_parallel_plan"]
+__all__ = ["Transformer", "TransformerStage", "recomputing", "stage_modules", "tensor_parallel_plan"]
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -136,14 +139,54 @@ def _policy(
     return CheckpointPolicy.MUST_SAVE if name in _SAVED else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+class _Recomputation:
+    """Entered where torch's checkpoint runs a block again in backward (the second of ``context_fn``'s
+    contexts), around the context that recomputation needs (selective checkpointing's), if any."""
+
+    depth = 0  # checkpointed blocks running again now (nested: a block in a block)
+
+    def __init__(self, inner: AbstractContextManager[object] | None = None) -> None:
+        self.inner = inner
+
+    def __enter__(self) -> None:
+        if self.inner is not None:
+            self.inner.__enter__()
+        _Recomputation.depth += 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        _Recomputation.depth -= 1
+        if self.inner is not None:
+            self.inner.__exit__(kind, error, trace)
+
+
+def recomputing() -> bool:
+    """Whether a checkpointed block is running its forward again, in backward, now: the ops run then
+    are recomputation (the dry run counts their FLOPs apart from the model's)."""
+    return _Recomputation.depth > 0
+
+
+_SELECTIVE = partial(create_selective_checkpoint_contexts, _policy)
+
+
+def _full_contexts() -> tuple[AbstractContextManager[None], _Recomputation]:
+    # torch's checkpoint runs the block under the first context, its recomputation under the second
+    return nullcontext(), _Recomputation()
+
+
+def _selective_contexts() -> tuple[AbstractContextManager[object], _Recomputation]:
+    forward, recompute = _SELECTIVE()
+    return forward, _Recomputation(recompute)
+
+
 def _run(block: nn.Module, x: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "none" or not torch.is_grad_enabled():
         out: torch.Tensor = block(x)
     elif mode == "full":  # keep only the block's input; everything inside is recomputed in backward
-        out = checkpoint(block, x, use_reentrant=False)
+        out = checkpoint(block, x, use_reentrant=False, context_fn=_full_contexts)
     else:
-        contexts = partial(create_selective_checkpoint_contexts, _policy)
-        out = checkpoint(block, x, use_reentrant=False, context_fn=contexts)
+        out = checkpoint(block, x, use_reentrant=False, context_fn=_selective_contexts)
     return out
 
 

@@ -25,10 +25,14 @@ read: the local parameter shards, gradients and the optimizer's states. What is 
   FSDP's gradients are held unsharded in fp32 across the micro-batches, as torch's schedules keep
   them (reduced once, after the stage's last backward); its all-gathers and reduce-scatters, counted
   on the one micro-batch run, are then once a step's (``scale.predict`` charges them so).
-- Recomputation's FLOPs: the step is counted again with checkpointing off (shapes only, no memory):
-  the difference is what checkpointing recomputes. Flash attention's backward recomputes its scores
-  too (``LocalFlops.recomputed``). Both are reported apart from the model's FLOPs, which leave them
-  out as PaLM's MFU does; the predicted compute time counts both.
+- Recomputation's FLOPs: what a checkpointed block runs again in backward is counted as it runs
+  (torch's checkpoint runs it under a context the model gives it: ``nn.llama.recomputing``), and
+  flash attention's backward recomputes its scores (``LocalFlops.recomputed``). Both are reported
+  apart from the model's FLOPs, which leave them out as PaLM's MFU does; the predicted compute time
+  counts both.
+- A deep stage (``dryrun_depth.DEEP`` blocks or more, one stage module per rank) is run at two
+  shallow depths and each figure read at its depth on the line through the two (``dryrun_depth``
+  says why that is exact and what it checks): Llama 3 70B's dry run at 1,024 GPUs took 69 s, 37 s so.
 - The optimizer's states are created by one step before the measured one, as in every step but the
   first: the measured step's peak is that of training, not of start-up.
 - The optimizer steps the parameters' local shards (``ShardStepAdamW``): AdamW is element-wise, so a
@@ -40,15 +44,12 @@ read: the local parameter shards, gradients and the optimizer's states. What is 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import multiprocessing
 import sys
 import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, TypedDict, final
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,8 @@ from ..scale.models import ModelConfig
 from ..theory import in_flight_micro_batches
 from . import torchcompat_fake
 from .dryrun_counts import Collectives, LocalFlops
+from .dryrun_depth import DEEP, SHALLOW, Measured, Segments, extrapolate
+from .dryrun_kinds import forked, kinds
 
 if TYPE_CHECKING:
     from ..scale.plan import PlanJSON
@@ -78,30 +81,6 @@ __all__ = [
 ]
 
 MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-def _kinds(plan: PlanJSON) -> list[tuple[str, int, int, int | None]]:
-    """(name, ranks of this kind, the rank run, its stage) for each distinct kind of rank.
-
-    Under pp, pipeline ranks next to each other that hold the same layers' worth (their stages'
-    layer counts, the embedding, the head) are one kind, run as its first (which holds the most
-    micro-batches in flight)."""
-    world, pp = plan["gpus"], plan["pp"]
-    if pp == 1:
-        return [("every rank", world, 0, None)]
-    per = world // pp  # pp is the outermost dimension: stage s is ranks s*per .. (s+1)*per - 1
-    splits, stages = plan["stage_layers"], pp * plan["chunks"]
-    kinds: list[tuple[str, int, int, int | None]] = []
-    holds = [(tuple(splits[s] for s in range(d, stages, pp)), d == 0, d == pp - 1) for d in range(pp)]
-    for _, run in itertools.groupby(range(pp), key=holds.__getitem__):
-        group = list(run)
-        a, b = group[0], group[-1]
-        if a in (0, pp - 1):
-            name = "first stage" if a == 0 else "last stage"
-        elif (a, b) == (1, pp - 2):
-            name = f"middle stages ({a}-{b})"
-        else:
-            name = f"stage {a}" if a == b else f"stages {a}-{b}"
-        kinds.append((name, per * len(group), a * per, a))
-    return kinds
 
 
 def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
@@ -163,7 +142,8 @@ def backward(losses: Backward, tp: bool) -> None:
             out.backward(grad)
 
 
-def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int, stage: int | None) -> RankKindJSON:
+def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> tuple[Measured, list[CollectiveJSON]]:
+    """One rank's step, measured (and its stage boundary's sends and receives)."""
     dims = {"pp": plan["pp"], **mesh_dims(plan)}
     dist.init_process_group("fake", store=torchcompat_fake.fake_store(), rank=rank, world_size=plan["gpus"])
     try:
@@ -171,7 +151,7 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         dims_of = {str(mesh.get_group(d).group_name): d for d in MESH}
         modules = parallelize(plan, cfg, mesh, stage or 0)
         params = [p for m in modules for p in m.parameters()]
-        tp = plan["tp"] > 1
+        segments = Segments(block for m in modules for block in m.layers.values())
         with torchcompat_fake.sharding_propagation_unseen(), torchcompat_fake.fake_tensor_mode():
             for m in modules:
                 m.to_empty(device="cpu")
@@ -181,54 +161,68 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             counter, flops = Collectives(dims_of), LocalFlops()
-            memory = tracked_step(plan, cfg, modules, optimizer, counter, flops)
-            total_flops = flops.flops
-            recompute = 0
-            if plan["checkpointing"] != "none":
-                for m in modules:
-                    m.checkpointing = "none"
-                optimizer.zero_grad(set_to_none=True)
-                plain = LocalFlops()
-                with plain:
-                    again = micro_batch(plan, cfg, modules, tp)
-                    backward(again, tp)
-                recompute = total_flops - plain.flops
-        activations, peak = memory["activations"], memory["peak"]
-        collectives = counter.report()
-        if plan["pp"] > 1 and stage is not None:
-            count = micro_batches(plan)
-            in_flight = in_flight_micro_batches(stage, plan["pp"], count, plan["schedule"], plan["chunks"])
-            # The other micro-batches in flight hold what their forward saved for backward; the
-            # backward's own working memory (a checkpointed block run again, its gradients) is
-            # one micro-batch's, once. Without checkpointing the two differ little.
-            saved = memory.get("saved", activations)
-            shard = dims["dp_shard"]
-            if shard > 1:
-                # Under pp FSDP keeps each unit's parameters gathered from forward to backward
-                # (``parallelize``): alive after forward, but once, not per micro-batch.
-                gathered = memory["parameters"] * shard * (2 if plan["precision"] == "bf16" else 4) // 4
-                saved = max(0, saved - gathered)
-                # torch's schedules turn FSDP's gradient reduction off until a stage's last micro-batch
-                # (pipelining/stage.py: set_requires_gradient_sync(False), then perform_reduce_grad):
-                # the stage keeps its gradients unsharded, in fp32 (FSDP2 accumulates in the reduce
-                # dtype), from its first backward to the step's end, where the step measured here
-                # held them sharded.
-                accumulated = memory["parameters"] * shard
-                peak += accumulated - memory["gradients"]
-                memory["gradients"] = accumulated
-            peak += round((in_flight - 1) * saved)
-            activations = round(activations + (in_flight - 1) * saved)
-            collectives += _point_to_point(plan, cfg, modules)
-        return {
-            "name": name, "ranks": ranks, "rank": rank, "stage": stage,
-            "memory": {**memory, "activations": int(activations), "peak": int(peak)},
-            "collectives": collectives,
-            # PaLM's model FLOPs; what is computed again (checkpointing, flash attention's scores) apart
-            "flops_per_micro_batch": float(total_flops - recompute - flops.recomputed),
-            "recompute_flops_per_micro_batch": float(recompute + flops.recomputed),
-        }
+            memory = tracked_step(plan, cfg, modules, optimizer, counter, flops, segments=segments)
+        measured: Measured = {"memory": memory, "collectives": counter.report(), "flops": flops.flops,
+                              "recomputed": flops.recomputed, "segments": segments.peaks}
+        return measured, _point_to_point(plan, cfg, modules)
     finally:
         dist.destroy_process_group()
+
+
+def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int, stage: int | None) -> RankKindJSON:
+    """One rank kind's report: its step measured (a deep stage from two shallow ones: ``dryrun_depth``),
+    then what a pipeline's other micro-batches add."""
+    dims = {"pp": plan["pp"], **mesh_dims(plan)}
+    depth = plan["stage_layers"][stage or 0]
+    measured: Measured | None = None
+    if plan["chunks"] == 1 and depth >= DEEP:
+        (shallow, _), (deeper, boundary) = (forked(_measure, _with_depth(plan, stage or 0, n), cfg, rank, stage,
+                                                   name=name) for n in (SHALLOW, SHALLOW + 1))
+        measured = extrapolate(shallow, deeper, depth)
+    if measured is None:
+        measured, boundary = forked(_measure, plan, cfg, rank, stage, name=name)
+    memory = measured["memory"].copy()
+    activations, peak = memory["activations"], memory["peak"]
+    collectives = measured["collectives"]
+    if plan["pp"] > 1 and stage is not None:
+        count = micro_batches(plan)
+        in_flight = in_flight_micro_batches(stage, plan["pp"], count, plan["schedule"], plan["chunks"])
+        # The other micro-batches in flight hold what their forward saved for backward; the
+        # backward's own working memory (a checkpointed block run again, its gradients) is
+        # one micro-batch's, once. Without checkpointing the two differ little.
+        saved = memory.get("saved", activations)
+        shard = dims["dp_shard"]
+        if shard > 1:
+            # Under pp FSDP keeps each unit's parameters gathered from forward to backward
+            # (``parallelize``): alive after forward, but once, not per micro-batch.
+            gathered = memory["parameters"] * shard * (2 if plan["precision"] == "bf16" else 4) // 4
+            saved = max(0, saved - gathered)
+            # torch's schedules turn FSDP's gradient reduction off until a stage's last micro-batch
+            # (pipelining/stage.py: set_requires_gradient_sync(False), then perform_reduce_grad):
+            # the stage keeps its gradients unsharded, in fp32 (FSDP2 accumulates in the reduce
+            # dtype), from its first backward to the step's end, where the step measured here
+            # held them sharded.
+            accumulated = memory["parameters"] * shard
+            peak += accumulated - memory["gradients"]
+            memory["gradients"] = accumulated
+        peak += round((in_flight - 1) * saved)
+        activations = round(activations + (in_flight - 1) * saved)
+        collectives = collectives + boundary
+    return {
+        "name": name, "ranks": ranks, "rank": rank, "stage": stage,
+        "memory": {**memory, "activations": int(activations), "peak": int(peak)},
+        "collectives": collectives,
+        # PaLM's model FLOPs; what is computed again (checkpointing, flash attention's scores) apart
+        "flops_per_micro_batch": float(measured["flops"] - measured["recomputed"]),
+        "recompute_flops_per_micro_batch": float(measured["recomputed"]),
+    }
+
+
+def _with_depth(plan: PlanJSON, stage: int, layers: int) -> PlanJSON:
+    """``plan`` with ``layers`` blocks in ``stage`` (what the shallow runs of ``dryrun_depth`` run)."""
+    splits = list(plan["stage_layers"])
+    splits[stage] = layers
+    return {**plan, "stage_layers": splits}
 
 
 class ShardStepAdamW(torch.optim.AdamW):
@@ -256,16 +250,17 @@ class ShardStepAdamW(torch.optim.AdamW):
 
 def tracked_step(
     plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], optimizer: torch.optim.Optimizer,
-    counter: Collectives | None = None, *modes: AbstractContextManager[object],
+    counter: Collectives | None = None, *modes: AbstractContextManager[object], segments: Segments | None = None,
 ) -> MemoryJSON:
     """One micro-batch's forward and backward, then the optimizer's step, under torch's MemTracker (and
     ``counter`` and ``modes``, dispatch modes around the same step): what this rank holds, in bytes, by
     category. Activations are the peak up to the end of backward less the parameters and the optimizer's
     states, which live through the step; the peak is the whole step's, the optimizer's included. The
-    dry run runs it under FakeTensor, ``scale.measure`` on a lab's real tensors (``rank.planrun``)."""
+    dry run runs it under FakeTensor, ``scale.measure`` on a lab's real tensors (``rank.planrun``).
+    ``segments`` (``dryrun_depth``) keeps the peak of each block's part of the step."""
     params = [p for m in modules for p in m.parameters()]
     tp = plan["tp"] > 1
-    tracker = torchcompat_fake.memory_tracker(*modules, optimizer)
+    tracker = torchcompat_fake.memory_tracker(*modules, optimizer, observe=segments.observe if segments else None)
     with tracker, contextlib.ExitStack() as stack:
         # The counter entered last, innermost: it sees each op first, as it did before this was shared
         # (under the FLOP mode first, DTensor's loss_parallel reductions would be counted too).
@@ -274,13 +269,11 @@ def tracked_step(
                 stack.enter_context(mode)
         losses = micro_batch(plan, cfg, modules, tp)
         after_forward = torchcompat_fake.tracked_current_bytes(tracker)
-        if counter is not None:
-            counter.phase = "backward"
+        _phase("backward", counter, segments)
         backward(losses, tp)
         forward_backward_peak = torchcompat_fake.tracked_peak_bytes(tracker)
         gradients = _local_bytes(p.grad for p in params)
-        if counter is not None:
-            counter.phase = "optimizer"
+        _phase("optimizer", counter, segments)
         optimizer.step()
     peak = torchcompat_fake.tracked_peak_bytes(tracker)
     parameters = _local_bytes(params)
@@ -289,6 +282,13 @@ def tracked_step(
     return {"parameters": parameters, "gradients": gradients, "optimizer": optimizer_bytes,
             "activations": forward_backward_peak - parameters - optimizer_bytes, "peak": peak,
             "saved": after_forward - parameters - optimizer_bytes}
+
+
+def _phase(name: str, counter: Collectives | None, segments: Segments | None) -> None:
+    if counter is not None:
+        counter.phase = name
+    if segments is not None:
+        segments.phase(name)
 
 
 def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage]) -> list[CollectiveJSON]:
@@ -332,45 +332,11 @@ def dry_run(plan: PlanJSON) -> DryRunJSON:
         raise ValueError("precision='fp8' is not dry-run: fp8 needs torchao's Float8Linear, not installed; use 'bf16'")
     start = time.perf_counter()
     cfg = ModelConfig(**plan["model"])
-    kinds = [_forked(plan, cfg, kind) for kind in _kinds(plan)]
+    runs = [_run_kind(plan, cfg, *kind) for kind in kinds(plan)]
     m = micro_batches(plan)
-    return {"plan": plan, "parameters": _count(cfg), "kinds": kinds, "seconds": time.perf_counter() - start,
+    return {"plan": plan, "parameters": _count(cfg), "kinds": runs, "seconds": time.perf_counter() - start,
             "micro_batches": m, "tokens_per_step": m * plan["micro_batch_size"] * plan["seq_len"]
             * plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])}
-
-
-def _forked(plan: PlanJSON, cfg: ModelConfig, kind: tuple[str, int, int, int | None]) -> RankKindJSON:
-    """One rank kind's run in a child forked from this process, which has made no group yet.
-
-    Each kind is a different rank of the same world: a new process group and a mesh of the same
-    layout. In one process the second kind's DTensor ops reuse sharding decisions cached for the
-    first mesh (torch keys them by the mesh's layout) and name its groups, gone with it; a fork
-    starts each kind from the same clean state, without a new interpreter's imports."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, plan, cfg, kind))
-    child.start()
-    send.close()
-    try:
-        outcome: RankKindJSON | _Failed = receive.recv()
-    except EOFError:
-        outcome = {"error": f"the run of the {kind[0]} died (exit status {child.exitcode})"}
-    child.join()
-    if "error" in outcome:
-        raise RuntimeError(outcome["error"])
-    return outcome
-
-
-@final
-class _Failed(TypedDict):
-    error: str
-
-
-def _child(send: Connection, plan: PlanJSON, cfg: ModelConfig, kind: tuple[str, int, int, int | None]) -> None:
-    try:
-        send.send(_run_kind(plan, cfg, *kind))
-    except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it as one line
-        send.send({"error": f"{kind[0]}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
 
 
 def _count(cfg: ModelConfig) -> int:

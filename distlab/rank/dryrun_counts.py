@@ -13,6 +13,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import flop_registry
 
+from ..nn.llama import recomputing
 from . import torchcompat_fake
 from .torchcompat_dispatch import DispatchMode, Op, collective_group, op_name
 
@@ -84,9 +85,11 @@ class LocalFlops(DispatchMode):
     group; this mode lets DTensor first turn the op into this rank's local ops (as torch's MemTracker
     does) and counts those: what this GPU computes.
 
-    ``recomputed`` is the part of ``flops`` that flash attention's backward spends recomputing the
-    scores ``q @ k^T`` (the first of the five matmuls torch's formula counts for it): the GPU computes
-    it, but PaLM's model FLOPs (Chowdhery et al. 2022, appendix B), which MFU divides, leave it out."""
+    ``recomputed`` is the part of ``flops`` computed again: what activation checkpointing runs a second
+    time in backward (``distlab.nn.llama.recomputing``), and what flash attention's backward spends
+    recomputing the scores ``q @ k^T`` (the first of the five matmuls torch's formula counts for it).
+    The GPU computes both, but PaLM's model FLOPs (Chowdhery et al. 2022, appendix B), which MFU
+    divides, leave them out."""
 
     def __init__(self) -> None:
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
@@ -104,9 +107,12 @@ class LocalFlops(DispatchMode):
         # Not an op another fake mode runs (DTensor's propagation under this step's own mode is kept
         # from every mode: torchcompat_fake.sharding_propagation_unseen).
         if formula is not None and torchcompat_fake.active_fake_mode() is self.fake_mode:
-            self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+            flops = int(formula(*args, **(kwargs or {}), out_val=out))
+            self.flops += flops
             name = op_name(func)
-            if "attention" in name and name.endswith("_backward"):
+            if recomputing():
+                self.recomputed += flops
+            elif "attention" in name and name.endswith("_backward"):
                 self.recomputed += _scores_flops(args[1], args[2])  # (grad_out, query, key, value, ...)
         return out
 
