@@ -32,7 +32,8 @@ read: the local parameter shards, gradients and the optimizer's states. What is 
   counts both.
 - A deep stage (``dryrun_depth.DEEP`` blocks or more, one stage module per rank) is run at two
   shallow depths and each figure read at its depth on the line through the two (``dryrun_depth``
-  says why that is exact and what it checks): Llama 3 70B's dry run at 1,024 GPUs took 69 s, 37 s so.
+  says why that is exact and what it checks): Llama 3 70B's dry run at 1,024 GPUs took 69 s, 30 s so
+  (benchmarks/bench_dry_run_time.py).
 - The optimizer's states are created by one step before the measured one, as in every step but the
   first: the measured step's peak is that of training, not of start-up.
 - The optimizer steps the parameters' local shards (``ShardStepAdamW``): AdamW is element-wise, so a
@@ -176,8 +177,7 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
     depth = plan["stage_layers"][stage or 0]
     measured: Measured | None = None
     if plan["chunks"] == 1 and depth >= DEEP:
-        (shallow, _), (deeper, boundary) = (forked(_measure, _with_depth(plan, stage or 0, n), cfg, rank, stage,
-                                                   name=name) for n in (SHALLOW, SHALLOW + 1))
+        (shallow, _), (deeper, boundary) = forked(_measure_shallow, plan, cfg, rank, stage or 0, name=name)
         measured = extrapolate(shallow, deeper, depth)
     if measured is None:
         measured, boundary = forked(_measure, plan, cfg, rank, stage, name=name)
@@ -216,6 +216,15 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         "flops_per_micro_batch": float(measured["flops"] - measured["recomputed"]),
         "recompute_flops_per_micro_batch": float(measured["recomputed"]),
     }
+
+
+def _measure_shallow(
+    plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int
+) -> list[tuple[Measured, list[CollectiveJSON]]]:
+    """The rank's step with SHALLOW and SHALLOW + 1 blocks in its stage, one after the other in one
+    process: the same rank of the same world, so what torch caches on the first (DTensor's sharding
+    decisions, FakeTensor's op cache) holds for the second, which takes half the time."""
+    return [_measure(_with_depth(plan, stage, n), cfg, rank, stage) for n in (SHALLOW, SHALLOW + 1)]
 
 
 def _with_depth(plan: PlanJSON, stage: int, layers: int) -> PlanJSON:

@@ -2,9 +2,9 @@
 holds, moves and computes grows by the same amount with each block it holds.
 
 The dry run (``rank/dryrun.py``) runs each op of a step under FakeTensor and four dispatch modes,
-about 1,100 ops per block: a stage of Llama 3 70B (20 of its 80 blocks under pp 4) took 36 s, most
-of a 100 s dry run. Here a stage of ``N`` blocks is run with ``SHALLOW`` (4) and ``SHALLOW + 1``
-blocks instead, and each figure taken at ``N`` on the line through the two:
+about 1,100 ops per block, each as slow at 70B's width as at a toy's. Here a stage of ``N`` blocks
+is run with ``SHALLOW`` (4) and ``SHALLOW + 1`` blocks instead (the second in the same process,
+with torch's caches warm), and each figure taken at ``N`` on the line through the two:
 
 - additive figures (the bytes of parameters, gradients and the optimizer's states, what forward
   saves, each collective's calls, the FLOPs) are a constant (the embedding, the head, the root's FSDP
@@ -42,8 +42,9 @@ __all__ = ["DEEP", "SHALLOW", "Measured", "Segments", "extrapolate", "position"]
 #: The two depths run in place of a deep stage: the smallest at which the first, second,
 #: second-to-last and last blocks are four different blocks, and one more.
 SHALLOW = 4
-#: The fewest blocks for which the two shallow runs (4 + 5 blocks) are worth it.
-DEEP = 10
+#: The fewest blocks for which the two shallow runs are worth it: Llama 3 70B's three kinds of
+#: stage took 21.1 s both ways at 10 blocks a stage (pp 8), 23.8 s against 36.6 s whole at 20 (pp 4).
+DEEP = 12
 
 Label = tuple[str, str]
 
