@@ -17,6 +17,7 @@ from .models import MODELS, ModelConfig, parameters
 from .plan import Plan
 from .prediction import EFFICIENCY, Prediction, predict, predict_report, ranks_per_node
 from .report import CollectiveCount, DryRunReport, RankKind
+from .search import Checked, Search, search
 
 __all__ = [
     "CALIBRATION_MODEL",
@@ -25,6 +26,7 @@ __all__ = [
     "MODELS",
     "NETWORKS",
     "Calibration",
+    "Checked",
     "CollectiveCount",
     "DryRunReport",
     "Hardware",
@@ -34,6 +36,7 @@ __all__ = [
     "Plan",
     "Prediction",
     "RankKind",
+    "Search",
     "calibrate",
     "dry_run",
     "hardware",
@@ -42,4 +45,5 @@ __all__ = [
     "predict",
     "predict_report",
     "ranks_per_node",
+    "search",
 ]

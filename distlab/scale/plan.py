@@ -18,7 +18,7 @@ from .. import checks
 from ..errors import LabUsageError
 from .models import MODELS, ModelConfig, ModelJSON
 
-__all__ = ["CHECKPOINTING", "DP", "PRECISIONS", "SCHEDULES", "Plan", "PlanJSON"]
+__all__ = ["CHECKPOINTING", "DP", "PRECISIONS", "SCHEDULES", "Plan", "PlanJSON", "model_named"]
 
 DP = ("ddp", "fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -46,7 +46,7 @@ def _default_split(layers: int, stages: int) -> tuple[int, ...]:
     return tuple(split)
 
 
-def _model(model: object) -> ModelConfig:
+def model_named(model: object) -> ModelConfig:
     if isinstance(model, ModelConfig):
         return model
     if not isinstance(model, str):
@@ -126,7 +126,7 @@ class Plan:
 
     @property
     def config(self) -> ModelConfig:
-        return _model(self.model)
+        return model_named(self.model)
 
     @property
     def sequence_parallel_on(self) -> bool:
@@ -186,7 +186,7 @@ class Plan:
 
     def check(self) -> None:
         """Raise one line (LabUsageError, a ValueError) if this plan cannot exist."""
-        cfg = _model(self.model)
+        cfg = model_named(self.model)
         checks.whole("gpus", self.gpus, minimum=1, example="gpus=1024")
         for name in ("tp", "pp", "cp", "chunks", "micro_batch_size"):
             checks.whole(name, getattr(self, name), minimum=1, example=f"{name}=1")
