@@ -9,6 +9,8 @@ padding; the collectives against the FSDP units and Megatron's two all-reduces p
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -198,3 +200,64 @@ def test_tensor_parallel_ranks_hold_their_share_of_the_vocabulary_not_the_whole(
     # four fp32 shards of 64 MiB (4.15 measured), where the global tensors made it 9.6
     local_logits = 2048 * 32768 // 4 * 4
     assert 3 * local_logits < four.memory["activations"] < 5 * local_logits
+
+
+def test_megatrons_distributed_optimizer_shards_the_optimizer_states_alone():
+    # dp="zero1": parameters and gradients whole in bf16 on every rank, the fp32 main copy and AdamW's
+    # moments on 1/N of them: the ZeRO paper's (2 + 2 + 12/N) bytes a parameter, to the byte
+    cfg = scale.ModelConfig("four-blocks", "llama", 64, 4, 4, 2, 128, 512, 256, False)
+    n = scale.parameters(cfg)
+    (kind,) = scale.dry_run(scale.Plan(model=cfg, gpus=4, dp="zero1", seq_len=32, global_batch_tokens=32 * 4 * 2)).kinds
+    share = math.ceil(n / 4)
+    assert (kind.memory["parameters"], kind.memory["gradients"]) == (2 * n, 2 * n)
+    assert kind.memory["optimizer"] == 12 * share + 4  # and AdamW's step count
+    theory = sharded_memory(n, "zero1", 4, precision="mixed")
+    assert kind.memory["parameters"] + kind.memory["gradients"] + kind.memory["optimizer"] - 4 == theory.total_bytes
+    # once a step, after the micro-batches: the gradients reduce-scattered (bf16, one bucket), the
+    # updated shard all-gathered; together DDP's all-reduce of the same bytes
+    assert [(c.op, c.dim, c.bytes, c.calls_per_micro_batch, c.phase) for c in kind.collectives] == [
+        ("all_gather", "dp_replicate", 2 * share, 1, "optimizer"),
+        ("reduce_scatter", "dp_replicate", 2 * 4 * share, 1, "optimizer")]
+
+
+_ZERO1_AGAINST_ADAMW = """
+import sys, torch, torch.distributed as dist
+import torch.multiprocessing as mp
+from distlab.rank.zero1 import DistributedAdamW
+import distlab.rank.zero1 as zero1
+
+def run(rank, path):
+    zero1.BUCKET = 40  # two buckets: 40 and 18 elements
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=3)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3))  # 58 elements: not a multiple of 3
+    reference = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    plain = torch.optim.AdamW(reference, lr=0.1, weight_decay=0.01, eps=0.5)  # an eps that sees the scale
+    sharded = DistributedAdamW(list(model.parameters()), dist.group.WORLD, lr=0.1, weight_decay=0.01, eps=0.5)
+    for step in range(3):
+        grads = [[torch.randn_like(p, generator=torch.Generator().manual_seed(100 * step + 10 * r + i))
+                  for i, p in enumerate(reference)] for r in range(3)]
+        for p, g in zip(model.parameters(), grads[rank]):
+            p.grad = g.clone()
+        for i, p in enumerate(reference):  # what DDP's all-reduce leaves: the mean over the ranks
+            p.grad = sum(g[i] for g in grads) / 3
+        sharded.step(); plain.step()
+    for a, b in zip(model.parameters(), reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    held = sum(t.numel() for t in sharded.state_tensors() if t.dim() > 0)
+    assert held == 3 * 20, held  # the main copy and two moments of ceil(58 / 3) = 20 elements
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(sys.argv[1],), nprocs=3)
+    print("equal")
+"""
+
+
+def test_the_distributed_optimizer_steps_as_adamw_on_the_mean_gradient(tmp_path):
+    # three real ranks on gloo (a file store: no port), two buckets that do not divide by three
+    script = tmp_path / "zero1_check.py"
+    script.write_text(_ZERO1_AGAINST_ADAMW)
+    done = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "equal" in done.stdout, done.stderr[-2000:]

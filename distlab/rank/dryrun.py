@@ -67,6 +67,7 @@ from . import torchcompat_fake
 from .dryrun_counts import Collectives, LocalFlops
 from .dryrun_depth import DEEP, SHALLOW, Measured, Segments, extrapolate
 from .dryrun_kinds import forked, kinds
+from .zero1 import DistributedAdamW
 
 if TYPE_CHECKING:
     from ..scale.plan import PlanJSON
@@ -98,6 +99,9 @@ def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) 
         if plan["tp"] > 1:
             tp_plan = tensor_parallel_plan(module, sequence_parallel=plan["sequence_parallel"])
             parallelize_module(module, mesh["tp"], tp_plan)
+        if plan["dp"] == "zero1":  # replicated, in the compute dtype: the optimizer shards (rank.zero1)
+            module.to(torch.bfloat16 if bf16 else torch.float32)
+            continue
         mp_policy = policy if policy is not None else MixedPrecisionPolicy()  # fully_shard's default
         for block in module.layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
@@ -156,7 +160,9 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
         with torchcompat_fake.sharding_propagation_unseen(), torchcompat_fake.fake_tensor_mode():
             for m in modules:
                 m.to_empty(device="cpu")
-            optimizer = ShardStepAdamW(params, lr=1e-4, foreach=True)
+            optimizer: ShardStepAdamW | DistributedAdamW = (
+                DistributedAdamW(params, mesh.get_group("dp_replicate"), lr=1e-4, foreach=True)
+                if plan["dp"] == "zero1" else ShardStepAdamW(params, lr=1e-4, foreach=True))
             for p in params:  # one step before the measured one makes the optimizer's states (see the module)
                 p.grad = torch.zeros_like(p)
             optimizer.step()
@@ -286,7 +292,8 @@ def tracked_step(
         optimizer.step()
     peak = torchcompat_fake.tracked_peak_bytes(tracker)
     parameters = _local_bytes(params)
-    states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    states = (optimizer.state_tensors() if isinstance(optimizer, DistributedAdamW)
+              else [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)])
     optimizer_bytes = _local_bytes(states)
     return {"parameters": parameters, "gradients": gradients, "optimizer": optimizer_bytes,
             "activations": forward_backward_peak - parameters - optimizer_bytes, "peak": peak,
@@ -323,7 +330,7 @@ def _sequence_split(plan: PlanJSON) -> int:
 
 def mesh_dims(plan: PlanJSON) -> dict[str, int]:
     dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
-    shard = {"ddp": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
+    shard = {"ddp": 1, "zero1": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
     replicate = dp // shard
     return {"dp_replicate": replicate, "dp_shard": shard, "cp": plan["cp"], "tp": plan["tp"]}
 

@@ -20,7 +20,7 @@ from .models import MODELS, ModelConfig, ModelJSON
 
 __all__ = ["CHECKPOINTING", "DP", "PRECISIONS", "SCHEDULES", "Plan", "PlanJSON", "model_named"]
 
-DP = ("ddp", "fsdp", "hsdp")
+DP = ("ddp", "fsdp", "hsdp", "zero1")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp8")
 CHECKPOINTING = ("none", "selective", "full")
@@ -90,7 +90,8 @@ class Plan:
     copy of the work split ``tp`` ways within layers, ``pp`` ways across them and ``cp`` ways along the
     sequence. ``dp`` names how the data-parallel ranks hold the model: "ddp" (replicated), "fsdp"
     (sharded over all dp ranks, FSDP2), "hsdp" (sharded within groups of ``shard`` ranks, replicated
-    across them). ``micro_batch_size`` sequences per rank per micro-batch; a step is
+    across them), "zero1" (replicated, the optimizer's states sharded: Megatron-LM's distributed
+    optimizer, ``distlab.rank.zero1``). ``micro_batch_size`` sequences per rank per micro-batch; a step is
     ``micro_batches`` of them (the pipeline's micro-batches when ``pp > 1``, else gradient
     accumulation). ``chunks``: stages per rank for the "interleaved" schedule. ``stage_layers``: the
     transformer layers of each of the ``pp * chunks`` stages, first to last; None: equal where they
@@ -165,7 +166,7 @@ class Plan:
     @property
     def dims(self) -> dict[str, int]:
         """Each mesh dimension's size, outermost first (torchtitan's order; tp innermost)."""
-        replicate, shard = {"ddp": (self.dp_degree, 1), "fsdp": (1, self.dp_degree)}.get(
+        replicate, shard = {"ddp": (self.dp_degree, 1), "zero1": (self.dp_degree, 1), "fsdp": (1, self.dp_degree)}.get(
             self.dp, (self.dp_degree // (self.shard or 1), self.shard or 1)
         )
         return {"pp": self.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": self.cp, "tp": self.tp}

@@ -139,7 +139,7 @@ def dimension_sizes(plan: Plan) -> dict[str, int]:
     dp = plan.gpus // (plan.tp * plan.pp * plan.cp)
     if plan.dp == "fsdp":
         replicate, shard = 1, dp
-    elif plan.dp == "ddp":
+    elif plan.dp in ("ddp", "zero1"):
         replicate, shard = dp, 1
     else:  # hsdp: shard inside groups of plan.shard, replicate across them
         shard = plan.shard or 1  # Plan.check requires it for hsdp

@@ -618,6 +618,63 @@ except LabUsageError as error:
     print(f"{{'cp': 2}}: {error}")
 
 # %% [markdown]
+# ## Choosing a plan
+#
+# So far the plans were given. Choosing one is a search, and the field's guides (the Ultra-Scale
+# Playbook's "step by step", torchtitan's and Megatron-LM's performance notes) order it the same way:
+# **memory first** (a plan that does not fit is not a plan), then **tensor parallelism inside a node**
+# (its collectives are in the critical path: NVLink), **pipeline stages across nodes**, FSDP over what
+# is left, and activation checkpointing or smaller micro-batches only where memory still asks for
+# them, since both cost time. `scale.search` does exactly that for a model and a number of GPUs: it
+# lays out every mesh (126 for 70B on 1,024 GPUs), drops those whose closed-form estimate of memory
+# is far over the GPU's, and dry-runs the fastest by its estimate of time until enough fit, each dry
+# run correcting the estimate.
+#
+# **Predict first.** Llama 3 70B on 1,024 H100s, tensor parallelism over 4 GPUs, FSDP over 256, one
+# 8,192-token sequence per micro-batch, no activation checkpointing. The model's states are about
+# 1 GiB a GPU; the activations of 80 layers of a 8,192-token sequence split 4 ways are the rest.
+
+# %%
+fits_q = predict("Llama 3 70B, TP 4 x FSDP 256, one sequence of 8,192 tokens per micro-batch, no activation "
+                 "checkpointing: does a step fit in an 80 GB H100?",
+                 choices={"yes": "yes, with room to spare", "close": "yes, but within 10% of the 80 GB",
+                          "no": "no"}, answer="no")
+fits_q
+
+# %% [markdown]
+# The search (four or five dry runs of 70B: about a minute and a half on a quiet 2-core machine):
+
+# %%
+found = scale.search(model="llama3-70b", gpus=1024, hardware="h100-sxm", network="ib-400g",
+                     seq_len=8192, global_batch_tokens=4 * 2**20, top=2)
+print(found)
+print()
+print("best:", found.best.plan)
+print(found.best.prediction)
+
+# %% [markdown]
+# Each line is one dry run, in the order the search made them: fastest estimate first. The first is
+# the layout of the question: its estimate (the activations counted as the blocks save them) put it
+# under the 80 GB, the dry run of the real code over it, and the dry runs after it were screened with
+# that correction. What the estimate misses is what the real step holds at its peak besides what
+# each block saves: the backward's gradients of a block's activations, each op's temporaries, the
+# loss's fp32 logits. Selective checkpointing, which keeps only the matmuls' and attention's outputs,
+# brings the same layout under the memory for a few percent of recomputation.
+
+# %% tags=["nbval-check-output"]
+question = next(c for c in found.checked
+                if (c.plan.tp, c.plan.pp, c.plan.micro_batch_size, c.plan.checkpointing) == (4, 1, 1, "none"))
+print("TP 4 x FSDP 256 without checkpointing was dry-run first, and does not fit an 80 GB H100:",
+      found.checked[0] is question and not question.fits
+      and question.prediction.memory_per_gpu_bytes > H100.memory_bytes)
+print("its closed-form estimate was under the 80 GB:", question.estimate.memory_bytes < H100.memory_bytes)
+print("every plan returned fits, the fastest first, each from its own dry run:",
+      all(c.fits for c in found.plans) and len(found.plans) == 2
+      and [c.prediction.tokens_per_s_per_gpu for c in found.plans]
+      == sorted((c.prediction.tokens_per_s_per_gpu for c in found.plans), reverse=True))
+print("the best keeps tensor parallelism inside a node:", found.best.plan.tp <= H100.gpus_per_node)
+
+# %% [markdown]
 # ## What to remember
 #
 # - At scale the **model states shard away** (125 MB a GPU for 8B over 1,024 GPUs, in any layout
