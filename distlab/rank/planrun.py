@@ -37,6 +37,7 @@ from ..nn.llama import TransformerStage, stage_modules
 from ..scale.models import ModelConfig
 from .dryrun import MESH, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
 from .dryrun_counts import LocalFlops
+from .zero1 import DistributedAdamW
 
 if TYPE_CHECKING:
     from ..scale.plan import PlanJSON
@@ -89,7 +90,8 @@ def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
     modules = parallelize(plan, cfg, mesh, 0)
     _initialised(modules)
     params = [p for m in modules for p in m.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    optimizer = (DistributedAdamW(params, mesh.get_group("dp_replicate"), lr=1e-4, foreach=True)
+                 if plan["dp"] == "zero1" else torch.optim.AdamW(params, lr=1e-4, foreach=True))
     count = micro_batches(plan)
     torch.manual_seed(1)  # the same tokens on every rank: tensor-parallel ranks must share their input
     seconds = []

@@ -49,16 +49,17 @@ class DistributedAdamW(torch.optim.AdamW):
         with torch.no_grad():
             for start, end in self.buckets:
                 share = math.ceil((end - start) / self.world)
-                piece = _padded(self._flat(start, end, grads=False).float(), share * self.world)
-                mains.append(piece[self.rank * share:(self.rank + 1) * share].clone())
+                piece = self._flat(start, end, share * self.world, grads=False)
+                mains.append(piece[self.rank * share:(self.rank + 1) * share].float().clone())
         super().__init__(mains, **kwargs)  # type: ignore[arg-type]
         self.main = mains
         # AdamW's own step between the two collectives (steps 1 and 3 of the module)
         self.register_step_pre_hook(lambda optimizer, args, kwargs: self._reduce_scatter())
         self.register_step_post_hook(lambda optimizer, args, kwargs: self._all_gather())
 
-    def _flat(self, start: int, end: int, *, grads: bool) -> torch.Tensor:
-        """Elements ``start:end`` of every local parameter (or its gradient) laid end to end."""
+    def _flat(self, start: int, end: int, size: int, *, grads: bool) -> torch.Tensor:
+        """Elements ``start:end`` of every local parameter (or its gradient) laid end to end in one
+        buffer of ``size`` elements, zeros after them (a bucket padded to a multiple of N)."""
         pieces, offset = [], 0
         for p, t in zip(self.model_params, self.locals, strict=True):
             n = t.numel()
@@ -67,13 +68,16 @@ class DistributedAdamW(torch.optim.AdamW):
                 source = _local_grad(p, t) if grads else t.detach()
                 pieces.append(source.reshape(-1)[lo - offset:hi - offset])
             offset += n
-        return torch.cat(pieces)
+        flat = torch.empty(size, dtype=pieces[0].dtype, device=pieces[0].device)
+        torch.cat(pieces, out=flat[:end - start])
+        flat[end - start:].zero_()
+        return flat
 
     @torch.no_grad()
     def _reduce_scatter(self) -> None:
         for (start, end), main in zip(self.buckets, self.main, strict=True):
             share = main.numel()
-            flat = _padded(self._flat(start, end, grads=True), share * self.world)
+            flat = self._flat(start, end, share * self.world, grads=True)
             reduced = torch.empty(share, dtype=flat.dtype, device=flat.device)
             dist.reduce_scatter_tensor(reduced, flat, group=self.group)  # the sum of this rank's 1/N
             main.grad = reduced.float().div_(self.world)  # the mean, as DDP's all-reduce leaves it
@@ -101,10 +105,6 @@ class DistributedAdamW(torch.optim.AdamW):
         """What the optimizer holds: the fp32 main copy of this rank's 1/N and AdamW's moments of it."""
         moments = [t for s in self.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         return [*self.main, *moments]
-
-
-def _padded(flat: torch.Tensor, size: int) -> torch.Tensor:
-    return torch.nn.functional.pad(flat, (0, size - flat.numel()))
 
 
 def _local_grad(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
