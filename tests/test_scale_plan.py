@@ -90,8 +90,6 @@ def test_llama3_8b_has_exactly_its_published_parameter_count():
 
 
 def test_dry_run_refuses_what_it_cannot_make_real_in_one_line():
-    with pytest.raises(LabUsageError, match="cp > 1 is not dry-run"):
-        scale.dry_run(scale.Plan(**{**BASE, "cp": 2, "gpus": 2048}))
     with pytest.raises(LabUsageError, match="fp8"):
         scale.dry_run(scale.Plan(**{**BASE, "precision": "fp8"}))
 

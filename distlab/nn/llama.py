@@ -64,7 +64,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, kv, bias=not llama)
         self.wo = nn.Linear(config.dim, config.dim, bias=not llama)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: each token's place in the whole sequence (rotary's angle), where this rank holds
+        only part of it (context parallelism's load-balanced chunks); None: 0 .. seq - 1."""
         batch, seq, _ = x.shape
         q, k, v = self.wq(x), self.wk(x), self.wv(x)
         heads, kv_heads = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim  # this rank's heads
@@ -72,7 +74,8 @@ class Attention(nn.Module):
         k = k.view(batch, seq, kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, seq, kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
-            positions = torch.arange(seq, device=x.device)
+            if positions is None:
+                positions = torch.arange(seq, device=x.device)
             q, k = _rotate(q, positions), _rotate(k, positions)
         if kv_heads != heads:  # each KV head serves heads / kv_heads query heads (torchtitan's repeat_kv), so
             # that attention runs as the fused (flash) kernel, which never holds the seq x seq scores
@@ -116,8 +119,8 @@ class Block(nn.Module):
         self.ffn_norm = _norm(config)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), positions)
         out: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
         return out
 
@@ -180,13 +183,13 @@ def _selective_contexts() -> tuple[AbstractContextManager[object], _Recomputatio
     return forward, _Recomputation(recompute)
 
 
-def _run(block: nn.Module, x: torch.Tensor, mode: str) -> torch.Tensor:
+def _run(block: nn.Module, x: torch.Tensor, positions: torch.Tensor | None, mode: str) -> torch.Tensor:
     if mode == "none" or not torch.is_grad_enabled():
-        out: torch.Tensor = block(x)
+        out: torch.Tensor = block(x, positions)
     elif mode == "full":  # keep only the block's input; everything inside is recomputed in backward
-        out = checkpoint(block, x, use_reentrant=False, context_fn=_full_contexts)
+        out = checkpoint(block, x, positions, use_reentrant=False, context_fn=_full_contexts)
     else:
-        out = checkpoint(block, x, use_reentrant=False, context_fn=_selective_contexts)
+        out = checkpoint(block, x, positions, use_reentrant=False, context_fn=_selective_contexts)
     return out
 
 
@@ -208,14 +211,17 @@ class TransformerStage(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.checkpointing = "none"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``: token ids (the first stage) or the previous stage's output. ``positions``: where this
+        rank's tokens sit in the sequence, when it holds only part of it (context parallelism)."""
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(x)
             if self.pos_embeddings is not None:
-                h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+                where = positions if positions is not None else torch.arange(x.shape[1], device=x.device)
+                h = h + self.pos_embeddings(where)
             x = h
         for block in self.layers.values():
-            x = _run(block, x, self.checkpointing)
+            x = _run(block, x, positions, self.checkpointing)
         if self.norm is not None and self.output is not None:
             x = self.output(self.norm(x))
         return x
@@ -264,10 +270,12 @@ def tensor_parallel_plan(
 
     sequence = Shard(1) if sequence_parallel else Replicate()  # a block's input and output
     door = PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))
+    # attention's second input, the tokens' positions, passes as it is (torchtitan's freqs_cis)
+    attention_door = PrepareModuleInput(input_layouts=(sequence, None), desired_input_layouts=(Replicate(), None))
     plan: dict[str, ParallelStyle] = {}
     for name, block in stage.layers.items():
         p = f"layers.{name}"
-        plan.update({f"{p}.attention": door, f"{p}.feed_forward": door})
+        plan.update({f"{p}.attention": attention_door, f"{p}.feed_forward": door})
         plan.update({f"{p}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
         plan[f"{p}.attention.wo"] = RowwiseParallel(output_layouts=sequence)
         plan[f"{p}.feed_forward.w1"] = ColwiseParallel()

@@ -25,6 +25,12 @@ read: the local parameter shards, gradients and the optimizer's states. What is 
   FSDP's gradients are held unsharded in fp32 across the micro-batches, as torch's schedules keep
   them (reduced once, after the stage's last backward); its all-gathers and reduce-scatters, counted
   on the one micro-batch run, are then once a step's (``scale.predict`` charges them so).
+- Context parallelism (``cp > 1``): torch's own (``context_parallel``: the micro-batch's tokens,
+  targets and positions load-balanced over the cp ranks, SDPA replaced by ring attention), on CPU
+  through ``torchcompat_cp``; the ring's keys and values pass by "permute" (a send to the next rank)
+  or one all-gather (``Plan.cp_rotate``). FSDP shards over dp_shard and cp at once ("dp_shard_cp").
+  torch's formula counts each of the ring's attention calls whole; they are scaled to the square's
+  share (``dryrun_counts.ring_attention_scale``), so FLOPs and MFU compare with and without cp.
 - Recomputation's FLOPs: what a checkpointed block runs again in backward is counted as it runs
   (torch's checkpoint runs it under a context the model gives it: ``nn.llama.recomputing``), and
   flash attention's backward recomputes its scores (``LocalFlops.recomputed``). Both are reported
@@ -48,7 +54,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -63,10 +69,11 @@ from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 from ..nn.llama import TransformerStage, stage_modules, tensor_parallel_plan
 from ..scale.models import ModelConfig
 from ..theory import in_flight_micro_batches
-from . import torchcompat_fake
-from .dryrun_counts import Collectives, LocalFlops
+from . import torchcompat_cp, torchcompat_fake
+from .dryrun_counts import Collectives, LocalFlops, ring_attention_scale
 from .dryrun_depth import DEEP, SHALLOW, Measured, Segments, extrapolate
 from .dryrun_kinds import forked, kinds
+from .shard_adamw import ShardStepAdamW
 from .zero1 import DistributedAdamW
 
 if TYPE_CHECKING:
@@ -76,6 +83,8 @@ if TYPE_CHECKING:
 #: What one micro-batch's backward starts from, per stage module: the loss (and None), or the stage's
 #: output and the gradient that would come back for it.
 Backward = list[tuple[torch.Tensor, "torch.Tensor | None"]]
+#: Shards a micro-batch's sequence tensors in place along their given dimensions (context parallelism).
+Shard = Callable[[list[torch.Tensor], list[int]], None]
 
 __all__ = [
     "MESH", "ShardStepAdamW", "backward", "dry_run", "main", "mesh_dims", "micro_batch", "micro_batches",
@@ -88,7 +97,7 @@ MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
     with torch.device("meta"):  # no memory: the weights are made (as fake tensors) under FakeTensorMode
         modules = stage_modules(cfg, plan["pp"], plan["chunks"], stage, plan["stage_layers"])
-    dp_mesh = mesh["dp_shard"] if plan["dp"] == "fsdp" else mesh["dp_replicate", "dp_shard"]
+    dp_mesh = data_parallel_mesh(plan, mesh)
     bf16 = plan["precision"] == "bf16"
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     # torchtitan keeps parameters gathered between forward and backward under pp (no reshard after
@@ -109,6 +118,17 @@ def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) 
     return modules
 
 
+def data_parallel_mesh(plan: PlanJSON, mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP shards over: dp_shard (or HSDP's (dp_replicate, dp_shard)); under context
+    parallelism the cp ranks join the shard dimension ("dp_shard_cp", torchtitan's): they hold the
+    same weights, so FSDP shards them over both and reduces their gradients together."""
+    shard = "dp_shard"
+    if plan["cp"] > 1:
+        torchcompat_cp.flatten(mesh, ("dp_shard", "cp"), "dp_shard_cp")
+        shard = "dp_shard_cp"
+    return mesh[shard] if plan["dp"] == "fsdp" else mesh["dp_replicate", shard]
+
+
 def _local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     total = 0
     for t in tensors:
@@ -119,20 +139,31 @@ def _local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return total
 
 
-def micro_batch(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], tp: bool) -> Backward:
+def micro_batch(
+    plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], tp: bool, shard: Shard | None = None
+) -> Backward:
     """One micro-batch's forward through this rank's stage modules: what each backward starts from
-    (the loss, or the stage's output and the gradient that would come back for it)."""
+    (the loss, or the stage's output and the gradient that would come back for it). Under context
+    parallelism ``shard`` takes the sequence's tensors (token ids, targets, positions) and leaves this
+    rank's share of each in place, for the rest of the step (``tracked_step``)."""
     batch, seq = plan["micro_batch_size"], plan["seq_len"]
     dtype = torch.bfloat16 if plan["precision"] == "bf16" else torch.float32
+    tokens = targets = positions = None
+    if plan["cp"] > 1:
+        assert shard is not None, "context parallelism needs the step's shard (tracked_step gives it)"
+        tokens, targets, positions = (torch.randint(0, cfg.vocab, (batch, seq)),
+                                      torch.randint(0, cfg.vocab, (batch, seq)), torch.arange(seq))
+        shard([tokens, targets, positions], [1, 1, 0])
     losses: Backward = []
     for module in modules:
         if module.tok_embeddings is not None:
-            x = torch.randint(0, cfg.vocab, (batch, seq))
+            x = tokens if tokens is not None else torch.randint(0, cfg.vocab, (batch, seq))
         else:  # the previous stage's activation, as it arrives: a leaf whose gradient is sent back
             x = torch.empty(batch, seq // _sequence_split(plan), cfg.dim, dtype=dtype, requires_grad=True)
-        out = module(x)
+        out = module(x, positions)
         if module.output is not None:
-            targets = torch.randint(0, cfg.vocab, (batch, seq))
+            if targets is None:
+                targets = torch.randint(0, cfg.vocab, (batch, seq))
             with loss_parallel() if tp and isinstance(out, DTensor) else nullcontext():
                 loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten(0, 1))
                 losses.append((loss, None))
@@ -153,8 +184,8 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
     dist.init_process_group("fake", store=torchcompat_fake.fake_store(), rank=rank, world_size=plan["gpus"])
     try:
         mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
-        dims_of = {str(mesh.get_group(d).group_name): d for d in MESH}
         modules = parallelize(plan, cfg, mesh, stage or 0)
+        dims_of = {str(mesh.get_group(d).group_name): d for d in (*MESH, *(("dp_shard_cp",) if plan["cp"] > 1 else ()))}
         params = [p for m in modules for p in m.parameters()]
         segments = Segments(block for m in modules for block in m.layers.values())
         with torchcompat_fake.sharding_propagation_unseen(), torchcompat_fake.fake_tensor_mode():
@@ -167,8 +198,9 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
                 p.grad = torch.zeros_like(p)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            counter, flops = Collectives(dims_of), LocalFlops()
-            memory = tracked_step(plan, cfg, modules, optimizer, counter, flops, segments=segments)
+            counter, flops = Collectives(dims_of), LocalFlops(ring_attention_scale(plan["cp"]))
+            memory = tracked_step(plan, cfg, modules, optimizer, counter, flops, segments=segments,
+                                  cp_mesh=mesh["cp"] if plan["cp"] > 1 else None)
         measured: Measured = {"memory": memory, "collectives": counter.report(), "flops": flops.flops,
                               "recomputed": flops.recomputed, "segments": segments.peaks}
         return measured, _point_to_point(plan, cfg, modules)
@@ -240,32 +272,10 @@ def _with_depth(plan: PlanJSON, stage: int, layers: int) -> PlanJSON:
     return {**plan, "stage_layers": splits}
 
 
-class ShardStepAdamW(torch.optim.AdamW):
-    """torch's AdamW over the local shards of ``params`` (a DTensor's ``to_local()``, a plain tensor
-    itself), each step taking the shards of the parameters' gradients; ``zero_grad`` clears both."""
-
-    def __init__(self, params: list[torch.nn.Parameter], **kwargs: float | bool) -> None:
-        with torch.no_grad():  # the shards as leaves: the same storage, no autograd edge to the DTensor
-            self.pairs = [(p, p.to_local() if isinstance(p, DTensor) else p) for p in params]
-        super().__init__([shard for _, shard in self.pairs], **kwargs)  # type: ignore[arg-type]
-        self.register_step_pre_hook(lambda optimizer, args, kwargs: self._take_gradients())
-
-    def _take_gradients(self) -> None:
-        for p, shard in self.pairs:
-            if shard is not p:
-                grad = p.grad
-                shard.grad = grad.to_local() if isinstance(grad, DTensor) else grad
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        super().zero_grad(set_to_none)
-        for p, shard in self.pairs:
-            if shard is not p and p.grad is not None:
-                p.grad = None if set_to_none else p.grad.zero_()
-
-
 def tracked_step(
     plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], optimizer: torch.optim.Optimizer,
     counter: Collectives | None = None, *modes: AbstractContextManager[object], segments: Segments | None = None,
+    cp_mesh: DeviceMesh | None = None,
 ) -> MemoryJSON:
     """One micro-batch's forward and backward, then the optimizer's step, under torch's MemTracker (and
     ``counter`` and ``modes``, dispatch modes around the same step): what this rank holds, in bytes, by
@@ -282,7 +292,11 @@ def tracked_step(
         for mode in (*modes, counter):
             if mode is not None:
                 stack.enter_context(mode)
-        losses = micro_batch(plan, cfg, modules, tp)
+        def shard(buffers: list[torch.Tensor], dims: list[int]) -> None:  # context parallelism, to the step's end
+            assert cp_mesh is not None, "cp > 1 needs the cp mesh"
+            stack.enter_context(torchcompat_cp.context_parallel(cp_mesh, buffers, dims, plan["cp_rotate"]))
+
+        losses = micro_batch(plan, cfg, modules, tp, shard)
         after_forward = torchcompat_fake.tracked_current_bytes(tracker)
         _phase("backward", counter, segments)
         backward(losses, tp)
@@ -324,8 +338,8 @@ def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerS
 
 
 def _sequence_split(plan: PlanJSON) -> int:
-    """How many ways a block's input is split along the sequence: tp under sequence parallelism."""
-    return int(plan["tp"]) if plan["sequence_parallel"] else 1
+    """How many ways a block's input is split along the sequence: cp, and tp under sequence parallelism."""
+    return int(plan["cp"]) * (int(plan["tp"]) if plan["sequence_parallel"] else 1)
 
 
 def mesh_dims(plan: PlanJSON) -> dict[str, int]:
@@ -342,8 +356,6 @@ def micro_batches(plan: PlanJSON) -> int:
 
 def dry_run(plan: PlanJSON) -> DryRunJSON:
     """The report (``distlab.scale.report.DryRunReport``'s JSON) of ``plan`` (``Plan.to_json()``)."""
-    if plan["cp"] > 1:
-        raise ValueError("cp > 1 is not dry-run: context parallelism is not built here yet; use cp=1")
     if plan["precision"] == "fp8":
         raise ValueError("precision='fp8' is not dry-run: fp8 needs torchao's Float8Linear, not installed; use 'bf16'")
     start = time.perf_counter()

@@ -20,7 +20,7 @@ from .torchcompat_dispatch import DispatchMode, Op, collective_group, op_name
 if TYPE_CHECKING:
     from ..scale.report import CollectiveJSON
 
-__all__ = ["FLOPS", "Collectives", "LocalFlops"]
+__all__ = ["FLOPS", "Collectives", "LocalFlops", "ring_attention_scale"]
 
 _OPS = {  # the dispatcher's collective ops -> the names a report uses
     "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
@@ -36,6 +36,16 @@ _OPS = {  # the dispatcher's collective ops -> the names a report uses
 # Ops whose first argument is where the result goes, the input second.
 _OUTPUT_FIRST = {"_allgather_base_", "_reduce_scatter_base_", "allgather_", "reduce_scatter_",
                  "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_"}
+
+
+def _permute_or(name: str, args: Sequence[object]) -> str:
+    """The report's name for op ``name``: "permute" for an all-to-all whose input all goes to one peer
+    (``funcol.permute_tensor``: a step of context parallelism's ring, priced as a send, not as an
+    all-to-all of the same bytes)."""
+    splits = args[2] if name == "all_to_all_single" and len(args) > 2 else None
+    if isinstance(splits, (list, tuple)) and sum(1 for split in splits if split) == 1:
+        return "permute"
+    return _OPS[name]
 
 
 def _nbytes(value: object) -> int:
@@ -56,6 +66,10 @@ class Collectives(DispatchMode):
     def __torch_dispatch__(
         self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
     ) -> object:
+        if any(t is DTensor for t in types):
+            # DTensor first: an op it runs as collectives of its own (context parallelism's ring
+            # attention) dispatches them through this mode again, on plain tensors.
+            return NotImplemented
         kwargs = kwargs or {}
         if func.namespace in ("c10d", "_c10d_functional") and op_name(func) in _OPS:
             name = op_name(func)
@@ -63,7 +77,7 @@ class Collectives(DispatchMode):
             size = int(group.size()) if group is not None else 1
             dim = self.dims_of.get(group.group_name, f"group of {size}") if group is not None else "world"
             payload = _nbytes(args[1] if name in _OUTPUT_FIRST else args[0])
-            self.calls[(_OPS[name], dim, size, payload, self.phase)] += 1
+            self.calls[(_permute_or(name, args), dim, size, payload, self.phase)] += 1
         return func(*args, **kwargs)
 
     def report(self) -> list[CollectiveJSON]:
@@ -91,10 +105,11 @@ class LocalFlops(DispatchMode):
     The GPU computes both, but PaLM's model FLOPs (Chowdhery et al. 2022, appendix B), which MFU
     divides, leave them out."""
 
-    def __init__(self) -> None:
+    def __init__(self, attention_scale: float = 1.0) -> None:
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.flops = 0
         self.recomputed = 0
+        self.attention_scale = attention_scale  # see ``ring_attention_scale``
         self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
 
     def __torch_dispatch__(
@@ -107,14 +122,28 @@ class LocalFlops(DispatchMode):
         # Not an op another fake mode runs (DTensor's propagation under this step's own mode is kept
         # from every mode: torchcompat_fake.sharding_propagation_unseen).
         if formula is not None and torchcompat_fake.active_fake_mode() is self.fake_mode:
-            flops = int(formula(*args, **(kwargs or {}), out_val=out))
-            self.flops += flops
             name = op_name(func)
+            scale = self.attention_scale if "attention" in name else 1.0
+            flops = round(scale * formula(*args, **(kwargs or {}), out_val=out))
+            self.flops += flops
             if recomputing():
                 self.recomputed += flops
             elif "attention" in name and name.endswith("_backward"):
-                self.recomputed += _scores_flops(args[1], args[2])  # (grad_out, query, key, value, ...)
+                self.recomputed += round(scale * _scores_flops(args[1], args[2]))  # (grad_out, query, key, ...)
         return out
+
+
+def ring_attention_scale(cp: int) -> float:
+    """What a load-balanced ring's attention FLOPs are multiplied by to count as the whole square counts.
+
+    torch's formula counts an attention call's q x k square whole, causal or not. Without context
+    parallelism a rank's causal attention is one call: its square, (2 c n)^2 for a sequence of 2n
+    chunks of c tokens, counted whole. Under cp = n, torch's ring runs rank r's two chunks against
+    their own (one (2c)^2 call) and then, for each of the n - 1 other ranks, only the half of the
+    pairs the causal mask keeps (a 2c x c call): 2 c^2 (n + 1) counted, where the whole square's
+    share is 4 c^2 n. Scaling by 2n / (n + 1) keeps MFU's attention term (PaLM counts the square)
+    and the compute time as they are without cp, so plans with and without cp compare."""
+    return 2 * cp / (cp + 1) if cp > 1 else 1.0
 
 
 def _scores_flops(query: object, key: object) -> int:

@@ -21,9 +21,6 @@ def dry_run(plan: Plan, timeout: float = 300) -> DryRunReport:
     dry run's own error line."""
     checks.instance("plan", plan, Plan, what="a scale.Plan", error=TypeError)
     seconds = checks.positive("timeout", timeout, example="timeout=300", kind="a number of seconds")
-    if plan.cp > 1:
-        raise LabUsageError("cp > 1 is not dry-run yet: context parallelism (torch's context_parallel) is not "
-                            "built into the dry run; dry-run the plan with cp=1")
     if plan.precision == "fp8":
         raise LabUsageError("precision='fp8' is not dry-run: fp8 matmuls need torchao's Float8Linear, which this "
                             "install lacks; dry-run the plan with precision='bf16'")

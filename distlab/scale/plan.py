@@ -25,6 +25,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp8")
 CHECKPOINTING = ("none", "selective", "full")
 OPTIMIZERS = ("adamw",)
+#: How context parallelism's ring passes keys and values (torch's ``set_rotate_method``): "alltoall"
+#: one neighbour at a time (ring attention), "allgather" all at once (Llama 3's form).
+CP_ROTATIONS = ("alltoall", "allgather")
 
 
 def _divisors(n: int) -> str:
@@ -77,6 +80,7 @@ class PlanJSON(TypedDict):
     precision: str
     checkpointing: str
     optimizer: str
+    cp_rotate: str
     sequence_parallel: bool
     model_name: str
     stage_layers: list[int]
@@ -98,7 +102,9 @@ class Plan:
     divide, else torchtitan's split (``layers_per_stage``). ``sequence_parallel``:
     the residual stream and norms split along the sequence between tensor-parallel ranks (Korthikanti
     et al. 2022; all-gathers and reduce-scatters in place of the all-reduces); None: torchtitan's
-    choice, on for Llama models with ``tp > 1``.
+    choice, on for Llama models with ``tp > 1``. ``vp``: Megatron's name for ``chunks`` (virtual stages
+    per pipeline rank; ``vp > 1`` runs the interleaved schedule). ``cp_rotate``: how context
+    parallelism's ring attention passes keys and values (``CP_ROTATIONS``).
     """
 
     model: str | ModelConfig
@@ -119,8 +125,18 @@ class Plan:
     optimizer: str = "adamw"
     sequence_parallel: bool | None = None
     stage_layers: tuple[int, ...] | None = None
+    cp_rotate: str = "alltoall"
+    vp: int | None = None
 
     def __post_init__(self) -> None:
+        if self.vp is not None:  # Megatron's name: virtual stages per pipeline rank, the interleaved schedule
+            checks.whole("vp", self.vp, minimum=1, example="vp=2")
+            if self.chunks not in (1, self.vp):
+                raise LabUsageError(f"vp={self.vp} and chunks={self.chunks} name the same thing (stages per "
+                                    "pipeline rank): give one of them")
+            object.__setattr__(self, "chunks", self.vp)
+            if self.vp > 1 and self.schedule == "1f1b":
+                object.__setattr__(self, "schedule", "interleaved")
         self.check()
 
     # ------------------------------------------------------------------------------ derived
@@ -178,7 +194,7 @@ class Plan:
             global_batch_tokens=self.global_batch_tokens, tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp,
             shard=self.shard, micro_batch_size=self.micro_batch_size, schedule=self.schedule, chunks=self.chunks,
             precision=self.precision, checkpointing=self.checkpointing, optimizer=self.optimizer,
-            sequence_parallel=self.sequence_parallel_on,
+            cp_rotate=self.cp_rotate, sequence_parallel=self.sequence_parallel_on,
             model_name=self.model if isinstance(self.model, str) else self.model.name,
             stage_layers=list(self.layers_per_stage),
         )
@@ -198,6 +214,10 @@ class Plan:
         checks.choice("precision", self.precision, PRECISIONS)
         checks.choice("checkpointing", self.checkpointing, CHECKPOINTING)
         checks.choice("optimizer", self.optimizer, OPTIMIZERS)
+        checks.choice("cp_rotate", self.cp_rotate, CP_ROTATIONS)
+        if self.cp > 1 and self.dp == "zero1":
+            raise LabUsageError("dp='zero1' with cp > 1 is not built: the distributed optimizer reduces over "
+                                "dp ranks only; use dp='fsdp' or 'hsdp' with cp (FSDP shards over dp and cp)")
         split = self.tp * self.pp * self.cp
         if self.gpus % split:
             raise LabUsageError(

@@ -26,7 +26,9 @@ every collective with its bytes and the mesh dimension it runs on. The predictor
   plus one call (the first all-gather and the last reduction wait for nothing). Where the hardware
   overlaps only partly (``Hardware.overlap`` below 1: a CPU lab, whose cores run both), compute
   hides that share of its own time. Context-parallel
-  exchanges overlap attention (torch's ring attention) the same way. A pipeline's sends and receives
+  exchanges overlap attention (torch's ring attention) the same way; a ring's step ("permute": all its
+  bytes to one neighbour) costs a send. Under cp, FSDP shards over dp_shard and cp at once
+  ("dp_shard_cp", torchtitan's), a group of shard x cp ranks tp apart. A pipeline's sends and receives
   are exposed, once per micro-batch per stage boundary.
 - **Pipeline**: ``theory.pipeline_step_time_s`` of the slowest stage's micro-batch time: the bubble
   of the plan's schedule, ``(p-1)/(m+p-1)`` (1F1B, GPipe) or ``(p-1)/(v m+p-1)`` (interleaved).
@@ -68,8 +70,8 @@ EFFICIENCY = 0.342
 #: The device mesh's dimensions, outermost first (torchtitan's ParallelDims order): tp is innermost.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
-_OVERLAPPED = {"dp_shard", "dp_replicate", "cp"}
-_ONCE_UNDER_PIPELINE = {"dp_shard", "dp_replicate"}
+_OVERLAPPED = {"dp_shard", "dp_replicate", "cp", "dp_shard_cp"}
+_ONCE_UNDER_PIPELINE = {"dp_shard", "dp_replicate", "dp_shard_cp"}
 _COLLECTIVE_OPS = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"}
 
 
@@ -151,8 +153,11 @@ def _groups(plan: Plan) -> dict[str, tuple[int, int]]:
     """Each dimension's (group size, stride): a group's ranks are ``stride`` apart (``MESH_ORDER``, tp
     innermost and consecutive ranks on a node)."""
     sizes = dimension_sizes(plan)
-    return {dim: (sizes[dim], math.prod(sizes[inner] for inner in MESH_ORDER[i + 1:]))
-            for i, dim in enumerate(MESH_ORDER)}
+    groups = {dim: (sizes[dim], math.prod(sizes[inner] for inner in MESH_ORDER[i + 1:]))
+              for i, dim in enumerate(MESH_ORDER)}
+    if plan.cp > 1:  # FSDP over dp_shard and cp at once (torchtitan's "dp_shard_cp"; rank/dryrun.py)
+        groups["dp_shard_cp"] = (sizes["dp_shard"] * plan.cp, plan.tp)
+    return groups
 
 
 def links(plan: Plan, hardware: Hardware) -> dict[str, str]:
@@ -173,6 +178,8 @@ def _collective_s(
     c: CollectiveCount, link: str, hardware: Hardware, network: Network, per_node: int = 1,
     chosen: dict[str, set[str]] | None = None,
 ) -> float:
+    if c.op == "permute" and c.group_size > 1:  # a ring's step: each rank sends its bytes to one neighbour
+        return _point_to_point_s(c, link, hardware, network)
     if c.op not in _COLLECTIVE_OPS or c.group_size < 2:
         return 0.0
     # The dry run counts what each rank puts in: an all-gather's shard, a reduce-scatter's whole
