@@ -23,6 +23,19 @@ from distlab.scale import prediction as model
 
 TITAN = "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; H100 96 GB HBM2e at 500 W, 400 Gb/s RDMA per GPU)"
 LLAMA3 = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4 (H100 80 GB at 700 W, RoCE 400 Gb/s per GPU)"
+BRIDGE = ("NVIDIA Megatron-Bridge performance summary (docs/performance-summary-archive.md at 067f987; "
+          "docs.nvidia.com/nemo/megatron-bridge), DGX-H100, {release}")
+NEMO = "NVIDIA NeMo performance summary, NeMo 24.07 (NVIDIA/NeMo docs/source/performance/performance_summary.md at 9c5c5e9), DGX-H100"
+
+
+def _megatron(model: str, gpus: int, gbs: int, tp: int, pp: int, cp: int, vp: int) -> dict[str, Any]:
+    """A Megatron-Bridge/NeMo row's plan: DDP with the distributed optimizer, micro-batch 1, seq 8,192."""
+    plan: dict[str, Any] = {"model": model, "gpus": gpus, "tp": tp, "pp": pp, "cp": cp, "dp": "zero1",
+                            "seq_len": 8192, "global_batch_tokens": gbs * 8192, "micro_batch_size": 1,
+                            "precision": "fp8", "checkpointing": "none"}
+    if vp > 1:
+        plan["vp"] = vp
+    return plan
 
 
 @dataclass
@@ -70,6 +83,35 @@ ROWS = [
          "checkpointing": "none"},
         "h100-sxm", "roce-400g", {"tflops_per_gpu": 400},
         lacks=["the paper's own interleaved schedule (depth not published: 2 chunks assumed)"]),
+    Row("Llama 3 405B long context, TP 8 x CP 16 x PP 16 x DP 8, 16,384 GPUs", LLAMA3 + ", row 3 (seq 131,072)",
+        {"model": "llama3-405b", "gpus": 16384, "tp": 8, "cp": 16, "pp": 16, "dp": "fsdp", "seq_len": 131072,
+         "global_batch_tokens": 128 * 131072, "micro_batch_size": 1, "schedule": "interleaved", "chunks": 2,
+         "checkpointing": "none", "cp_rotate": "allgather"},
+        "h100-sxm", "roce-400g", {"tflops_per_gpu": 380},
+        lacks=["the paper's own interleaved schedule (depth not published: 2 chunks assumed)",
+               "the paper gathers K and V before GQA's repeat (8 heads), torch's ring after it (128)",
+               "one efficiency for matmuls and attention, where attention is most of a 131k step"]),
+    Row("Llama 3 8B, CP 2, 8 GPUs, FP8", NEMO, _megatron("llama3-8b", 8, 128, 1, 1, 2, 1), "h100-sxm", "ib-400g",
+        {"tokens_per_s_per_gpu": 12273, "tflops_per_gpu": 711}),
+    Row("Llama 3 70B, TP 4 x PP 4 x CP 2 x VP 5, 64 GPUs, FP8", NEMO, _megatron("llama3-70b", 64, 128, 4, 4, 2, 5),
+        "h100-sxm", "ib-400g", {"tokens_per_s_per_gpu": 1524, "tflops_per_gpu": 734}),
+]
+
+# Megatron-Bridge's DGX-H100 rows: (release, model, GPUs, global batch, tp, pp, cp, vp, tokens/s/GPU, TFLOP/s/GPU);
+# "FSDP 0" there is DDP with the distributed optimizer (zero1); the 8B row shards (FSDP).
+_BRIDGE_ROWS = [
+    ("25.11", "llama3-8b", 8, 128, 1, 1, 1, 1, 14451, 744),
+    ("25.11", "llama3-70b", 64, 128, 4, 8, 1, 5, 1602, 719),
+    ("25.11", "llama3-405b", 1024, 512, 8, 8, 2, 8, 292, 737),
+    ("26.04.01", "llama3-70b", 64, 256, 4, 8, 1, 5, 1664, 731),
+    ("26.04.01", "llama3-405b", 1024, 1536, 8, 8, 2, 8, 328, 827),
+]
+ROWS += [
+    Row(f"{model}, TP {tp} x PP {pp} x CP {cp} x VP {vp}, {gpus:,} GPUs, FP8 ({release})",
+        BRIDGE.format(release=f"{release} container"),
+        {**_megatron(model, gpus, gbs, tp, pp, cp, vp), **({"dp": "fsdp"} if model == "llama3-8b" else {})},
+        "h100-sxm", "ib-400g", {"tokens_per_s_per_gpu": tokens, "tflops_per_gpu": tflops})
+    for release, model, gpus, gbs, tp, pp, cp, vp, tokens, tflops in _BRIDGE_ROWS
 ]
 
 

@@ -185,14 +185,21 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
     try:
         mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
         modules = parallelize(plan, cfg, mesh, stage or 0)
-        dims_of = {str(mesh.get_group(d).group_name): d for d in (*MESH, *(("dp_shard_cp",) if plan["cp"] > 1 else ()))}
+        replicas = mesh.get_group("dp_replicate")  # what zero1's optimizer reduces over
+        joined: tuple[str, ...] = ()
+        if plan["cp"] > 1:  # the cp ranks hold the same weights: their gradients are reduced together
+            joined = ("dp_shard_cp",)
+        if plan["cp"] > 1 and plan["dp"] == "zero1":
+            joined = ("dp_cp",)
+            replicas = torchcompat_cp.flatten(mesh, ("dp_replicate", "dp_shard", "cp"), "dp_cp").get_group()
+        dims_of = {str(mesh.get_group(d).group_name): d for d in (*MESH, *joined)}
         params = [p for m in modules for p in m.parameters()]
         segments = Segments(block for m in modules for block in m.layers.values())
         with torchcompat_fake.sharding_propagation_unseen(), torchcompat_fake.fake_tensor_mode():
             for m in modules:
                 m.to_empty(device="cpu")
             optimizer: ShardStepAdamW | DistributedAdamW = (
-                DistributedAdamW(params, mesh.get_group("dp_replicate"), lr=1e-4, foreach=True)
+                DistributedAdamW(params, replicas, lr=1e-4, foreach=True)
                 if plan["dp"] == "zero1" else ShardStepAdamW(params, lr=1e-4, foreach=True))
             for p in params:  # one step before the measured one makes the optimizer's states (see the module)
                 p.grad = torch.zeros_like(p)

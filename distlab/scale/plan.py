@@ -215,9 +215,6 @@ class Plan:
         checks.choice("checkpointing", self.checkpointing, CHECKPOINTING)
         checks.choice("optimizer", self.optimizer, OPTIMIZERS)
         checks.choice("cp_rotate", self.cp_rotate, CP_ROTATIONS)
-        if self.cp > 1 and self.dp == "zero1":
-            raise LabUsageError("dp='zero1' with cp > 1 is not built: the distributed optimizer reduces over "
-                                "dp ranks only; use dp='fsdp' or 'hsdp' with cp (FSDP shards over dp and cp)")
         split = self.tp * self.pp * self.cp
         if self.gpus % split:
             raise LabUsageError(

@@ -70,8 +70,8 @@ EFFICIENCY = 0.342
 #: The device mesh's dimensions, outermost first (torchtitan's ParallelDims order): tp is innermost.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
-_OVERLAPPED = {"dp_shard", "dp_replicate", "cp", "dp_shard_cp"}
-_ONCE_UNDER_PIPELINE = {"dp_shard", "dp_replicate", "dp_shard_cp"}
+_OVERLAPPED = {"dp_shard", "dp_replicate", "cp", "dp_shard_cp", "dp_cp"}
+_ONCE_UNDER_PIPELINE = {"dp_shard", "dp_replicate", "dp_shard_cp", "dp_cp"}
 _COLLECTIVE_OPS = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"}
 
 
@@ -157,6 +157,8 @@ def _groups(plan: Plan) -> dict[str, tuple[int, int]]:
               for i, dim in enumerate(MESH_ORDER)}
     if plan.cp > 1:  # FSDP over dp_shard and cp at once (torchtitan's "dp_shard_cp"; rank/dryrun.py)
         groups["dp_shard_cp"] = (sizes["dp_shard"] * plan.cp, plan.tp)
+        if plan.dp == "zero1":  # its optimizer reduces over every replica and cp rank ("dp_cp")
+            groups["dp_cp"] = (sizes["dp_replicate"] * plan.cp, plan.tp)
     return groups
 
 
