@@ -115,16 +115,12 @@ ROWS += [
 ]
 
 
-def _predicted(pred: model.Prediction, key: str) -> float:
+def _predicted(pred: model.Prediction, key: str, precision: str) -> float:
     if key == "tokens_per_s_per_gpu":
         return pred.tokens_per_s_per_gpu
-    if key == "tflops_per_gpu":
-        return pred.mfu * _peak(pred) / 1e12
+    if key == "tflops_per_gpu":  # model FLOPs per second: MFU is over the plan's precision's peak
+        return pred.mfu * scale.hardware.HARDWARE[pred.hardware].peak_flops[precision] / 1e12
     return pred.memory_per_gpu_bytes / 2**30
-
-
-def _peak(pred: model.Prediction) -> float:
-    return scale.hardware.HARDWARE[pred.hardware].peak_flops["bf16"]
 
 
 def _fit(report: Any, row: Row) -> float:
@@ -167,7 +163,7 @@ def main() -> None:
             continue
         pred = model.predict_report(reports[row.name], row.hardware, row.network, efficiency=efficiency)
         for key, value in row.published.items():
-            got = _predicted(pred, key)
+            got = _predicted(pred, key, reports[row.name].plan.precision)
             error = (got - value) / value
             unit = {"tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU", "memory_gib": "GiB"}[key]
             note = "; ".join([row.source] + (["fit row"] if row.fit and key != "memory_gib" else []) + row.lacks)

@@ -248,7 +248,8 @@ def stage_modules(
 
 
 def tensor_parallel_plan(
-    stage: TransformerStage, loss_parallel: bool = True, sequence_parallel: bool = False
+    stage: TransformerStage, loss_parallel: bool = True, sequence_parallel: bool = False,
+    styles: tuple[type[ParallelStyle], type[ParallelStyle], type[ParallelStyle]] | None = None,
 ) -> dict[str, ParallelStyle]:
     """torchtitan's Llama plan (its ``apply_tp``): wq, wk, wv, w1, w3 split by output columns, wo and w2
     by input rows (Megatron-LM's split). Without ``sequence_parallel``: per block one all-reduce after
@@ -259,29 +260,27 @@ def tensor_parallel_plan(
     rank, an all-gather at attention's and the MLP's door and a reduce-scatter after wo and w2 take the
     all-reduces' place, and the embedding's output is reduce-scattered along the sequence. The head is
     split by vocabulary columns, its logits left sharded for a loss-parallel cross-entropy
-    (``loss_parallel``)."""
+    (``loss_parallel``). ``styles``: the (colwise, rowwise, prepare-input) styles for the blocks, where
+    not torch's (torchao's Float8 ones, which cast to fp8 before gathering: ``rank.float8``)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    Colwise, Rowwise, Prepare = styles or (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
 
     sequence = Shard(1) if sequence_parallel else Replicate()  # a block's input and output
-    door = PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))
+    door = Prepare(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))  # type: ignore[call-arg]
     # attention's second input, the tokens' positions, passes as it is (torchtitan's freqs_cis)
-    attention_door = PrepareModuleInput(input_layouts=(sequence, None), desired_input_layouts=(Replicate(), None))
+    attention_door = Prepare(input_layouts=(sequence, None), desired_input_layouts=(Replicate(), None))  # type: ignore[call-arg]
     plan: dict[str, ParallelStyle] = {}
     for name, block in stage.layers.items():
         p = f"layers.{name}"
         plan.update({f"{p}.attention": attention_door, f"{p}.feed_forward": door})
-        plan.update({f"{p}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
-        plan[f"{p}.attention.wo"] = RowwiseParallel(output_layouts=sequence)
-        plan[f"{p}.feed_forward.w1"] = ColwiseParallel()
+        plan.update({f"{p}.attention.{w}": Colwise() for w in ("wq", "wk", "wv")})
+        plan[f"{p}.attention.wo"] = Rowwise(output_layouts=sequence)  # type: ignore[call-arg]
+        plan[f"{p}.feed_forward.w1"] = Colwise()
         if isinstance(block, Block) and block.feed_forward.w3 is not None:
-            plan[f"{p}.feed_forward.w3"] = ColwiseParallel()
-        plan[f"{p}.feed_forward.w2"] = RowwiseParallel(output_layouts=sequence)
+            plan[f"{p}.feed_forward.w3"] = Colwise()
+        plan[f"{p}.feed_forward.w2"] = Rowwise(output_layouts=sequence)  # type: ignore[call-arg]
         if sequence_parallel:
             plan.update({f"{p}.attention_norm": SequenceParallel(), f"{p}.ffn_norm": SequenceParallel()})
     if stage.tok_embeddings is not None and not stage.config.tied_embeddings:

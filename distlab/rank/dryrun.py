@@ -69,7 +69,7 @@ from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 from ..nn.llama import TransformerStage, stage_modules, tensor_parallel_plan
 from ..scale.models import ModelConfig
 from ..theory import in_flight_micro_batches
-from . import torchcompat_cp, torchcompat_fake
+from . import float8, torchcompat_cp, torchcompat_fake
 from .dryrun_counts import Collectives, LocalFlops, ring_attention_scale
 from .dryrun_depth import DEEP, SHALLOW, Measured, Segments, extrapolate
 from .dryrun_kinds import forked, kinds
@@ -98,15 +98,17 @@ def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) 
     with torch.device("meta"):  # no memory: the weights are made (as fake tensors) under FakeTensorMode
         modules = stage_modules(cfg, plan["pp"], plan["chunks"], stage, plan["stage_layers"])
     dp_mesh = data_parallel_mesh(plan, mesh)
-    bf16 = plan["precision"] == "bf16"
+    bf16 = half(plan)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     # torchtitan keeps parameters gathered between forward and backward under pp (no reshard after
     # forward): each micro-batch would otherwise gather them twice.
     reshard = plan["pp"] == 1
     for module in modules:
         module.checkpointing = plan["checkpointing"]
+        float8.convert(plan, module)  # fp8's linears first, as torchtitan converts before it parallelises
         if plan["tp"] > 1:
-            tp_plan = tensor_parallel_plan(module, sequence_parallel=plan["sequence_parallel"])
+            tp_plan = tensor_parallel_plan(module, sequence_parallel=plan["sequence_parallel"],
+                                           styles=float8.tp_styles(plan))
             parallelize_module(module, mesh["tp"], tp_plan)
         if plan["dp"] == "zero1":  # replicated, in the compute dtype: the optimizer shards (rank.zero1)
             module.to(torch.bfloat16 if bf16 else torch.float32)
@@ -147,7 +149,7 @@ def micro_batch(
     parallelism ``shard`` takes the sequence's tensors (token ids, targets, positions) and leaves this
     rank's share of each in place, for the rest of the step (``tracked_step``)."""
     batch, seq = plan["micro_batch_size"], plan["seq_len"]
-    dtype = torch.bfloat16 if plan["precision"] == "bf16" else torch.float32
+    dtype = torch.bfloat16 if half(plan) else torch.float32
     tokens = targets = positions = None
     if plan["cp"] > 1:
         assert shard is not None, "context parallelism needs the step's shard (tracked_step gives it)"
@@ -209,7 +211,7 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
             memory = tracked_step(plan, cfg, modules, optimizer, counter, flops, segments=segments,
                                   cp_mesh=mesh["cp"] if plan["cp"] > 1 else None)
         measured: Measured = {"memory": memory, "collectives": counter.report(), "flops": flops.flops,
-                              "recomputed": flops.recomputed, "segments": segments.peaks}
+                              "recomputed": flops.recomputed, "fp8": flops.fp8, "segments": segments.peaks}
         return measured, _point_to_point(plan, cfg, modules)
     finally:
         dist.destroy_process_group()
@@ -240,7 +242,7 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         if shard > 1:
             # Under pp FSDP keeps each unit's parameters gathered from forward to backward
             # (``parallelize``): alive after forward, but once, not per micro-batch.
-            gathered = memory["parameters"] * shard * (2 if plan["precision"] == "bf16" else 4) // 4
+            gathered = memory["parameters"] * shard * (2 if half(plan) else 4) // 4
             saved = max(0, saved - gathered)
             # torch's schedules turn FSDP's gradient reduction off until a stage's last micro-batch
             # (pipelining/stage.py: set_requires_gradient_sync(False), then perform_reduce_grad):
@@ -259,6 +261,7 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         "collectives": collectives,
         # PaLM's model FLOPs; what is computed again (checkpointing, flash attention's scores) apart
         "flops_per_micro_batch": float(measured["flops"] - measured["recomputed"]),
+        "fp8_flops_per_micro_batch": float(measured["fp8"]),
         "recompute_flops_per_micro_batch": float(measured["recomputed"]),
     }
 
@@ -311,6 +314,7 @@ def tracked_step(
         gradients = _local_bytes(p.grad for p in params)
         _phase("optimizer", counter, segments)
         optimizer.step()
+        float8.after_step(plan, modules)
     peak = torchcompat_fake.tracked_peak_bytes(tracker)
     parameters = _local_bytes(params)
     states = (optimizer.state_tensors() if isinstance(optimizer, DistributedAdamW)
@@ -333,7 +337,7 @@ def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerS
     seq_len, dim) in the compute dtype, forward, and its gradient backward. Every stage module but the
     model's last sends one forward; every one but the first receives one."""
     size = plan["micro_batch_size"] * plan["seq_len"] // _sequence_split(plan) * cfg.dim * (
-        2 if plan["precision"] == "bf16" else 4)
+        2 if half(plan) else 4)
     sends = sum(1 for m in modules if m.output is None)
     recvs = sum(1 for m in modules if m.tok_embeddings is None)
 
@@ -342,6 +346,11 @@ def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerS
 
     found = [one("send", sends, "forward"), one("recv", sends, "backward")] if sends else []
     return found + ([one("recv", recvs, "forward"), one("send", recvs, "backward")] if recvs else [])
+
+
+def half(plan: PlanJSON) -> bool:
+    """Whether the plan computes in bf16 (fp8 too: only its linears' matmuls run in fp8)."""
+    return plan["precision"] in ("bf16", "fp8")
 
 
 def _sequence_split(plan: PlanJSON) -> int:
@@ -363,8 +372,6 @@ def micro_batches(plan: PlanJSON) -> int:
 
 def dry_run(plan: PlanJSON) -> DryRunJSON:
     """The report (``distlab.scale.report.DryRunReport``'s JSON) of ``plan`` (``Plan.to_json()``)."""
-    if plan["precision"] == "fp8":
-        raise ValueError("precision='fp8' is not dry-run: fp8 needs torchao's Float8Linear, not installed; use 'bf16'")
     start = time.perf_counter()
     cfg = ModelConfig(**plan["model"])
     runs = [_run_kind(plan, cfg, *kind) for kind in kinds(plan)]

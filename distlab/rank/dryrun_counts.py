@@ -10,12 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import flop_registry
 
 from ..nn.llama import recomputing
 from . import torchcompat_fake
-from .torchcompat_dispatch import DispatchMode, Op, collective_group, op_name
+from .torchcompat_dispatch import DispatchMode, Op, collective_group, op_name, wrapper_subclass_in
 
 if TYPE_CHECKING:
     from ..scale.report import CollectiveJSON
@@ -66,7 +65,7 @@ class Collectives(DispatchMode):
     def __torch_dispatch__(
         self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
     ) -> object:
-        if any(t is DTensor for t in types):
+        if wrapper_subclass_in(types):
             # DTensor first: an op it runs as collectives of its own (context parallelism's ring
             # attention) dispatches them through this mode again, on plain tensors.
             return NotImplemented
@@ -110,12 +109,13 @@ class LocalFlops(DispatchMode):
         self.flops = 0
         self.recomputed = 0
         self.attention_scale = attention_scale  # see ``ring_attention_scale``
+        self.fp8 = 0  # of ``flops``, what fp8 matmuls (``_scaled_mm``) ran, recomputed ones too
         self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
 
     def __torch_dispatch__(
         self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
     ) -> object:
-        if any(t is DTensor for t in types):
+        if wrapper_subclass_in(types):  # DTensor's local ops, torchao's fp8 matmuls: counted as they run
             return NotImplemented
         out = func(*args, **(kwargs or {}))
         formula = FLOPS.get(func.overloadpacket)
@@ -126,6 +126,8 @@ class LocalFlops(DispatchMode):
             scale = self.attention_scale if "attention" in name else 1.0
             flops = round(scale * formula(*args, **(kwargs or {}), out_val=out))
             self.flops += flops
+            if name == "_scaled_mm":
+                self.fp8 += flops
             if recomputing():
                 self.recomputed += flops
             elif "attention" in name and name.endswith("_backward"):

@@ -56,6 +56,7 @@ class Measured(TypedDict):
     collectives: list[CollectiveJSON]
     flops: int
     recomputed: int
+    fp8: int  # of ``flops``, the fp8 matmuls'
     segments: dict[str, int]  # "phase/position" -> that segment's peak bytes
 
 
@@ -158,4 +159,5 @@ def extrapolate(shallow: Measured, deeper: Measured, depth: int) -> Measured | N
     }
     return {"memory": memory, "collectives": collectives, "segments": segments,
             "flops": _line(shallow["flops"], deeper["flops"], depth),
-            "recomputed": _line(shallow["recomputed"], deeper["recomputed"], depth)}
+            "recomputed": _line(shallow["recomputed"], deeper["recomputed"], depth),
+            "fp8": _line(shallow["fp8"], deeper["fp8"], depth)}

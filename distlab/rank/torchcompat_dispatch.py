@@ -42,6 +42,7 @@ __all__ = [
     "wait_work",
     "watch_storage_resizes",
     "work_of",
+    "wrapper_subclass_in",
 ]
 
 #: The base class of a mode that sees every op of this thread (``__torch_dispatch__``).
@@ -54,6 +55,18 @@ _Mode = TypeVar("_Mode", bound=TorchDispatchMode)
 
 
 # ------------------------------------------------------------------------------------ ops
+
+
+def wrapper_subclass_in(types: Sequence[type]) -> bool:
+    """Whether ``types`` (what ``__torch_dispatch__`` receives) holds a tensor subclass that runs an op
+    as ops of its own (DTensor: local ops and collectives; torchao's Float8TrainingTensor: fp8 casts
+    and ``_scaled_mm``): a mode that counts ops returns NotImplemented to it, to see those ops instead.
+    ``torch.utils._python_dispatch.is_traceable_wrapper_subclass_type`` (private module): no public API
+    tells such a subclass apart from FakeTensor, which wraps nothing."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+
+    return any(is_traceable_wrapper_subclass_type(t) for t in types)
+
 
 
 def op_name(func: Op) -> str:

@@ -28,6 +28,8 @@ OPTIMIZERS = ("adamw",)
 #: How context parallelism's ring passes keys and values (torch's ``set_rotate_method``): "alltoall"
 #: one neighbour at a time (ring attention), "allgather" all at once (Llama 3's form).
 CP_ROTATIONS = ("alltoall", "allgather")
+#: How fp8's scales are kept (torchao's recipes, ``distlab.rank.float8``): one per tensor, or one per row.
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
 
 
 def _divisors(n: int) -> str:
@@ -81,6 +83,7 @@ class PlanJSON(TypedDict):
     checkpointing: str
     optimizer: str
     cp_rotate: str
+    float8_recipe: str
     sequence_parallel: bool
     model_name: str
     stage_layers: list[int]
@@ -104,7 +107,8 @@ class Plan:
     et al. 2022; all-gathers and reduce-scatters in place of the all-reduces); None: torchtitan's
     choice, on for Llama models with ``tp > 1``. ``vp``: Megatron's name for ``chunks`` (virtual stages
     per pipeline rank; ``vp > 1`` runs the interleaved schedule). ``cp_rotate``: how context
-    parallelism's ring attention passes keys and values (``CP_ROTATIONS``).
+    parallelism's ring attention passes keys and values (``CP_ROTATIONS``). ``float8_recipe``: fp8's
+    scaling under ``precision="fp8"`` (torchao's, ``FLOAT8_RECIPES``).
     """
 
     model: str | ModelConfig
@@ -126,6 +130,7 @@ class Plan:
     sequence_parallel: bool | None = None
     stage_layers: tuple[int, ...] | None = None
     cp_rotate: str = "alltoall"
+    float8_recipe: str = "tensorwise"
     vp: int | None = None
 
     def __post_init__(self) -> None:
@@ -194,7 +199,7 @@ class Plan:
             global_batch_tokens=self.global_batch_tokens, tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp,
             shard=self.shard, micro_batch_size=self.micro_batch_size, schedule=self.schedule, chunks=self.chunks,
             precision=self.precision, checkpointing=self.checkpointing, optimizer=self.optimizer,
-            cp_rotate=self.cp_rotate, sequence_parallel=self.sequence_parallel_on,
+            cp_rotate=self.cp_rotate, float8_recipe=self.float8_recipe, sequence_parallel=self.sequence_parallel_on,
             model_name=self.model if isinstance(self.model, str) else self.model.name,
             stage_layers=list(self.layers_per_stage),
         )
@@ -215,6 +220,7 @@ class Plan:
         checks.choice("checkpointing", self.checkpointing, CHECKPOINTING)
         checks.choice("optimizer", self.optimizer, OPTIMIZERS)
         checks.choice("cp_rotate", self.cp_rotate, CP_ROTATIONS)
+        checks.choice("float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
         split = self.tp * self.pp * self.cp
         if self.gpus % split:
             raise LabUsageError(

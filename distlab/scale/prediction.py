@@ -218,8 +218,12 @@ def _kind_time(
     per_node: dict[str, int], chosen: dict[str, set[str]] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
-    peak = hw.peak_flops.get(plan.precision) or hw.peak_flops["bf16"]
-    compute_mb = (kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch) / (peak * efficiency)
+    # fp8 plans run only their linears' matmuls in fp8 (twice bf16's peak); attention and the rest in bf16
+    bf16 = hw.peak_flops["bf16"]
+    half = bf16 if plan.precision == "fp8" else hw.peak_flops.get(plan.precision, bf16)
+    fp8 = kind.fp8_flops_per_micro_batch
+    rest = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8
+    compute_mb = (rest / half + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / efficiency
     per_mb: dict[str, float] = {}
     per_step: dict[str, float] = {}
     # Under a pipeline, FSDP's collectives run once a step (torch's schedules keep the parameters

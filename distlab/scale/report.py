@@ -60,6 +60,7 @@ class RankKindJSON(TypedDict):
     collectives: list[CollectiveJSON]
     flops_per_micro_batch: float
     recompute_flops_per_micro_batch: float
+    fp8_flops_per_micro_batch: float
 
 
 class DryRunJSON(TypedDict):
@@ -110,6 +111,8 @@ class RankKind:
     collectives: list[CollectiveCount]
     flops_per_micro_batch: float
     recompute_flops_per_micro_batch: float
+    #: Of the two above (model and recomputed), what fp8 matmuls run (``precision="fp8"``): the rest runs in bf16.
+    fp8_flops_per_micro_batch: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class DryRunReport:
                 collectives=[CollectiveCount(**c) for c in k["collectives"]],
                 flops_per_micro_batch=float(k["flops_per_micro_batch"]),
                 recompute_flops_per_micro_batch=float(k["recompute_flops_per_micro_batch"]),
+                fp8_flops_per_micro_batch=float(k.get("fp8_flops_per_micro_batch", 0.0)),
             )
             for k in data["kinds"]
         ]

@@ -1,9 +1,12 @@
-"""Context parallelism: torch's ring attention on CPU ranks (``rank/torchcompat_cp.py``), and a plan with
-``cp > 1`` dry-run (its collectives on the cp dimension, FSDP over dp_shard x cp) and predicted.
+"""The published runs' options in the scale dry run: context parallelism and FP8.
 
-The ring is checked on real gloo ranks against whole-sequence attention, forward and backward, in both
-of torch's rotations; the dry run against the same plan without cp: per rank the same work on half
-the tokens."""
+Context parallelism: torch's ring attention on CPU ranks (``rank/torchcompat_cp.py``), checked on real
+gloo ranks against whole-sequence attention, forward and backward, in both of torch's rotations; a plan
+with ``cp > 1`` dry-run against the same plan without cp (per rank the same work on half the tokens,
+its collectives on the cp dimension, FSDP over dp_shard x cp) and predicted.
+
+FP8: torchao's Float8 linears (``rank/float8.py``), both recipes: which FLOPs run in fp8, the
+weights' all-gathers, and the compute time predicted at each precision's peak."""
 
 from __future__ import annotations
 
@@ -123,3 +126,39 @@ def test_a_cp_plan_is_predicted_with_its_ring_as_sends_beside_compute():
         "node", "node", "network")
     assert prediction.breakdown["exposed cp"] > 0
     assert "exposed dp_shard_cp" in prediction.breakdown
+
+
+def _fp8(recipe: str, tp: int = 1, precision: str = "fp8") -> scale.RankKind:
+    plan = scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=256 * 8 // tp, tp=tp,
+                      precision=precision, float8_recipe=recipe)
+    (kind,) = scale.dry_run(plan).kinds
+    return kind
+
+
+@pytest.mark.cluster
+def test_fp8_runs_the_blocks_linears_on_torchaos_float8_matmuls_and_gathers_weights_in_fp8():
+    bf16, tensorwise, rowwise = _fp8("tensorwise", precision="bf16"), _fp8("tensorwise"), _fp8("rowwise")
+    # each block's seven linears (wq, wk, wv, wo, w1, w2, w3) in fp8, forward and both backward matmuls,
+    # on 256 tokens; the head (as torchtitan leaves it) and attention in bf16
+    per_token = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
+    for kind in (tensorwise, rowwise):
+        assert kind.fp8_flops_per_micro_batch == 3 * per_token * 2 * 256
+        assert kind.flops_per_micro_batch == bf16.flops_per_micro_batch  # the same work, some of it in fp8
+    assert bf16.fp8_flops_per_micro_batch == 0
+
+    def block_gathers(kind: scale.RankKind) -> set[int]:
+        return {c.bytes for c in kind.collectives if c.op == "all_gather" and c.calls_per_micro_batch == 2}
+
+    # tensorwise: FSDP gathers the blocks' weights in fp8 (a byte each, and a little padding), rowwise in bf16
+    (bf16_bytes,), (fp8_bytes,) = block_gathers(bf16), block_gathers(tensorwise)
+    assert bf16_bytes / 2 <= fp8_bytes < 0.51 * bf16_bytes
+    assert block_gathers(rowwise) == {bf16_bytes}
+    # predicted: the fp8 matmuls at the H100's fp8 peak (about twice bf16's), everything else at bf16's
+    plans = [scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=2048, precision=p)
+             for p in ("bf16", "fp8")]
+    slow, fast = (scale.predict(plan, report=scale.dry_run(plan)).breakdown["compute"] for plan in plans)
+    # of all that is computed (the model's FLOPs and flash attention's scores again in backward)
+    share = tensorwise.fp8_flops_per_micro_batch / (
+        tensorwise.flops_per_micro_batch + tensorwise.recompute_flops_per_micro_batch)
+    peaks = scale.hardware.HARDWARE["h100-sxm"].peak_flops
+    assert fast / slow == pytest.approx(1 - share + share * peaks["bf16"] / peaks["fp8"], rel=1e-9)
