@@ -675,6 +675,79 @@ print("every plan returned fits, the fastest first, each from its own dry run:",
 print("the best keeps tensor parallelism inside a node:", found.best.plan.tp <= H100.gpus_per_node)
 
 # %% [markdown]
+# ## Longer sequences and faster matmuls: context parallelism and FP8
+#
+# Two options every recent published H100 run uses (NVIDIA's NeMo and Megatron-Bridge tables; the
+# Llama 3 paper's long-context stage):
+#
+# - **Context parallelism** (`cp`) splits each sequence over `cp` ranks. Everything in a block but
+#   attention works token by token, so it runs on the rank's share alone; attention needs every
+#   earlier token's keys and values. torch's `context_parallel` gives each rank two chunks of the
+#   sequence, chunk r and chunk 2cp-1-r, so that under the causal mask every rank does the same work,
+#   and replaces attention by **ring attention** (Liu et al. 2023): the keys and values go round the
+#   ring one neighbour at a time (`cp_rotate="alltoall"`), or are all-gathered at once
+#   (`"allgather"`, the form the Llama 3 paper describes, section 3.3.2: CP 16 for 131,072-token
+#   sequences on 16,384 GPUs, Table 4). The ranks of a cp group hold the same weights, so FSDP
+#   shards over dp and cp together.
+# - **FP8**: torchao's Float8 training swaps each block's linears for ones that cast their inputs,
+#   weights and gradients to 8-bit floats with a scale (Micikevicius et al. 2022) and multiply on the
+#   H100's fp8 tensor cores, twice the bf16 rate (1,979 against 989 TFLOP/s dense). Attention, the
+#   norms, the head and the optimizer stay in bf16 and fp32. With one scale per tensor
+#   (`float8_recipe="tensorwise"`) FSDP all-gathers the weights in fp8 too: half the bytes.
+#
+# Plan B at 32,768-token sequences, with and without CP 4, and plan B in FP8 (three dry runs, about
+# a minute in all on a quiet 2-core machine):
+
+# %%
+LONG = {"model": "llama3-8b", "gpus": 1024, "tp": 8, "seq_len": 32768, "global_batch_tokens": STEP_TOKENS}
+MORE = {
+    "B at 32k tokens": scale.Plan(**LONG),
+    "B at 32k, CP 4": scale.Plan(**LONG, cp=4, cp_rotate="allgather"),
+    "B in FP8": scale.Plan(model="llama3-8b", gpus=1024, tp=8, seq_len=8192, global_batch_tokens=STEP_TOKENS,
+                           precision="fp8"),
+}
+more = {name: scale.dry_run(plan) for name, plan in MORE.items()}
+more_preds = {name: scale.predict_report(r, "h100-sxm", "ib-400g") for name, r in more.items()}
+for name, report in {"B: FSDP 128 x TP 8": reports["B: FSDP 128 x TP 8"], **more}.items():
+    (kind,) = report.kinds
+    pred = preds[name] if name in preds else more_preds[name]
+    fp8 = kind.fp8_flops_per_micro_batch / (kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch)
+    print(f"{name:<20} activations {kind.memory['activations'] / GB:5.1f} GB, peak {kind.memory['peak'] / GB:5.1f} "
+          f"GB | {fp8:4.0%} of the FLOPs in fp8 | compute {1e3 * pred.breakdown['compute']:6.0f} ms a step, "
+          f"{pred.tokens_per_s_per_gpu:,.0f} tokens/s per GPU")
+print()
+print("the cp ranks' collectives, per micro-batch:")
+for c in more["B at 32k, CP 4"].kinds[0].collectives:
+    if c.dim == "cp":
+        print(f"  {c.phase:<9} {c.op:<11} {c.bytes / 2**20:5.1f} MiB x {c.calls_per_micro_batch}")
+
+# %% [markdown]
+# A CP 4 rank holds a quarter of the sequence, and so a quarter of the activations; its keys and
+# values go to the other three ranks once per block (the all-gather), their gradients come back
+# round the ring in backward (torch's ring passes the gradients by neighbour whatever the forward
+# did). The step takes the same compute per GPU either way: FLOPs per token do not change, and the
+# dry run counts the ring's attention as the whole square counts it (each rank's ring skips the
+# pairs the causal mask removes; without CP the square is counted whole, as PaLM's MFU counts it).
+# FP8 runs about three quarters of B's FLOPs in fp8 (attention and the head are the rest), so its
+# compute takes about five eighths of bf16's: predicted at the two peaks, with the same efficiency.
+# Whether a real run reaches that efficiency in fp8 is what NVIDIA's published FP8 rows test
+# (`benchmarks/bench_published_runs.py`).
+
+# %% tags=["nbval-check-output"]
+(long_kind,), (cp_kind,), (fp8_kind,) = (more[name].kinds for name in MORE)
+(b_kind,) = reports["B: FSDP 128 x TP 8"].kinds
+print("CP 4: a quarter of the activations (within 5%):",
+      abs(cp_kind.memory["activations"] / long_kind.memory["activations"] - 1 / 4) < 0.05 / 4)
+print("CP 4: the same FLOPs per token:",
+      abs(4 * cp_kind.flops_per_micro_batch / long_kind.flops_per_micro_batch - 1) < 1e-9)
+print("CP 4: keys and values all-gathered over the cp ranks:",
+      any(c.dim == "cp" and c.op == "all_gather" and c.group_size == 4 for c in cp_kind.collectives))
+share = fp8_kind.fp8_flops_per_micro_batch / (fp8_kind.flops_per_micro_batch + fp8_kind.recompute_flops_per_micro_batch)
+print("FP8: most FLOPs in fp8, and the compute time they predict:", share > 0.5 and abs(
+    more_preds["B in FP8"].breakdown["compute"] / preds["B: FSDP 128 x TP 8"].breakdown["compute"]
+    - (1 - share + share * H100.peak_flops["bf16"] / H100.peak_flops["fp8"])) < 1e-6)
+
+# %% [markdown]
 # ## What to remember
 #
 # - At scale the **model states shard away** (125 MB a GPU for 8B over 1,024 GPUs, in any layout
