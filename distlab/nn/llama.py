@@ -247,9 +247,13 @@ def stage_modules(
     ]
 
 
+#: A tensor-parallel style's class (or whatever makes one from its keyword arguments).
+Style = Callable[..., "ParallelStyle"]
+
+
 def tensor_parallel_plan(
     stage: TransformerStage, loss_parallel: bool = True, sequence_parallel: bool = False,
-    styles: tuple[type[ParallelStyle], type[ParallelStyle], type[ParallelStyle]] | None = None,
+    styles: tuple[Style, Style, Style] | None = None,
 ) -> dict[str, ParallelStyle]:
     """torchtitan's Llama plan (its ``apply_tp``): wq, wk, wv, w1, w3 split by output columns, wo and w2
     by input rows (Megatron-LM's split). Without ``sequence_parallel``: per block one all-reduce after
@@ -268,19 +272,19 @@ def tensor_parallel_plan(
     Colwise, Rowwise, Prepare = styles or (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
 
     sequence = Shard(1) if sequence_parallel else Replicate()  # a block's input and output
-    door = Prepare(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))  # type: ignore[call-arg]
+    door = Prepare(input_layouts=(sequence,), desired_input_layouts=(Replicate(),))
     # attention's second input, the tokens' positions, passes as it is (torchtitan's freqs_cis)
-    attention_door = Prepare(input_layouts=(sequence, None), desired_input_layouts=(Replicate(), None))  # type: ignore[call-arg]
+    attention_door = Prepare(input_layouts=(sequence, None), desired_input_layouts=(Replicate(), None))
     plan: dict[str, ParallelStyle] = {}
     for name, block in stage.layers.items():
         p = f"layers.{name}"
         plan.update({f"{p}.attention": attention_door, f"{p}.feed_forward": door})
         plan.update({f"{p}.attention.{w}": Colwise() for w in ("wq", "wk", "wv")})
-        plan[f"{p}.attention.wo"] = Rowwise(output_layouts=sequence)  # type: ignore[call-arg]
+        plan[f"{p}.attention.wo"] = Rowwise(output_layouts=sequence)
         plan[f"{p}.feed_forward.w1"] = Colwise()
         if isinstance(block, Block) and block.feed_forward.w3 is not None:
             plan[f"{p}.feed_forward.w3"] = Colwise()
-        plan[f"{p}.feed_forward.w2"] = Rowwise(output_layouts=sequence)  # type: ignore[call-arg]
+        plan[f"{p}.feed_forward.w2"] = Rowwise(output_layouts=sequence)
         if sequence_parallel:
             plan.update({f"{p}.attention_norm": SequenceParallel(), f"{p}.ffn_norm": SequenceParallel()})
     if stage.tok_embeddings is not None and not stage.config.tied_embeddings:

@@ -24,7 +24,7 @@ sides are not multiples of 16 (fp8's matmul needs them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,7 +71,8 @@ def convert(plan: PlanJSON, module: nn.Module) -> None:
     convert_to_float8_training(module, config=config, module_filter_fn=keep)
 
 
-def tp_styles(plan: PlanJSON) -> tuple[type[ParallelStyle], type[ParallelStyle], type[ParallelStyle]] | None:
+def tp_styles(plan: PlanJSON) -> tuple[Callable[..., ParallelStyle], Callable[..., ParallelStyle],
+                                      Callable[..., ParallelStyle]] | None:
     """(colwise, rowwise, prepare-input) styles for the tensor-parallel plan: torchao's Float8 ones under
     the tensorwise recipe (inputs cast to fp8 before their all-gather), else None (torch's own)."""
     if plan["precision"] != "fp8" or plan["float8_recipe"] != "tensorwise":
