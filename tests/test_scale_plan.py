@@ -89,11 +89,6 @@ def test_llama3_8b_has_exactly_its_published_parameter_count():
     assert scale.parameters(scale.MODELS["llama3-8b"]) == 8_030_261_248
 
 
-def test_dry_run_refuses_what_it_cannot_make_real_in_one_line():
-    with pytest.raises(LabUsageError, match="fp8"):
-        scale.dry_run(scale.Plan(**{**BASE, "precision": "fp8"}))
-
-
 def test_a_pipeline_splits_the_layers_evenly_where_it_can_else_as_torchtitan_and_the_llama_3_paper_do():
     assert scale.Plan(**{**BASE, "pp": 4}).layers_per_stage == (8,) * 4
     big = {**BASE, "model": "llama3-405b", "gpus": 8192, "global_batch_tokens": 2048 * 8192}

@@ -26,7 +26,7 @@ def _kind(flops_s=0.1, collectives=(), ranks=16, memory=None):
     # flops_s: the micro-batch's compute time at efficiency 0.5 on an H100.
     return NS(
         name="every rank", ranks=ranks, rank=0, stage=None, flops_per_micro_batch=flops_s * PEAK * 0.5,
-        recompute_flops_per_micro_batch=0.0, collectives=list(collectives),
+        recompute_flops_per_micro_batch=0.0, fp8_flops_per_micro_batch=0.0, collectives=list(collectives),
         memory=memory or {"parameters": 1e9, "gradients": 1e9, "optimizer": 2e9, "activations": 5e9, "peak": 9e9},
     )
 
