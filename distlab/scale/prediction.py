@@ -219,8 +219,9 @@ def _kind_time(
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
     # fp8 plans run only their linears' matmuls in fp8 (twice bf16's peak); attention and the rest in bf16
-    bf16 = hw.peak_flops["bf16"]
-    half = bf16 if plan.precision == "fp8" else hw.peak_flops.get(plan.precision, bf16)
+    # (a lab's calibrated profile has its own precision's peak alone)
+    precision = "bf16" if plan.precision == "fp8" else plan.precision
+    half = hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
     fp8 = kind.fp8_flops_per_micro_batch
     rest = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8
     compute_mb = (rest / half + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / efficiency

@@ -728,8 +728,10 @@ for c in more["B at 32k, CP 4"].kinds[0].collectives:
 # did). The step takes the same compute per GPU either way: FLOPs per token do not change, and the
 # dry run counts the ring's attention as the whole square counts it (each rank's ring skips the
 # pairs the causal mask removes; without CP the square is counted whole, as PaLM's MFU counts it).
-# FP8 runs about three quarters of B's FLOPs in fp8 (attention and the head are the rest), so its
-# compute takes about five eighths of bf16's: predicted at the two peaks, with the same efficiency.
+# FP8 runs 70% of B's FLOPs in fp8 (attention and the head are the rest), so its compute takes about
+# two thirds of bf16's: predicted at the two peaks, with the same efficiency. Its peak was lower too in
+# the saved run (11.1 against 13.9 GB), measured by the dry run as it ran torchao's code; which of
+# torchao's tensors account for the difference, this notebook leaves open.
 # Whether a real run reaches that efficiency in fp8 is what NVIDIA's published FP8 rows test
 # (`benchmarks/bench_published_runs.py`).
 
