@@ -78,6 +78,12 @@ def test_a_cp_rank_does_its_share_of_the_work_and_passes_keys_and_values_round_t
     # FLOPs: the matmuls on half the tokens, the ring's attention counted as the whole square counts it
     assert ring.flops_per_micro_batch == pytest.approx(whole.flops_per_micro_batch / 2, rel=1e-9)
     assert gathered.flops_per_micro_batch == ring.flops_per_micro_batch
+    # attention's part, apart: torch's formulas, 2 matmuls forward and 5 backward over the whole square
+    # (4 heads of 16, 256 positions, 2 blocks), half of it a cp rank's
+    assert whole.attention_flops_per_micro_batch == 14 * 4 * 256 * 256 * 16 * 2
+    assert ring.attention_flops_per_micro_batch == pytest.approx(whole.attention_flops_per_micro_batch / 2, rel=1e-9)
+    # the memory-bound kernels' bytes: fused chains move less than one kernel an op
+    assert 0 < whole.fused_bytes_per_micro_batch < 0.8 * whole.streamed_bytes_per_micro_batch
     # the same weights on every cp rank: FSDP shards them over dp_shard x cp, 8 ranks either way
     assert ring.memory["parameters"] == whole.memory["parameters"]
     assert {c.dim for c in ring.collectives if c.op == "reduce_scatter"} == {"dp_shard_cp"}
@@ -153,12 +159,17 @@ def test_fp8_runs_the_blocks_linears_on_torchaos_float8_matmuls_and_gathers_weig
     (bf16_bytes,), (fp8_bytes,) = block_gathers(bf16), block_gathers(tensorwise)
     assert bf16_bytes / 2 <= fp8_bytes < 0.51 * bf16_bytes
     assert block_gathers(rowwise) == {bf16_bytes}
-    # predicted: the fp8 matmuls at the H100's fp8 peak (about twice bf16's), everything else at bf16's
+    # predicted: the fp8 matmuls at the H100's fp8 peak (about twice bf16's), the rest of the matmuls and
+    # attention at bf16's; the casts are memory-bound kernels of their own
     plans = [scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=2048, precision=p)
              for p in ("bf16", "fp8")]
-    slow, fast = (scale.predict(plan, report=scale.dry_run(plan)).breakdown["compute"] for plan in plans)
-    # of all that is computed (the model's FLOPs and flash attention's scores again in backward)
+    slow, fast = (scale.predict(plan, report=scale.dry_run(plan)).compute_by_kernel for plan in plans)
+    # of the matmuls computed (the model's and none recomputed here), the share in fp8
     share = tensorwise.fp8_flops_per_micro_batch / (
-        tensorwise.flops_per_micro_batch + tensorwise.recompute_flops_per_micro_batch)
+        tensorwise.flops_per_micro_batch + tensorwise.recompute_flops_per_micro_batch
+        - tensorwise.attention_flops_per_micro_batch)
     peaks = scale.hardware.HARDWARE["h100-sxm"].peak_flops
-    assert fast / slow == pytest.approx(1 - share + share * peaks["bf16"] / peaks["fp8"], rel=1e-9)
+    assert fast["matmuls"] / slow["matmuls"] == pytest.approx(1 - share + share * peaks["bf16"] / peaks["fp8"],
+                                                              rel=1e-9)
+    assert fast["attention"] == pytest.approx(slow["attention"], rel=1e-9)
+    assert fast["memory-bound"] > slow["memory-bound"]

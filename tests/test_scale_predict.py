@@ -14,19 +14,21 @@ from distlab.theory import algorithm_times, collective_time_s, nccl_collective_t
 H100 = hardware.HARDWARE["h100-sxm"]
 IB = hardware.NETWORKS["ib-400g"]
 PEAK = H100.peak_flops["bf16"]
+MATMUL = H100.kernel_rates.matmul  # the fraction of the peak a large matmul reaches on it
 
 
 def _plan(**kw):
     base = {"gpus": 16, "tp": 8, "pp": 1, "cp": 1, "dp": "fsdp", "shard": None, "precision": "bf16",
-            "schedule": "1f1b", "chunks": 1}
+            "schedule": "1f1b", "chunks": 1, "fused_kernels": False}
     return NS(**{**base, **kw})
 
 
 def _kind(flops_s=0.1, collectives=(), ranks=16, memory=None):
-    # flops_s: the micro-batch's compute time at efficiency 0.5 on an H100.
+    # flops_s: the micro-batch's compute time at efficiency 0.5 on an H100, all of it matmuls.
     return NS(
-        name="every rank", ranks=ranks, rank=0, stage=None, flops_per_micro_batch=flops_s * PEAK * 0.5,
-        recompute_flops_per_micro_batch=0.0, fp8_flops_per_micro_batch=0.0, collectives=list(collectives),
+        name="every rank", ranks=ranks, rank=0, stage=None, flops_per_micro_batch=flops_s * PEAK * MATMUL * 0.5,
+        recompute_flops_per_micro_batch=0.0, fp8_flops_per_micro_batch=0.0, attention_flops_per_micro_batch=0.0,
+        streamed_bytes_per_micro_batch=0.0, fused_bytes_per_micro_batch=0.0, collectives=list(collectives),
         memory=memory or {"parameters": 1e9, "gradients": 1e9, "optimizer": 2e9, "activations": 5e9, "peak": 9e9},
     )
 
@@ -65,7 +67,7 @@ def test_tensor_parallel_time_is_exposed_and_fsdp_hides_behind_compute_but_for_o
     assert pred.step_time_s == pytest.approx(expected, rel=1e-9)
     assert sum(pred.breakdown.values()) == pytest.approx(pred.step_time_s, rel=1e-9)
     assert pred.tokens_per_s_per_gpu == pytest.approx(4 * 8192 * 2 / expected / 16)
-    assert pred.mfu == pytest.approx(4 * 0.1 * 0.5 / expected)
+    assert pred.mfu == pytest.approx(4 * 0.1 * 0.5 * MATMUL / expected)
     assert pred.memory_per_gpu_bytes == 9e9
 
 
@@ -78,7 +80,7 @@ def test_a_machine_that_overlaps_nothing_exposes_every_collective_and_per_op_lin
     scatter = _c("reduce_scatter", "dp_shard", 2, 16 * 2**20, calls=5, phase="backward")
     report = NS(plan=_plan(tp=1, gpus=2), micro_batches=2, tokens_per_step=2 * 8192,
                 kinds=[_kind(0.1, [gather, scatter], ranks=2)])
-    lab = replace(H100, gpus_per_node=2, overlap=0.0, efficiency=0.5,
+    lab = replace(H100, gpus_per_node=2, overlap=0.0, efficiency=0.5, kernel_rates=None,
                   node_link_by_op={"reduce_scatter": (1e9, 1e-4)}, nccl=False, nvls=False)
     pred = predict.predict_report(report, lab, "ib-400g")
     assert pred.efficiency == 0.5  # the hardware's own, not the published fit
@@ -150,7 +152,7 @@ def test_each_collective_costs_the_algorithm_nccl_would_pick_for_its_group_at_10
 @pytest.mark.parametrize(
     "call, says",
     [
-        (lambda: hardware.hardware_named("h100"), "hardware must be one of a100-sxm, h100-sxm, h200 (did you mean"),
+        (lambda: hardware.hardware_named("h100"), "hardware must be one of a100-sxm, h100-500w, h100-sxm, h200"),
         (lambda: hardware.network_named("ib400"), "network must be one of ib-200g, ib-400g, roce-400g (did you mean"),
         (lambda: predict.predict_report(NS(plan=_plan(), micro_batches=1, tokens_per_step=1, kinds=[_kind()]),
                                         efficiency=1.5), "efficiency must be in (0, 1]"),
@@ -203,3 +205,34 @@ def test_uneven_stages_go_at_the_slowest_ones_pace_and_the_others_fill_and_drain
         "h100-sxm", "ib-400g", efficiency=0.5,
     )
     assert even.step_time_s == pytest.approx((8 + 3) * 0.08 + optimizer, rel=1e-9)
+
+
+def test_each_kind_of_kernel_runs_at_its_own_rate_and_a_fit_says_where_it_was_made():
+    # 2 PFLOP of matmuls, 1 PFLOP of (causal) attention as torch counts it, 3 TB through memory-bound
+    # kernels run one an op, 1 TB where each chain of them is fused
+    kind = _kind()
+    kind.flops_per_micro_batch, kind.attention_flops_per_micro_batch = 3e15, 1e15
+    kind.streamed_bytes_per_micro_batch, kind.fused_bytes_per_micro_batch = 3e12, 1e12
+    sxm, titan = (hardware.HARDWARE[name] for name in ("h100-sxm", "h100-500w"))
+    for part in (sxm, titan):
+        for fused in (False, True):
+            report = NS(plan=_plan(tp=1, gpus=8, fused_kernels=fused), micro_batches=1, tokens_per_step=8192,
+                        kinds=[kind])
+            pred = predict.predict_report(report, part, "ib-400g", efficiency=0.5)
+            rates = part.kernel_rates
+            by_kernel = {"matmuls": 2e15 / (PEAK * rates.matmul) / 0.5,
+                         "attention": 0.5e15 / (PEAK * rates.attention) / 0.5,  # the causal half of the square
+                         "memory-bound": (1e12 if fused else 3e12) / part.memory_bytes_per_s / 0.5}
+            assert pred.compute_by_kernel == pytest.approx(by_kernel, rel=1e-12)
+            assert pred.breakdown["compute"] == pytest.approx(sum(by_kernel.values()), rel=1e-12)
+    # torchtitan's runs: torch's flash attention (FlashAttention-2) on HBM2e; NVIDIA's: cuDNN's on HBM3
+    assert titan.kernel_rates.attention < sxm.kernel_rates.attention
+    assert titan.memory_bytes_per_s < sxm.memory_bytes_per_s
+    # each H100 profile has its own fit, said; a part with none borrows the SXM's and says so
+    assert predict.predict_report(report, titan, "ib-400g").efficiency == titan.efficiency != sxm.efficiency
+    assert predict.predict_report(report, sxm, "ib-400g").efficiency_source == sxm.efficiency_source
+    a100 = predict.predict_report(report, "a100-sxm", "ib-400g")
+    assert a100.efficiency == predict.EFFICIENCY == sxm.efficiency
+    assert "not fitted on a100-sxm" in a100.efficiency_source and "not fitted on" in str(a100)
+    assert "not fitted on" not in str(predict.predict_report(report, sxm, "ib-400g"))
+    assert predict.predict_report(report, sxm, "ib-400g", efficiency=0.4).efficiency_source == "passed to predict"

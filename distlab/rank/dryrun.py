@@ -211,7 +211,8 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
             memory = tracked_step(plan, cfg, modules, optimizer, counter, flops, segments=segments,
                                   cp_mesh=mesh["cp"] if plan["cp"] > 1 else None)
         measured: Measured = {"memory": memory, "collectives": counter.report(), "flops": flops.flops,
-                              "recomputed": flops.recomputed, "fp8": flops.fp8, "segments": segments.peaks}
+                              "recomputed": flops.recomputed, "fp8": flops.fp8, "attention": flops.attention,
+                              "streamed": flops.streamed, "fused": flops.chains.bytes, "segments": segments.peaks}
         return measured, _point_to_point(plan, cfg, modules)
     finally:
         dist.destroy_process_group()
@@ -262,6 +263,9 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         # PaLM's model FLOPs; what is computed again (checkpointing, flash attention's scores) apart
         "flops_per_micro_batch": float(measured["flops"] - measured["recomputed"]),
         "fp8_flops_per_micro_batch": float(measured["fp8"]),
+        "attention_flops_per_micro_batch": float(measured["attention"]),
+        "streamed_bytes_per_micro_batch": float(measured["streamed"]),
+        "fused_bytes_per_micro_batch": float(measured["fused"]),
         "recompute_flops_per_micro_batch": float(measured["recomputed"]),
     }
 
@@ -308,11 +312,11 @@ def tracked_step(
 
         losses = micro_batch(plan, cfg, modules, tp, shard)
         after_forward = torchcompat_fake.tracked_current_bytes(tracker)
-        _phase("backward", counter, segments)
+        _phase("backward", counter, segments, modes)
         backward(losses, tp)
         forward_backward_peak = torchcompat_fake.tracked_peak_bytes(tracker)
         gradients = _local_bytes(p.grad for p in params)
-        _phase("optimizer", counter, segments)
+        _phase("optimizer", counter, segments, modes)
         optimizer.step()
         float8.after_step(plan, modules)
     peak = torchcompat_fake.tracked_peak_bytes(tracker)
@@ -325,9 +329,13 @@ def tracked_step(
             "saved": after_forward - parameters - optimizer_bytes}
 
 
-def _phase(name: str, counter: Collectives | None, segments: Segments | None) -> None:
-    if counter is not None:
-        counter.phase = name
+def _phase(name: str, counter: Collectives | None, segments: Segments | None,
+           modes: tuple[AbstractContextManager[object], ...] = ()) -> None:
+    for mode in (counter, *modes):
+        if isinstance(mode, LocalFlops):
+            mode.chains.close()
+        if isinstance(mode, (Collectives, LocalFlops)):
+            mode.phase = name
     if segments is not None:
         segments.phase(name)
 

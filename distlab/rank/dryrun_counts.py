@@ -5,8 +5,9 @@ rank's FLOPs (:class:`LocalFlops`, by torch's formulas on its local ops).
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -98,6 +99,13 @@ class LocalFlops(DispatchMode):
     group; this mode lets DTensor first turn the op into this rank's local ops (as torch's MemTracker
     does) and counts those: what this GPU computes.
 
+    ``attention`` is the part of ``flops`` that attention kernels run (recomputed ones too), and
+    ``streamed`` the bytes every other kernel of forward and backward reads and writes, each op's
+    tensors in and out (norms, activations, rotary embeddings, casts, residual adds, FSDP's copies):
+    each kind of kernel runs at its own rate (``scale.KernelRates``). Views move nothing; eager torch
+    runs each op as a kernel of its own. ``fused`` is what a stack that fuses the memory-bound kernels
+    between two matmuls (torch.compile, Transformer Engine) still moves (:class:`Chains`).
+
     ``recomputed`` is the part of ``flops`` computed again: what activation checkpointing runs a second
     time in backward (``distlab.nn.llama.recomputing``), and what flash attention's backward spends
     recomputing the scores ``q @ k^T`` (the first of the five matmuls torch's formula counts for it).
@@ -110,6 +118,10 @@ class LocalFlops(DispatchMode):
         self.recomputed = 0
         self.attention_scale = attention_scale  # see ``ring_attention_scale``
         self.fp8 = 0  # of ``flops``, what fp8 matmuls (``_scaled_mm``) ran, recomputed ones too
+        self.attention = 0
+        self.streamed = 0
+        self.chains = Chains()
+        self.phase = "forward"  # the optimizer's step streams too, but the predictor times it apart
         self.fake_mode = torchcompat_fake.active_fake_mode()  # made inside the step's FakeTensorMode
 
     def __torch_dispatch__(
@@ -121,18 +133,96 @@ class LocalFlops(DispatchMode):
         formula = FLOPS.get(func.overloadpacket)
         # Not an op another fake mode runs (DTensor's propagation under this step's own mode is kept
         # from every mode: torchcompat_fake.sharding_propagation_unseen).
-        if formula is not None and torchcompat_fake.active_fake_mode() is self.fake_mode:
-            name = op_name(func)
-            scale = self.attention_scale if "attention" in name else 1.0
-            flops = round(scale * formula(*args, **(kwargs or {}), out_val=out))
-            self.flops += flops
-            if name == "_scaled_mm":
-                self.fp8 += flops
-            if recomputing():
-                self.recomputed += flops
-            elif "attention" in name and name.endswith("_backward"):
-                self.recomputed += round(scale * _scores_flops(args[1], args[2]))  # (grad_out, query, key, ...)
+        if torchcompat_fake.active_fake_mode() is not self.fake_mode:
+            return out
+        inputs = [*args, *(kwargs or {}).values()]
+        if self.phase == "optimizer":
+            return out
+        if formula is None:
+            if func.namespace in ("c10d", "_c10d_functional"):  # a collective takes what a chain made
+                self.chains.leave(inputs)
+            elif func.namespace != "aten":  # a device or layout query, the profiler's marks
+                pass
+            elif func.is_view or op_name(func) in _UNMARKED_VIEWS:
+                self.chains.view(inputs, out)
+            elif op_name(func) not in _MOVES_NOTHING:
+                self.streamed += _nbytes(inputs) + _nbytes(out)
+                self.chains.run(inputs, out)
+            return out
+        self.chains.leave(inputs)
+        name = op_name(func)
+        scale = self.attention_scale if "attention" in name else 1.0
+        flops = round(scale * formula(*args, **(kwargs or {}), out_val=out))
+        self.flops += flops
+        if name == "_scaled_mm":
+            self.fp8 += flops
+        if "attention" in name:
+            self.attention += flops
+        if recomputing():
+            self.recomputed += flops
+        elif "attention" in name and name.endswith("_backward"):
+            self.recomputed += round(scale * _scores_flops(args[1], args[2]))  # (grad_out, query, key, ...)
         return out
+
+
+class Chains:
+    """What the memory-bound kernels move when a stack fuses each chain of them between two matmuls
+    (torch.compile's inductor, Transformer Engine's fused norms, activations and casts): a chain reads
+    what it takes from outside it once and writes once what leaves it (for a matmul, attention or a
+    collective, or kept past the phase for backward); what passes from one of its ops to the next stays
+    in registers. ``bytes`` counts that; ``LocalFlops.streamed`` counts every op's tensors, as eager
+    torch runs them."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._made: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: a Tensor's == is elementwise
+
+    def _mine(self, t: torch.Tensor) -> bool:
+        ref = self._made.get(id(t))
+        return ref is not None and ref() is t
+
+    def _keep(self, out: object) -> None:
+        for t in _tensors(out):
+            self._made[id(t)] = weakref.ref(t)
+        if len(self._made) > 200_000:  # ids of tensors since freed
+            self._made = {k: r for k, r in self._made.items() if r() is not None}
+
+    def run(self, inputs: Sequence[object], out: object) -> None:
+        """A memory-bound op: its inputs from outside the chain are read, its outputs stay in it."""
+        self.bytes += sum(_nbytes(t) for t in _tensors(inputs) if not self._mine(t))
+        self._keep(out)
+
+    def view(self, inputs: Sequence[object], out: object) -> None:
+        """A view of what a chain made is the chain's too."""
+        if any(self._mine(t) for t in _tensors(inputs)):
+            self._keep(out)
+
+    def leave(self, inputs: Sequence[object]) -> None:
+        """A matmul, attention or a collective takes these: what a chain made is written for it, once."""
+        for t in _tensors(inputs):
+            if self._mine(t):
+                self.bytes += _nbytes(t)
+                del self._made[id(t)]
+
+    def close(self) -> None:
+        """A phase ends: what the chains made and is still alive (kept for backward, the gradients) is written."""
+        self.bytes += sum(_nbytes(t) for r in self._made.values() if (t := r()) is not None)
+        self._made.clear()
+
+
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+#: aten ops that return a view of their input without their schema saying so.
+_UNMARKED_VIEWS = {"_unsafe_view"}
+#: aten ops that allocate or relabel memory without reading or writing it.
+_MOVES_NOTHING = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
+                  "lift_fresh", "_local_scalar_dense", "resize_", "set_", "record_stream"}
 
 
 def ring_attention_scale(cp: int) -> float:

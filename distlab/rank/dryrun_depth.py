@@ -57,6 +57,9 @@ class Measured(TypedDict):
     flops: int
     recomputed: int
     fp8: int  # of ``flops``, the fp8 matmuls'
+    attention: int  # of ``flops``, attention's
+    streamed: int  # bytes the other kernels of forward and backward read and write
+    fused: int  # the same kernels' bytes when each chain of them between two matmuls is fused
     segments: dict[str, int]  # "phase/position" -> that segment's peak bytes
 
 
@@ -160,4 +163,7 @@ def extrapolate(shallow: Measured, deeper: Measured, depth: int) -> Measured | N
     return {"memory": memory, "collectives": collectives, "segments": segments,
             "flops": _line(shallow["flops"], deeper["flops"], depth),
             "recomputed": _line(shallow["recomputed"], deeper["recomputed"], depth),
-            "fp8": _line(shallow["fp8"], deeper["fp8"], depth)}
+            "fp8": _line(shallow["fp8"], deeper["fp8"], depth),
+            "attention": _line(shallow["attention"], deeper["attention"], depth),
+            "streamed": _line(shallow["streamed"], deeper["streamed"], depth),
+            "fused": _line(shallow["fused"], deeper["fused"], depth)}

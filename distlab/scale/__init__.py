@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import hardware
 from .calibration import CALIBRATION_MODEL, Calibration, Measurement, calibrate, measure
 from .dryrun_launcher import dry_run
-from .hardware import HARDWARE, NETWORKS, Hardware, Network
+from .hardware import HARDWARE, NETWORKS, Hardware, KernelRates, Network
 from .models import MODELS, ModelConfig, parameters
 from .plan import Plan
 from .prediction import EFFICIENCY, Prediction, predict, predict_report, ranks_per_node
@@ -30,6 +30,7 @@ __all__ = [
     "CollectiveCount",
     "DryRunReport",
     "Hardware",
+    "KernelRates",
     "Measurement",
     "ModelConfig",
     "Network",

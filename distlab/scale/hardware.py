@@ -19,9 +19,29 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-__all__ = ["HARDWARE", "NETWORKS", "Hardware", "Network", "hardware_named", "network_named"]
+__all__ = ["HARDWARE", "NETWORKS", "Hardware", "KernelRates", "Network", "hardware_named", "network_named"]
 
 GB = 1e9
+
+
+@dataclass(frozen=True)
+class KernelRates:
+    """The fraction of the part's peak that each kind of kernel reaches on its own, from published kernel
+    benchmarks: a step's compute is each kind's work at its rate (``scale.predict``), so plans whose mix
+    differs (long sequences: mostly attention; small micro-batches: mostly memory-bound kernels) are not
+    all scaled by one number.
+
+    ``matmul``: of the precision's peak, what a large GEMM reaches (the same fraction taken for fp8).
+    ``attention``: of bf16's peak, what causal flash attention reaches, its FLOPs counted as its kernels
+    count them, the causal half of the square (torch's count, the whole square, is halved for it).
+    ``memory``: of the memory's bandwidth, what the memory-bound kernels (norms, activations, casts,
+    residual adds) reach, one kernel an op as eager torch runs them or each chain of them between two
+    matmuls fused (``Plan.fused_kernels``)."""
+
+    matmul: float
+    attention: float
+    memory: float
+    source: str
 
 
 @dataclass(frozen=True)
@@ -39,9 +59,15 @@ class Hardware:
     node_link_bytes_per_s: float
     node_link_latency_s: float
     source: str
-    #: The fraction of the peak a training step's compute reaches on this machine, where it was measured
-    #: (``scale.calibrate``); None: the predictor's ``EFFICIENCY``, fitted on a published run.
+    #: What a step's compute reaches on this machine: with ``kernel_rates``, the fraction of those
+    #: kernels' own time (what a framework loses between and around them: launches, waits, small
+    #: kernels), fitted on a published run of this part (``efficiency_source`` says which); without, the
+    #: fraction of the peak, as ``scale.calibrate`` measures a lab. None: the predictor's ``EFFICIENCY``.
     efficiency: float | None = None
+    #: Where ``efficiency`` comes from, said beside every prediction that uses it.
+    efficiency_source: str = ""
+    #: Each kind of kernel's rate (None: every FLOP at the peak, as a lab's calibrated profile counts).
+    kernel_rates: KernelRates | None = None
     #: The share of a collective's time that compute running beside it hides: 1 where communication has
     #: engines of its own (a GPU's copy engines and NCCL's kernels beside the matmuls); 0 for a CPU lab
     #: (``scale.calibrate``), where FSDP2, which overlaps through CUDA streams, waits for each collective.
@@ -68,6 +94,31 @@ class Network:
     by_op: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
+_MAMF_H100 = ("matmul: 792.1 of 989 TFLOP/s, the Maximum Achievable Matmul FLOPS measured on an H100 SXM (Bekman, "
+              "ml-engineering, compute/accelerator, CUDA 12.1), taken for fp8 too; memory-bound kernels at the "
+              "datasheet's bandwidth")
+#: NVIDIA's NeMo and Megatron runs: Transformer Engine's attention (cuDNN's):
+#: 529 TFLOP/s forward (causal) and 518 backward (the paper's backward figure is not causal), head dim 128,
+#: 8k tokens, on an H100 SXM5.
+_H100_CUDNN = KernelRates(
+    matmul=792.1 / 989.4, attention=523.5e12 / 989.4e12, memory=1.0,
+    source=_MAMF_H100 + "; attention: cuDNN's, 529 TFLOP/s forward (causal) and 518 backward, head dim 128, "
+    "8k tokens (Shah et al. 2024, FlashAttention-3, figures 5 and 6)",
+)
+#: torchtitan's runs: attention on torch's scaled_dot_product_attention, its flash backend (FlashAttention-2):
+#: 333 TFLOP/s forward and 318 backward on the same shapes.
+_H100_FA2 = KernelRates(
+    matmul=792.1 / 989.4, attention=325.5e12 / 989.4e12, memory=1.0,
+    source=_MAMF_H100 + "; attention: FlashAttention-2's (torch's flash backend), 333 TFLOP/s forward (causal) "
+    "and 318 backward, head dim 128, 8k tokens (Shah et al. 2024, FlashAttention-3, figures 5 and 6)",
+)
+#: The efficiency of each H100 profile and the run it was fitted on (``benchmarks/bench_published_runs.py
+#: --fit``: the efficiency at which the row's predicted tokens/s is the published one).
+SXM_FIT = (0.8004, "fitted on NVIDIA's Megatron-Bridge 25.11 Llama 3 8B row (FP8, FSDP 8 on one DGX H100, "
+                   "Transformer Engine: 14,451 tokens/s per GPU)")
+TITAN_FIT = (0.6725, "fitted on torchtitan's Llama 3.1 8B FSDP 128 row (Dec 2024, Table 3, eager torch: 5,605 "
+                     "tokens/s per GPU)")
+
 HARDWARE: dict[str, Hardware] = {
     "h100-sxm": Hardware(
         name="h100-sxm",
@@ -81,6 +132,27 @@ HARDWARE: dict[str, Hardware] = {
         "sparsity; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s); 8 GPUs per HGX node",
         nccl=True,
         nvls=True,
+        efficiency=SXM_FIT[0],
+        efficiency_source=SXM_FIT[1],
+        kernel_rates=_H100_CUDNN,
+    ),
+    "h100-500w": Hardware(
+        name="h100-500w",
+        peak_flops={"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 494.7e12},
+        memory_bytes=96e9,
+        memory_bytes_per_s=2.4e12,
+        gpus_per_node=8,
+        node_link_bytes_per_s=450 * GB,
+        node_link_latency_s=3e-6,
+        source="the H100s of torchtitan's published runs (benchmarks/llama3_h100_202412_torchtitan.md, Dec 2024): "
+        "96 GB of HBM2e at 2.4 TB/s, the 500 W power limit, a peak 'between SXM and NVL' that torchtitan does "
+        "not know and divides by the SXM's, as this profile does (its lower clock is in the fitted efficiency); "
+        "Grand Teton hosts of 8 on NVLink",
+        nccl=True,
+        nvls=True,
+        efficiency=TITAN_FIT[0],
+        efficiency_source=TITAN_FIT[1],
+        kernel_rates=_H100_FA2,
     ),
     "h200": Hardware(
         name="h200",
@@ -94,6 +166,10 @@ HARDWARE: dict[str, Hardware] = {
         "NVLink 900 GB/s); 8 GPUs per HGX node",
         nccl=True,
         nvls=True,
+        # the H100 SXM's die, clock and 700 W: its kernels' rates and its fit (said as the H100's)
+        efficiency=SXM_FIT[0],
+        efficiency_source=SXM_FIT[1] + " (an H100 SXM: the same tensor cores, clock and power; not fitted on an H200)",
+        kernel_rates=_H100_CUDNN,
     ),
     "a100-sxm": Hardware(
         name="a100-sxm",
@@ -106,6 +182,12 @@ HARDWARE: dict[str, Hardware] = {
         source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: BF16 312 and TF32 156 TFLOPS dense; HBM2e at "
         "2,039 GB/s; NVLink 600 GB/s); 8 GPUs per DGX A100",
         nccl=True,
+        kernel_rates=KernelRates(
+            matmul=267.9 / 312, attention=0.6, memory=1.0,
+            source="matmul: 267.9 of 312 TFLOP/s, the Maximum Achievable Matmul FLOPS measured on an A100 SXM "
+            "(Bekman, ml-engineering, compute/accelerator, CUDA 12.1); attention: FlashAttention-2 on an A100, "
+            "50-73% of the peak forward and backward (Dao 2023, figures 4-6), 0.6 taken",
+        ),
     ),
 }
 

@@ -108,7 +108,10 @@ class Plan:
     choice, on for Llama models with ``tp > 1``. ``vp``: Megatron's name for ``chunks`` (virtual stages
     per pipeline rank; ``vp > 1`` runs the interleaved schedule). ``cp_rotate``: how context
     parallelism's ring attention passes keys and values (``CP_ROTATIONS``). ``float8_recipe``: fp8's
-    scaling under ``precision="fp8"`` (torchao's, ``FLOAT8_RECIPES``).
+    scaling under ``precision="fp8"`` (torchao's, ``FLOAT8_RECIPES``). ``fused_kernels``: the run fuses
+    each chain of memory-bound kernels between two matmuls (norms, activations, casts, residual adds),
+    as torch.compile and Transformer Engine do; the predictor then times the bytes that enter and leave
+    each chain instead of every op's (the dry run itself runs eager torch and counts both).
     """
 
     model: str | ModelConfig
@@ -132,6 +135,7 @@ class Plan:
     cp_rotate: str = "alltoall"
     float8_recipe: str = "tensorwise"
     vp: int | None = None
+    fused_kernels: bool = False
 
     def __post_init__(self) -> None:
         if self.vp is not None:  # Megatron's name: virtual stages per pipeline rank, the interleaved schedule
@@ -221,6 +225,7 @@ class Plan:
         checks.choice("optimizer", self.optimizer, OPTIMIZERS)
         checks.choice("cp_rotate", self.cp_rotate, CP_ROTATIONS)
         checks.choice("float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
+        checks.flag("fused_kernels", self.fused_kernels)
         split = self.tp * self.pp * self.cp
         if self.gpus % split:
             raise LabUsageError(

@@ -8,11 +8,18 @@ FLOPs per micro-batch (and what activation checkpointing recomputes), its memory
 every collective with its bytes and the mesh dimension it runs on. The predictor adds the machine
 (``hardware.py``) and a stated model of time:
 
-- **Compute**: FLOPs / (peak x ``efficiency``). ``efficiency`` is the one number not counted: the
-  fraction of the peak that a step's matmuls and the kernels between them reach. Its default is the
-  hardware's own where it was measured (``scale.calibrate``), else ``EFFICIENCY``, fitted on one
-  published run (torchtitan's Llama 3.1 8B, FSDP on 128 H100s, ``benchmarks/bench_published_runs.py
-  --fit``) and tested on the others.
+- **Compute**, by kind of kernel (``Hardware.kernel_rates``, each rate from a published kernel
+  benchmark of the part): the matmuls' FLOPs at the matmul rate of their precision's peak (fp8's at
+  the fp8 peak), attention's at flash attention's rate (its kernels compute the causal half of the
+  square that the count holds), and the bytes the memory-bound kernels read and write (norms,
+  activations, casts, residual adds: one kernel an op as eager torch runs them, or each chain of them
+  between two matmuls fused, ``Plan.fused_kernels``) at the memory's bandwidth; their sum
+  over ``efficiency``, the one number not counted: the share of the kernels' own time a framework's
+  step reaches (launches, waits, kernels too small for their rate). Each H100 profile has its own,
+  fitted on one published run of that part (``Hardware.efficiency_source``; ``benchmarks/
+  bench_published_runs.py --fit``) and tested on the others; a part with none takes the H100 SXM's
+  (``EFFICIENCY``) and the prediction says so. A lab's profile (``scale.calibrate``) has no kernel
+  rates: its FLOPs run at its measured fraction of its peak.
 - **Where a collective runs**: the mesh is laid out as torchtitan lays it, ``(pp, dp_replicate,
   dp_shard, cp, tp)`` with tp innermost, consecutive ranks on a node. A dimension's group whose
   ranks all sit in one node uses the node's link (NVLink), else the network (each GPU's NIC, the
@@ -54,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..theory import algorithm_times, collective_time_s, pipeline_step_time_s
-from .hardware import Hardware, Network, hardware_named, network_named
+from .hardware import SXM_FIT, Hardware, Network, hardware_named, network_named
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -62,10 +69,9 @@ if TYPE_CHECKING:
 
 __all__ = ["EFFICIENCY", "MESH_ORDER", "Prediction", "fit_note", "predict", "predict_report", "ranks_per_node"]
 
-#: The fraction of peak FLOPs a step's compute reaches (see the module): fitted on torchtitan's Llama
-#: 3.1 8B on 128 H100s (Table 3, FSDP, no compile) by benchmarks/bench_published_runs.py --fit, whose
-#: footnote gives 33-39% MFU for that run; the other rows test it (benchmarks/RESULTS.md).
-EFFICIENCY = 0.342
+#: What a step's compute reaches of its kernels' own time (see the module) where a part has no fit of its
+#: own: the H100 SXM's (``hardware.SXM_FIT``, fitted on a published run of NVIDIA's).
+EFFICIENCY = SXM_FIT[0]
 
 #: The device mesh's dimensions, outermost first (torchtitan's ParallelDims order): tp is innermost.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -90,6 +96,13 @@ class Prediction:
     hardware: str = ""
     network: str = ""
     efficiency: float = EFFICIENCY
+    #: Where ``efficiency`` came from: passed, measured on a lab, or the run it was fitted on (and on
+    #: which part, where that is not the part predicted).
+    efficiency_source: str = ""
+    #: The compute of the step's slowest rank kind by kind of kernel (matmuls, attention, memory-bound),
+    #: each at its rate and over the efficiency: they add up to ``breakdown["compute"]``. Empty on a
+    #: lab's profile, whose compute is FLOPs at its peak.
+    compute_by_kernel: dict[str, float] = field(default_factory=dict)
     #: The GPU's memory (0: not known) and, where the plan does not fit in it, one line saying by how
     #: much and what takes the room.
     memory_limit_bytes: float = 0.0
@@ -111,7 +124,10 @@ class Prediction:
             f"{self.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {100 * self.mfu:.1f}%, "
             f"{self.memory_per_gpu_bytes / 2**30:.1f} GiB per GPU ({parts})"
         )
-        return f"{line}\n{self.fit_note}" if self.fit_note else line
+        notes = [self.fit_note] if self.fit_note else []
+        if "not fitted on" in self.efficiency_source:  # a fit on one part used on another: said
+            notes.append(f"efficiency {self.efficiency:.3f}, {self.efficiency_source}")
+        return "\n".join([line, *notes])
 
 
 def fit_note(kinds: list[RankKind], limit_bytes: float, hardware: str) -> str:
@@ -218,13 +234,7 @@ def _kind_time(
     per_node: dict[str, int], chosen: dict[str, set[str]] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
-    # fp8 plans run only their linears' matmuls in fp8 (twice bf16's peak); attention and the rest in bf16
-    # (a lab's calibrated profile has its own precision's peak alone)
-    precision = "bf16" if plan.precision == "fp8" else plan.precision
-    half = hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
-    fp8 = kind.fp8_flops_per_micro_batch
-    rest = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8
-    compute_mb = (rest / half + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / efficiency
+    compute_mb = _compute_s(kind, plan, hw, efficiency)
     per_mb: dict[str, float] = {}
     per_step: dict[str, float] = {}
     # Under a pipeline, FSDP's collectives run once a step (torch's schedules keep the parameters
@@ -266,6 +276,39 @@ def _kind_time(
     return micro_batch_s, extras
 
 
+def _compute_s(kind: RankKind, plan: Plan, hw: Hardware, efficiency: float) -> float:
+    """One micro-batch's compute on ``hw``: each kind of kernel's work at its rate, over ``efficiency``."""
+    # fp8 plans run only their linears' matmuls in fp8 (twice bf16's peak); attention and the rest in bf16
+    # (a lab's calibrated profile has its own precision's peak alone)
+    precision = "bf16" if plan.precision == "fp8" else plan.precision
+    half = hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
+    fp8 = kind.fp8_flops_per_micro_batch
+    fp8_s = fp8 / hw.peak_flops["fp8"] if fp8 else 0.0
+    rest = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8
+    rates = hw.kernel_rates
+    if rates is None:  # every FLOP at the peak: the efficiency is the fraction of it reached (a lab's)
+        return (rest / half + fp8_s) / efficiency
+    return sum(_kernel_s(kind, plan, hw).values()) / efficiency
+
+
+def _kernel_s(kind: RankKind, plan: Plan, hw: Hardware) -> dict[str, float]:
+    """One micro-batch's seconds in each kind of kernel at its own rate (``Hardware.kernel_rates``)."""
+    rates = hw.kernel_rates
+    assert rates is not None
+    precision = "bf16" if plan.precision == "fp8" else plan.precision
+    half = hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
+    fp8 = kind.fp8_flops_per_micro_batch
+    attention = kind.attention_flops_per_micro_batch
+    matmuls = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8 - attention
+    moved = kind.fused_bytes_per_micro_batch if plan.fused_kernels else kind.streamed_bytes_per_micro_batch
+    return {
+        "matmuls": matmuls / (half * rates.matmul) + (fp8 / (hw.peak_flops["fp8"] * rates.matmul) if fp8 else 0.0),
+        # causal: the kernels compute half of the square that torch's count (and PaLM's) holds
+        "attention": attention / 2 / (hw.peak_flops["bf16"] * rates.attention),
+        "memory-bound": moved / (hw.memory_bytes_per_s * rates.memory),
+    }
+
+
 def _exposed_beside(seconds: float, calls: int, compute_s: float, overlap: float) -> float:
     """What shows of ``calls`` collectives taking ``seconds`` that run beside ``compute_s`` of compute:
     what the compute covers is hidden (all of it, up to the compute, where the hardware overlaps fully),
@@ -290,6 +333,8 @@ def predict_report(
     """The prediction for a dry run's report (``scale.dry_run(plan)``) on ``hardware`` and ``network``."""
     hw, net = hardware_named(hardware), network_named(network)
     eff = float(efficiency) if efficiency is not None else hw.efficiency if hw.efficiency is not None else EFFICIENCY
+    source = ("passed to predict" if efficiency is not None else hw.efficiency_source or "measured on this lab"
+              if hw.efficiency is not None else f"{SXM_FIT[1]}; not fitted on {hw.name}")
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1], the fraction of peak FLOPs reached; got {efficiency!r}")
     plan = report.plan
@@ -298,7 +343,7 @@ def predict_report(
     chosen: dict[str, set[str]] = {}
     per_node = ranks_per_node(plan, hw)
     timed = [(_kind_time(k, plan, m, hw, net, dims, eff, per_node, chosen), k) for k in report.kinds]
-    (slowest_mb, extras), _ = max(timed, key=lambda t: t[0][0])
+    (slowest_mb, extras), slowest = max(timed, key=lambda t: t[0][0])
     chunks = getattr(plan, "chunks", 1)
     split = getattr(plan, "layers_per_stage", ())
     if plan.pp > 1 and len(set(split)) > 1:
@@ -334,6 +379,9 @@ def predict_report(
         hardware=hw.name,
         network=net.name,
         efficiency=eff,
+        efficiency_source=source,
+        compute_by_kernel=({k: v * m / eff for k, v in _kernel_s(slowest, plan, hw).items()}
+                           if hw.kernel_rates is not None else {}),
         memory_limit_bytes=hw.memory_bytes,
         fit_note=fit_note(list(report.kinds), hw.memory_bytes, hw.name),
         algorithms={key: "/".join(sorted(names)) for key, names in sorted(chosen.items())},

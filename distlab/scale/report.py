@@ -61,6 +61,9 @@ class RankKindJSON(TypedDict):
     flops_per_micro_batch: float
     recompute_flops_per_micro_batch: float
     fp8_flops_per_micro_batch: float
+    attention_flops_per_micro_batch: float
+    streamed_bytes_per_micro_batch: float
+    fused_bytes_per_micro_batch: float
 
 
 class DryRunJSON(TypedDict):
@@ -113,6 +116,14 @@ class RankKind:
     recompute_flops_per_micro_batch: float
     #: Of the two above (model and recomputed), what fp8 matmuls run (``precision="fp8"``): the rest runs in bf16.
     fp8_flops_per_micro_batch: float = 0.0
+    #: Of the same two, what attention kernels run (the rest: matmuls).
+    attention_flops_per_micro_batch: float = 0.0
+    #: The bytes every other kernel of forward and backward reads and writes, as eager torch runs them
+    #: (norms, activations, casts, residual adds, FSDP's copies): memory-bound, timed at the memory's rate.
+    streamed_bytes_per_micro_batch: float = 0.0
+    #: What the same kernels move where a stack fuses each chain of them between two matmuls
+    #: (torch.compile, Transformer Engine): what enters and leaves each chain, once.
+    fused_bytes_per_micro_batch: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,9 @@ class DryRunReport:
                 flops_per_micro_batch=float(k["flops_per_micro_batch"]),
                 recompute_flops_per_micro_batch=float(k["recompute_flops_per_micro_batch"]),
                 fp8_flops_per_micro_batch=float(k.get("fp8_flops_per_micro_batch", 0.0)),
+                attention_flops_per_micro_batch=float(k.get("attention_flops_per_micro_batch", 0.0)),
+                streamed_bytes_per_micro_batch=float(k.get("streamed_bytes_per_micro_batch", 0.0)),
+                fused_bytes_per_micro_batch=float(k.get("fused_bytes_per_micro_batch", 0.0)),
             )
             for k in data["kinds"]
         ]

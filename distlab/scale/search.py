@@ -204,7 +204,10 @@ def estimate(plan: Plan, hardware: Hardware) -> Estimate:
     flops = (6 * parameters(cfg) + 12 * cfg.layers * cfg.dim * plan.seq_len) * plan.global_batch_tokens / plan.gpus
     flops *= {"none": 1.0, "selective": 1.05, "full": 4 / 3}[plan.checkpointing]
     peak = hardware.peak_flops.get("bf16", max(hardware.peak_flops.values()))
-    compute = flops / (peak * (hardware.efficiency or EFFICIENCY))
+    # every FLOP at the matmuls' rate: attention's and the memory-bound kernels' own rates are the dry
+    # run's to count (scale.predict), which orders what this estimate screens
+    rate = hardware.kernel_rates.matmul if hardware.kernel_rates is not None else 1.0
+    compute = flops / (peak * rate * (hardware.efficiency or EFFICIENCY))
     # Megatron's two all-reduces a block forward and two backward, of the bf16 (micro-batch, seq, dim)
     # activation, each a ring's 2(t-1)/t of it on the node's link, for each micro-batch through the stage
     activation = plan.micro_batch_size * plan.seq_len * cfg.dim * 2

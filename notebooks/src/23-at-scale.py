@@ -17,10 +17,12 @@
 # 2. **Cited**: the GPU and the network (`scale.HARDWARE`, `scale.NETWORKS`), each figure from a
 #    datasheet named next to it.
 # 3. **Modelled**: the step time, from the counts and the figures, by a model stated in
-#    `distlab/scale/prediction.py`: compute at a fraction of the peak, each collective by the
-#    algorithm NCCL would run it with (the ring of notebook 03, a tree, NVLS, PAT), what overlaps and
-#    what does not, the pipeline's bubble. One number is fitted,
-#    not counted: that fraction of the peak, on a run torchtitan published (checked below).
+#    `distlab/scale/prediction.py`: compute by kind of kernel (matmuls, attention, the memory-bound
+#    kernels between them), each at the rate a published benchmark of the GPU gives it, each
+#    collective by the algorithm NCCL would run it with (the ring of notebook 03, a tree, NVLS, PAT),
+#    what overlaps and what does not, the pipeline's bubble. One number is fitted, not counted: the
+#    share of its kernels' own time a real step reaches, on a published run of the same GPU
+#    (checked below).
 #
 # Nothing but the last section needs ranks: each dry run is a process of its own. The last section
 # checks the same predictor where it can be checked: on this lab's own ranks.
@@ -297,8 +299,15 @@ print("in B, tensor parallelism puts over twice the bytes in per micro-batch tha
 # The prediction for each plan on H100s joined by 400 Gb/s InfiniBand (`Prediction.breakdown`: the
 # parts add up to the step):
 #
-# - **compute**: the FLOPs counted by the dry run (the model's and what it computes again: flash
-#   attention's backward recomputes its scores) over the peak times the fitted efficiency (0.342);
+# - **compute**: each kind of kernel's work as the dry run counted it, at its own rate
+#   (`H100.kernel_rates`): the matmuls' FLOPs (the model's and what it computes again) at 80% of the
+#   peak, the largest matmul rate measured on an H100 SXM; attention's at cuDNN's flash attention
+#   rate (53%: its kernels skip the half of the square the causal mask removes, so half the counted
+#   FLOPs); the bytes the memory-bound kernels between them read and write (norms, SwiGLU, rotary
+#   embeddings, casts, residual adds) at the memory's bandwidth. Their sum, over the efficiency fitted
+#   for this GPU (`H100.efficiency`, below), is the compute. The plans here are eager torch, as the dry
+#   run runs them: each memory-bound op a kernel of its own (`Plan(fused_kernels=True)` times them
+#   as torch.compile or Transformer Engine fuse them instead, and the dry run counts both);
 # - **exposed** communication, by mesh dimension: tensor parallelism's in full; FSDP's beyond the
 #   compute it overlaps (FSDP2 prefetches the next block's weights while this one computes), plus
 #   one call that waits for nothing to hide behind; the pipeline's sends;
@@ -319,6 +328,10 @@ def show(preds):
 
 
 show(preds)
+print()
+print("compute by kind of kernel (ms a step):")
+for name, p in preds.items():
+    print(f"  {name:<26}" + ", ".join(f"{kernel} {1e3 * t:,.0f}" for kernel, t in p.compute_by_kernel.items()))
 
 # %% [markdown]
 # How to read it:
@@ -378,10 +391,14 @@ print("and flash attention's recomputed scores, 2 x layers x dim x seq per token
 print("A and B compute the same:",
       abs(preds["A: FSDP 1024"].breakdown["compute"] / preds["B: FSDP 128 x TP 8"].breakdown["compute"] - 1) < 1e-3)
 c_first, c_last = C.kinds[0], C.kinds[-1]
+matmul_rate = H100.peak_flops["bf16"] * H100.kernel_rates.matmul * H100.efficiency
+last_matmuls = (c_last.flops_per_micro_batch + c_last.recompute_flops_per_micro_batch
+                - c_last.attention_flops_per_micro_batch)
 print("C computes 32 micro-batches of its last stage, which does 20-25% more than the first:",
-      abs(pc.breakdown["compute"] * H100.peak_flops["bf16"] * scale.EFFICIENCY
-              / (32 * (c_last.flops_per_micro_batch + c_last.recompute_flops_per_micro_batch)) - 1) < 1e-9
+      abs(pc.compute_by_kernel["matmuls"] * matmul_rate / (32 * last_matmuls) - 1) < 1e-9
       and 1.2 < c_last.flops_per_micro_batch / c_first.flops_per_micro_batch < 1.25)
+print("the compute is its kernels' times added:",
+      all(abs(sum(p.compute_by_kernel.values()) / p.breakdown["compute"] - 1) < 1e-9 for p in preds.values()))
 print("A's FSDP time shows (more than its compute hides); B's tp time shows in full:",
       preds["A: FSDP 1024"].breakdown["exposed dp_shard"] > 0.1 * preds["A: FSDP 1024"].step_time_s
       and preds["B: FSDP 128 x TP 8"].breakdown["exposed tp"] > 0)
@@ -389,67 +406,74 @@ print("A's FSDP time shows (more than its compute hides); B's tp time shows in f
 # %% [markdown]
 # ## Against a published run
 #
-# The efficiency, the fraction of the peak that the compute reaches, is the one number the dry run
-# cannot count: it depends on the kernels, the GPU's clock, the software. `scale.EFFICIENCY` was
-# fitted on one run torchtitan published: Llama 3.1 8B with FSDP on 128 H100s, micro-batches of 2 x
-# 8,192 tokens, selective activation checkpointing, 5,605 tokens/s per GPU and 67.0 GiB of memory
-# (torchtitan, `benchmarks/llama3_h100_202412_torchtitan.md`, Dec 2024, Table 3 row FSDP). Those
-# H100s are not the 700 W SXM part the `h100-sxm` profile describes: they have 96 GB of HBM2e and
-# ran at 500 W, with a peak "between SXM and NVL" that torchtitan does not know exactly (its footnote
-# 2), so torchtitan divides by the SXM's peak, and so does this fit. The efficiency it gives folds
-# the slower part's clock in: on a 700 W SXM it predicts low. Here is that fit again, from that
-# plan's dry run: the efficiency at which the predicted throughput is the published one, by
-# bisection.
+# The efficiency, the share of its kernels' own time that a real step reaches (what launches, waits,
+# kernels too small for their rate and the GPU's clock take), is the one number the dry run cannot
+# count. Each H100 profile has its own, fitted on one published run of that part and tested on the
+# others (`benchmarks/bench_published_runs.py`, in `benchmarks/RESULTS.md`): `h100-sxm`, the 700 W
+# part these plans assume, on NVIDIA's Megatron-Bridge Llama 3 8B run. torchtitan's published runs
+# used another H100 (`benchmarks/llama3_h100_202412_torchtitan.md`, Dec 2024): 96 GB of HBM2e at
+# 2.4 TB/s against the SXM's 3.35, held to 500 W, with a peak "between SXM and NVL" that torchtitan
+# does not know (its footnote 2) and divides by the SXM's. That part is the `h100-500w` profile: the
+# SXM's peak, as torchtitan counts it, torch's flash attention (FlashAttention-2: 33% of the peak
+# against cuDNN's 53%), its slower memory, and an efficiency of its own, fitted on torchtitan's Llama
+# 3.1 8B with FSDP on 128 GPUs: micro-batches of 2 x 8,192 tokens, selective activation
+# checkpointing, eager torch, 5,605 tokens/s per GPU and 67.0 GiB of memory (Table 3 row FSDP).
+# Here is that fit again from that plan's dry run (the efficiency at which the predicted throughput
+# is the published one, by bisection), and the same plan on the 700 W part.
 
 # %%
+TITAN_H100 = scale.HARDWARE["h100-500w"]
 FIT_ROW = scale.Plan(model="llama3-8b", gpus=128, seq_len=8192, global_batch_tokens=256 * 8192, micro_batch_size=2,
                      checkpointing="selective")
 fit_report = scale.dry_run(FIT_ROW)
 PUBLISHED_TOKENS_S, PUBLISHED_GIB = 5605, 67.0
 
 
-def fitted_efficiency(report, tokens_per_s, low=0.05, high=1.0):
+def fitted_efficiency(report, tokens_per_s, hardware, low=0.05, high=1.0):
     for _ in range(50):
         mid = (low + high) / 2
-        got = scale.predict_report(report, "h100-sxm", "ib-400g", efficiency=mid).tokens_per_s_per_gpu
+        got = scale.predict_report(report, hardware, "ib-400g", efficiency=mid).tokens_per_s_per_gpu
         low, high = (mid, high) if got < tokens_per_s else (low, mid)
     return (low + high) / 2
 
 
-fit = fitted_efficiency(fit_report, PUBLISHED_TOKENS_S)
-at_fit = scale.predict_report(fit_report, "h100-sxm", "ib-400g")
-print(f"dry run in {fit_report.seconds:.0f} s; fitted efficiency {fit:.4f} (scale.EFFICIENCY = {scale.EFFICIENCY})")
-print(f"{'':<22} {'published':>10} {'predicted':>10}")
-print(f"{'tokens/s per GPU':<22} {PUBLISHED_TOKENS_S:>10,} {at_fit.tokens_per_s_per_gpu:>10,.0f}")
+fit = fitted_efficiency(fit_report, PUBLISHED_TOKENS_S, "h100-500w")
+at_fit = scale.predict_report(fit_report, "h100-500w", "ib-400g")
+on_sxm = scale.predict_report(fit_report, "h100-sxm", "ib-400g")
+print(f"dry run in {fit_report.seconds:.0f} s; fitted efficiency {fit:.4f} (h100-500w's: {TITAN_H100.efficiency})")
+print(f"{'':<22} {'published':>10} {'h100-500w':>10} {'h100-sxm':>10}")
+print(f"{'tokens/s per GPU':<22} {PUBLISHED_TOKENS_S:>10,} {at_fit.tokens_per_s_per_gpu:>10,.0f} "
+      f"{on_sxm.tokens_per_s_per_gpu:>10,.0f}")
 print(f"{'memory per GPU (GiB)':<22} {PUBLISHED_GIB:>10.1f} {at_fit.memory_per_gpu_bytes / GIB:>10.1f}")
+print("compute by kind of kernel (ms a step), 500 W:",
+      ", ".join(f"{k} {1e3 * v:,.0f}" for k, v in at_fit.compute_by_kernel.items()))
 print(f"MFU {100 * at_fit.mfu:.1f}%, PaLM's count on the SXM's peak (torchtitan: 33% for 8B FSDP without "
       "torch.compile, 39% with it)")
 
 # %% [markdown]
 # The throughput matches because it was fitted there. The memory is 12% above torchtitan's: the dry
 # run's CPU kernels keep fp32 intermediates that a GPU's fused kernels do not (`benchmarks/RESULTS.md`
-# names RMSNorm's). The other rows of `benchmarks/RESULTS.md` test the fit: torchtitan's 8B with
-# FSDP on 8 GPUs, 5,762 tokens/s per GPU published, 5,611 predicted (-3%). Its 70B with FSDP 32 x
-# TP 8 on 256 GPUs is predicted about 40% below what torchtitan published; that run used Float8
-# matmuls and `torch.compile`, which the predictor does not model: a plan with tensor parallelism is
-# less sure than one without.
+# names RMSNorm's). On the 700 W SXM, with its own efficiency, faster memory and cuDNN's attention,
+# the same plan runs faster: which H100 a figure comes from matters as much as the plan. The other
+# rows of `benchmarks/RESULTS.md` test the fits on runs they were not fitted on.
 #
-# Plan A, the same model with the same FSDP at 8 times the GPUs, predicts about a tenth fewer tokens/s
-# per GPU than this run: each GPU's reduce-scatters and all-gathers are as large whatever the number of
-# GPUs, the ring over 1,024 ranks pays 8 times the latency, and A's micro-batch of one sequence, half
-# this run's, leaves half the compute to hide them behind.
+# Plan A, the same model with the same FSDP at 8 times the GPUs on the same SXM part, predicts fewer
+# tokens/s per GPU than this plan there: each GPU's reduce-scatters and all-gathers are as large
+# whatever the number of GPUs, the ring over 1,024 ranks pays 8 times the latency, and A's
+# micro-batch of one sequence, half this run's, leaves half the compute to hide them behind.
 
 # %% tags=["nbval-check-output"]
-print("refitting on torchtitan's 8B on 128 GPUs gives scale.EFFICIENCY, to 3 digits:",
-      round(fit, 3) == scale.EFFICIENCY)
+print("refitting on torchtitan's 8B on 128 GPUs gives h100-500w's efficiency, to 3 digits:",
+      round(fit, 3) == round(TITAN_H100.efficiency, 3))
 print("at that efficiency the prediction is the published 5,605 tokens/s per GPU within 0.1%:",
       abs(at_fit.tokens_per_s_per_gpu / PUBLISHED_TOKENS_S - 1) < 1e-3)
 print("the dry run's memory is above the published one, within 15%:",
       1 < at_fit.memory_per_gpu_bytes / GIB / PUBLISHED_GIB < 1.15)
-print("plan A at 1,024 GPUs predicts fewer tokens/s per GPU than the same FSDP at 128:",
-      preds["A: FSDP 1024"].tokens_per_s_per_gpu < at_fit.tokens_per_s_per_gpu)
+print("the same plan is predicted faster on the 700 W SXM part:",
+      on_sxm.tokens_per_s_per_gpu > at_fit.tokens_per_s_per_gpu)
+print("plan A at 1,024 GPUs predicts fewer tokens/s per GPU than the same FSDP at 128, on the same part:",
+      preds["A: FSDP 1024"].tokens_per_s_per_gpu < on_sxm.tokens_per_s_per_gpu)
 
-# %% [markdown]
 # ## 70B on the same 1,024 GPUs
 #
 # Llama 3 70B (80 layers 8,192 wide, 64 heads, 8 KV heads) is 9 times the parameters. Plan C's
@@ -502,7 +526,7 @@ print("70B: the bubble is the same 3/35 of the pipeline as C's:",
 #
 # Things to try: A on a slower and a faster network (at what bandwidth does FSDP hide behind the
 # compute?); B and C on the same (tensor parallelism does not move: NVLink); C with 4 and with 128
-# micro-batches (the bubble); everything at an efficiency of 0.5.
+# micro-batches (the bubble); everything at an efficiency of 0.5, and of 1 (the kernels alone).
 
 # %%
 import dataclasses
@@ -511,9 +535,9 @@ import html
 import ipywidgets as widgets
 
 
-def what_if(name, gbit_s=400, efficiency=scale.EFFICIENCY, micro_batches=None):
+def what_if(name, gbit_s=400, efficiency=None, micro_batches=None):
     """The prediction for a plan already dry-run, on H100s with `gbit_s` per GPU between nodes and
-    `micro_batches` a step (None: the plan's own)."""
+    `micro_batches` a step (None: the plan's own), at `efficiency` (None: the H100's own)."""
     report = reports[name]
     if micro_batches is not None and micro_batches < report.plan.pp:
         raise ValueError(f"{micro_batches} micro-batches cannot fill {report.plan.pp} pipeline stages")
@@ -553,7 +577,8 @@ def _view(name, gbit_s, efficiency, micro_batches):
 plan_box = widgets.Dropdown(options=list(reports), description="plan")
 network_box = widgets.SelectionSlider(options=[25, 50, 100, 200, 400, 800, 1600, 3200], value=400,
                                       description="Gbit/s per GPU")
-efficiency_box = widgets.FloatSlider(value=scale.EFFICIENCY, min=0.2, max=0.7, step=0.01, description="efficiency")
+efficiency_box = widgets.FloatSlider(value=round(H100.efficiency, 2), min=0.3, max=1.0, step=0.01,
+                                     description="efficiency")
 MICRO_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 micro_box = widgets.SelectionSlider(options=MICRO_BATCHES, value=1, description="micro-batches")
 view = widgets.HTML()
@@ -591,9 +616,9 @@ c_128 = what_if("C: FSDP 32 x TP 8 x PP 4", micro_batches=128)
 print("C with 128 micro-batches: the bubble shrinks to theory.bubble_fraction(4, 128):",
       abs(c_128.breakdown["bubble"] / pipeline_time(c_128)
           - theory.bubble_fraction(4, 128, "1f1b")) < 1e-9)
-print("an efficiency of 0.5 shortens the compute by 0.342/0.5 exactly:",
+print(f"an efficiency of 0.5 scales the compute by the H100's {H100.efficiency:.3f} / 0.5 exactly:",
       abs(what_if("A: FSDP 1024", efficiency=0.5).breakdown["compute"] / preds["A: FSDP 1024"].breakdown["compute"]
-          - scale.EFFICIENCY / 0.5) < 1e-12)
+          - H100.efficiency / 0.5) < 1e-12)
 
 # %% [markdown]
 # ## Plans that cannot exist
@@ -601,8 +626,7 @@ print("an efficiency of 0.5 shortens the compute by 0.342/0.5 exactly:",
 # A plan is checked when it is made, and one that cannot exist is refused in one line saying why
 # and what to change. Tensor parallelism over 16 GPUs, two nodes: each rank must take whole heads,
 # and Llama 3 has 8 key-value heads (grouped-query attention), so tp stops at 8, a node. FSDP alone
-# on a 4M-token batch: 512 sequences cannot feed 1,024 GPUs. And context parallelism, which the dry
-# run does not run yet, is refused there rather than guessed.
+# on a 4M-token batch: 512 sequences cannot feed 1,024 GPUs.
 
 # %% tags=["nbval-check-output"]
 from distlab.errors import LabUsageError
@@ -612,10 +636,6 @@ for change in ({"tp": 16}, {"global_batch_tokens": 512 * 8192}):
         scale.Plan(model="llama3-8b", gpus=1024, seq_len=8192, **{"global_batch_tokens": STEP_TOKENS, **change})
     except LabUsageError as error:
         print(f"{change}: {error}")
-try:
-    scale.dry_run(scale.Plan(model="llama3-8b", gpus=1024, tp=8, cp=2, seq_len=8192, global_batch_tokens=STEP_TOKENS))
-except LabUsageError as error:
-    print(f"{{'cp': 2}}: {error}")
 
 # %% [markdown]
 # ## Choosing a plan
@@ -693,7 +713,10 @@ print("the best keeps tensor parallelism inside a node:", found.best.plan.tp <= 
 #   weights and gradients to 8-bit floats with a scale (Micikevicius et al. 2022) and multiply on the
 #   H100's fp8 tensor cores, twice the bf16 rate (1,979 against 989 TFLOP/s dense). Attention, the
 #   norms, the head and the optimizer stay in bf16 and fp32. With one scale per tensor
-#   (`float8_recipe="tensorwise"`) FSDP all-gathers the weights in fp8 too: half the bytes.
+#   (`float8_recipe="tensorwise"`) FSDP all-gathers the weights in fp8 too: half the bytes. The casts
+#   and their scales (each tensor's largest magnitude, found by reading all of it) are memory-bound
+#   kernels: torchao's documentation asks for `torch.compile`, which fuses them into the kernels
+#   beside them.
 #
 # Plan B at 32,768-token sequences, with and without CP 4, and plan B in FP8 (three dry runs, about
 # a minute in all on a quiet 2-core machine):
@@ -708,6 +731,16 @@ MORE = {
 }
 more = {name: scale.dry_run(plan) for name, plan in MORE.items()}
 more_preds = {name: scale.predict_report(r, "h100-sxm", "ib-400g") for name, r in more.items()}
+
+
+def fused(report):
+    """The same dry run, predicted with its memory-bound kernels fused (torch.compile, Transformer Engine)."""
+    plan = dataclasses.replace(report.plan, fused_kernels=True)
+    return scale.predict_report(dataclasses.replace(report, plan=plan), "h100-sxm", "ib-400g")
+
+
+by_kernel = {"B, eager": preds["B: FSDP 128 x TP 8"], "B in FP8, eager": more_preds["B in FP8"],
+             "B, fused": fused(reports["B: FSDP 128 x TP 8"]), "B in FP8, fused": fused(more["B in FP8"])}
 for name, report in {"B: FSDP 128 x TP 8": reports["B: FSDP 128 x TP 8"], **more}.items():
     (kind,) = report.kinds
     pred = preds[name] if name in preds else more_preds[name]
@@ -715,6 +748,11 @@ for name, report in {"B: FSDP 128 x TP 8": reports["B: FSDP 128 x TP 8"], **more
     print(f"{name:<20} activations {kind.memory['activations'] / GB:5.1f} GB, peak {kind.memory['peak'] / GB:5.1f} "
           f"GB | {fp8:4.0%} of the FLOPs in fp8 | compute {1e3 * pred.breakdown['compute']:6.0f} ms a step, "
           f"{pred.tokens_per_s_per_gpu:,.0f} tokens/s per GPU")
+print()
+print("compute by kind of kernel (ms a step):")
+for name, p in by_kernel.items():
+    print(f"  {name:<16}" + ", ".join(f"{k} {1e3 * v:,.0f}" for k, v in p.compute_by_kernel.items())
+          + f" | compute {1e3 * p.breakdown['compute']:,.0f}, {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU")
 print()
 print("the cp ranks' collectives, per micro-batch:")
 for c in more["B at 32k, CP 4"].kinds[0].collectives:
@@ -744,10 +782,18 @@ print("CP 4: the same FLOPs per token:",
       abs(4 * cp_kind.flops_per_micro_batch / long_kind.flops_per_micro_batch - 1) < 1e-9)
 print("CP 4: keys and values all-gathered over the cp ranks:",
       any(c.dim == "cp" and c.op == "all_gather" and c.group_size == 4 for c in cp_kind.collectives))
-share = fp8_kind.fp8_flops_per_micro_batch / (fp8_kind.flops_per_micro_batch + fp8_kind.recompute_flops_per_micro_batch)
-print("FP8: most FLOPs in fp8, and the compute time they predict:", share > 0.5 and abs(
-    more_preds["B in FP8"].breakdown["compute"] / preds["B: FSDP 128 x TP 8"].breakdown["compute"]
-    - (1 - share + share * H100.peak_flops["bf16"] / H100.peak_flops["fp8"])) < 1e-6)
+matmul_flops = (fp8_kind.flops_per_micro_batch + fp8_kind.recompute_flops_per_micro_batch
+                - fp8_kind.attention_flops_per_micro_batch)
+share = fp8_kind.fp8_flops_per_micro_batch / matmul_flops
+fp8_matmuls_s = more["B in FP8"].micro_batches * (
+    (matmul_flops - fp8_kind.fp8_flops_per_micro_batch) / H100.peak_flops["bf16"]
+    + fp8_kind.fp8_flops_per_micro_batch / H100.peak_flops["fp8"]) / (H100.kernel_rates.matmul * H100.efficiency)
+print("FP8: most of the matmuls' FLOPs in fp8, timed at the fp8 peak:", share > 0.5
+      and abs(by_kernel["B in FP8, eager"].compute_by_kernel["matmuls"] / fp8_matmuls_s - 1) < 1e-9)
+print("FP8, eager: its casts' memory-bound kernels cost more than its matmuls save:",
+      by_kernel["B in FP8, eager"].breakdown["compute"] > by_kernel["B, eager"].breakdown["compute"])
+print("FP8, fused: faster than bf16 fused:",
+      by_kernel["B in FP8, fused"].breakdown["compute"] < by_kernel["B, fused"].breakdown["compute"])
 
 # %% [markdown]
 # ## What to remember

@@ -1,0 +1,46 @@
+"""What the dry run's FLOP mode counts for each kind of kernel (``rank/dryrun_counts.py``): attention's
+FLOPs apart from the matmuls', and the bytes the memory-bound kernels move, one kernel an op (eager
+torch) and with each chain of them between two matmuls fused (``Chains``). Real tensors on the CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from distlab.rank.dryrun_counts import LocalFlops
+
+B, S, D, H = 2, 16, 32, 4  # batch, sequence, width, heads
+
+
+def _rms_norm_then_matmul(x: torch.Tensor, w: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
+    # RMSNorm as eager torch runs it: five memory-bound kernels before the projection's matmul
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    return normed @ proj
+
+
+def test_a_fused_chain_moves_what_enters_and_leaves_it_and_eager_torch_moves_every_ops_tensors():
+    x, w, proj = torch.randn(B, S, D), torch.randn(D), torch.randn(D, D)
+    with LocalFlops() as counted:
+        _rms_norm_then_matmul(x, w, proj)
+    element, row = 4, B * S * 4  # fp32 bytes: one element, one value per row
+    whole = B * S * D * element
+    # eager: pow (x in, x^2 out), mean (in, rows out), add (rows in, out), rsqrt (rows in, out),
+    # mul (x and rows in, out), mul (that and w in, out); the matmul is not memory-bound
+    eager = (2 * whole) + (whole + row) + 2 * row + 2 * row + (whole + row + whole) + (whole + D * element + whole)
+    assert counted.streamed == eager
+    # fused: the chain reads x (pow's, and again for the multiply: two ops take it from outside the
+    # chain) and w once each, and writes its output once, for the matmul
+    assert counted.chains.bytes == 2 * whole + D * element + whole
+    assert counted.flops == 2 * B * S * D * D and counted.attention == 0
+
+
+def test_attentions_flops_are_counted_apart_and_views_move_nothing():
+    q, k, v = (torch.randn(B, H, S, D // H, requires_grad=True) for _ in range(3))
+    with LocalFlops() as counted:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.transpose(1, 2).reshape(B, S, D).sum().backward()
+    per_square = B * H * S * S * (D // H)
+    # torch's formulas: 2 matmuls forward, 5 backward (the scores recomputed), the square counted whole
+    assert counted.attention == counted.flops == 14 * per_square
+    assert counted.recomputed == 2 * per_square
+    # transpose is a view: the reshape copies the (non-contiguous) output, sum and its backward stream
+    assert 0 < counted.chains.bytes < counted.streamed
