@@ -278,31 +278,30 @@ def _kind_time(
 
 def _compute_s(kind: RankKind, plan: Plan, hw: Hardware, efficiency: float) -> float:
     """One micro-batch's compute on ``hw``: each kind of kernel's work at its rate, over ``efficiency``."""
-    # fp8 plans run only their linears' matmuls in fp8 (twice bf16's peak); attention and the rest in bf16
-    # (a lab's calibrated profile has its own precision's peak alone)
-    precision = "bf16" if plan.precision == "fp8" else plan.precision
-    half = hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
-    fp8 = kind.fp8_flops_per_micro_batch
-    fp8_s = fp8 / hw.peak_flops["fp8"] if fp8 else 0.0
+    if hw.kernel_rates is not None:
+        return sum(_kernel_s(kind, plan, hw).values()) / efficiency
+    # a lab's calibrated profile: every FLOP at its peak, the efficiency the fraction of it reached
+    half, fp8 = _half_peak(plan, hw), kind.fp8_flops_per_micro_batch
     rest = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8
-    rates = hw.kernel_rates
-    if rates is None:  # every FLOP at the peak: the efficiency is the fraction of it reached (a lab's)
-        return (rest / half + fp8_s) / efficiency
-    return sum(_kernel_s(kind, plan, hw).values()) / efficiency
+    return (rest / half + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / efficiency
+
+
+def _half_peak(plan: Plan, hw: Hardware) -> float:
+    """The peak of what is not fp8: fp8 plans run only their linears' matmuls in fp8 (twice bf16's
+    peak), attention and the rest in bf16 (a lab's calibrated profile has its own precision's alone)."""
+    precision = "bf16" if plan.precision == "fp8" else plan.precision
+    return hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
 
 
 def _kernel_s(kind: RankKind, plan: Plan, hw: Hardware) -> dict[str, float]:
     """One micro-batch's seconds in each kind of kernel at its own rate (``Hardware.kernel_rates``)."""
     rates = hw.kernel_rates
     assert rates is not None
-    precision = "bf16" if plan.precision == "fp8" else plan.precision
-    half = hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
-    fp8 = kind.fp8_flops_per_micro_batch
-    attention = kind.attention_flops_per_micro_batch
+    fp8, attention = kind.fp8_flops_per_micro_batch, kind.attention_flops_per_micro_batch
     matmuls = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8 - attention
     moved = kind.fused_bytes_per_micro_batch if plan.fused_kernels else kind.streamed_bytes_per_micro_batch
     return {
-        "matmuls": matmuls / (half * rates.matmul) + (fp8 / (hw.peak_flops["fp8"] * rates.matmul) if fp8 else 0.0),
+        "matmuls": (matmuls / _half_peak(plan, hw) + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / rates.matmul,
         # causal: the kernels compute half of the square that torch's count (and PaLM's) holds
         "attention": attention / 2 / (hw.peak_flops["bf16"] * rates.attention),
         "memory-bound": moved / (hw.memory_bytes_per_s * rates.memory),
@@ -336,7 +335,8 @@ def predict_report(
     source = ("passed to predict" if efficiency is not None else hw.efficiency_source or "measured on this lab"
               if hw.efficiency is not None else f"{SXM_FIT[1]}; not fitted on {hw.name}")
     if not 0 < eff <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], the fraction of peak FLOPs reached; got {efficiency!r}")
+        raise ValueError(f"efficiency must be in (0, 1], the share of its kernels' time (a lab's: of its peak) a "
+                         f"step reaches; got {efficiency!r}")
     plan = report.plan
     dims = links(plan, hw)
     m = report.micro_batches
