@@ -73,6 +73,7 @@ from . import float8, torchcompat_cp, torchcompat_fake
 from .dryrun_counts import Collectives, LocalFlops, ring_attention_scale
 from .dryrun_depth import DEEP, SHALLOW, Measured, Segments, extrapolate
 from .dryrun_kinds import forked, kinds
+from .dryrun_plan import MESH, half, mesh_dims, micro_batches, sequence_split
 from .shard_adamw import ShardStepAdamW
 from .zero1 import DistributedAdamW
 
@@ -86,12 +87,7 @@ Backward = list[tuple[torch.Tensor, "torch.Tensor | None"]]
 #: Shards a micro-batch's sequence tensors in place along their given dimensions (context parallelism).
 Shard = Callable[[list[torch.Tensor], list[int]], None]
 
-__all__ = [
-    "MESH", "ShardStepAdamW", "backward", "dry_run", "main", "mesh_dims", "micro_batch", "micro_batches",
-    "parallelize", "tracked_step",
-]
-
-MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+__all__ = ["ShardStepAdamW", "backward", "dry_run", "main", "micro_batch", "parallelize", "tracked_step"]
 
 
 def parallelize(plan: PlanJSON, cfg: ModelConfig, mesh: DeviceMesh, stage: int) -> list[TransformerStage]:
@@ -161,7 +157,7 @@ def micro_batch(
         if module.tok_embeddings is not None:
             x = tokens if tokens is not None else torch.randint(0, cfg.vocab, (batch, seq))
         else:  # the previous stage's activation, as it arrives: a leaf whose gradient is sent back
-            x = torch.empty(batch, seq // _sequence_split(plan), cfg.dim, dtype=dtype, requires_grad=True)
+            x = torch.empty(batch, seq // sequence_split(plan), cfg.dim, dtype=dtype, requires_grad=True)
         out = module(x, positions)
         if module.output is not None:
             if targets is None:
@@ -344,7 +340,7 @@ def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerS
     """Each stage boundary's send and receive per micro-batch: a block's output, (micro_batch_size,
     seq_len, dim) in the compute dtype, forward, and its gradient backward. Every stage module but the
     model's last sends one forward; every one but the first receives one."""
-    size = plan["micro_batch_size"] * plan["seq_len"] // _sequence_split(plan) * cfg.dim * (
+    size = plan["micro_batch_size"] * plan["seq_len"] // sequence_split(plan) * cfg.dim * (
         2 if half(plan) else 4)
     sends = sum(1 for m in modules if m.output is None)
     recvs = sum(1 for m in modules if m.tok_embeddings is None)
@@ -354,28 +350,6 @@ def _point_to_point(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerS
 
     found = [one("send", sends, "forward"), one("recv", sends, "backward")] if sends else []
     return found + ([one("recv", recvs, "forward"), one("send", recvs, "backward")] if recvs else [])
-
-
-def half(plan: PlanJSON) -> bool:
-    """Whether the plan computes in bf16 (fp8 too: only its linears' matmuls run in fp8)."""
-    return plan["precision"] in ("bf16", "fp8")
-
-
-def _sequence_split(plan: PlanJSON) -> int:
-    """How many ways a block's input is split along the sequence: cp, and tp under sequence parallelism."""
-    return int(plan["cp"]) * (int(plan["tp"]) if plan["sequence_parallel"] else 1)
-
-
-def mesh_dims(plan: PlanJSON) -> dict[str, int]:
-    dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
-    shard = {"ddp": 1, "zero1": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
-    replicate = dp // shard
-    return {"dp_replicate": replicate, "dp_shard": shard, "cp": plan["cp"], "tp": plan["tp"]}
-
-
-def micro_batches(plan: PlanJSON) -> int:
-    dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
-    return int(plan["global_batch_tokens"] // (plan["seq_len"] * plan["micro_batch_size"] * dp))
 
 
 def dry_run(plan: PlanJSON) -> DryRunJSON:

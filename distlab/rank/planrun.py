@@ -35,8 +35,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ..nn.llama import TransformerStage, stage_modules
 from ..scale.models import ModelConfig
-from .dryrun import MESH, backward, mesh_dims, micro_batch, micro_batches, parallelize, tracked_step
+from .dryrun import backward, micro_batch, parallelize, tracked_step
 from .dryrun_counts import LocalFlops
+from .dryrun_plan import MESH, mesh_dims, micro_batches
 from .zero1 import DistributedAdamW
 
 if TYPE_CHECKING:

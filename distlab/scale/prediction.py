@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..theory import algorithm_times, collective_time_s, pipeline_step_time_s
+from .compute import compute_s, kernel_s
 from .hardware import SXM_FIT, Hardware, Network, hardware_named, network_named
 
 if TYPE_CHECKING:
@@ -234,7 +235,7 @@ def _kind_time(
     per_node: dict[str, int], chosen: dict[str, set[str]] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
-    compute_mb = _compute_s(kind, plan, hw, efficiency)
+    compute_mb = compute_s(kind, plan, hw, efficiency)
     per_mb: dict[str, float] = {}
     per_step: dict[str, float] = {}
     # Under a pipeline, FSDP's collectives run once a step (torch's schedules keep the parameters
@@ -274,38 +275,6 @@ def _kind_time(
     extras.update({f"exposed {dim}": s * micro_batches for dim, s in exposed_mb.items()})
     extras.update({f"exposed {dim} (once a step)": s for dim, s in per_step.items()})
     return micro_batch_s, extras
-
-
-def _compute_s(kind: RankKind, plan: Plan, hw: Hardware, efficiency: float) -> float:
-    """One micro-batch's compute on ``hw``: each kind of kernel's work at its rate, over ``efficiency``."""
-    if hw.kernel_rates is not None:
-        return sum(_kernel_s(kind, plan, hw).values()) / efficiency
-    # a lab's calibrated profile: every FLOP at its peak, the efficiency the fraction of it reached
-    half, fp8 = _half_peak(plan, hw), kind.fp8_flops_per_micro_batch
-    rest = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8
-    return (rest / half + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / efficiency
-
-
-def _half_peak(plan: Plan, hw: Hardware) -> float:
-    """The peak of what is not fp8: fp8 plans run only their linears' matmuls in fp8 (twice bf16's
-    peak), attention and the rest in bf16 (a lab's calibrated profile has its own precision's alone)."""
-    precision = "bf16" if plan.precision == "fp8" else plan.precision
-    return hw.peak_flops.get(precision) or hw.peak_flops["bf16"]
-
-
-def _kernel_s(kind: RankKind, plan: Plan, hw: Hardware) -> dict[str, float]:
-    """One micro-batch's seconds in each kind of kernel at its own rate (``Hardware.kernel_rates``)."""
-    rates = hw.kernel_rates
-    assert rates is not None
-    fp8, attention = kind.fp8_flops_per_micro_batch, kind.attention_flops_per_micro_batch
-    matmuls = kind.flops_per_micro_batch + kind.recompute_flops_per_micro_batch - fp8 - attention
-    moved = kind.fused_bytes_per_micro_batch if plan.fused_kernels else kind.streamed_bytes_per_micro_batch
-    return {
-        "matmuls": (matmuls / _half_peak(plan, hw) + (fp8 / hw.peak_flops["fp8"] if fp8 else 0.0)) / rates.matmul,
-        # causal: the kernels compute half of the square that torch's count (and PaLM's) holds
-        "attention": attention / 2 / (hw.peak_flops["bf16"] * rates.attention),
-        "memory-bound": moved / (hw.memory_bytes_per_s * rates.memory),
-    }
 
 
 def _exposed_beside(seconds: float, calls: int, compute_s: float, overlap: float) -> float:
@@ -380,7 +349,7 @@ def predict_report(
         network=net.name,
         efficiency=eff,
         efficiency_source=source,
-        compute_by_kernel=({k: v * m / eff for k, v in _kernel_s(slowest, plan, hw).items()}
+        compute_by_kernel=({k: v * m / eff for k, v in kernel_s(slowest, plan, hw).items()}
                            if hw.kernel_rates is not None else {}),
         memory_limit_bytes=hw.memory_bytes,
         fit_note=fit_note(list(report.kinds), hw.memory_bytes, hw.name),
