@@ -10,6 +10,7 @@ weights' all-gathers, and the compute time predicted at each precision's peak.""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -64,11 +65,17 @@ def test_ring_attention_on_cpu_ranks_equals_attention_over_the_whole_sequence(tm
 _TINY = scale.ModelConfig("tiny-llama", "llama", 64, 2, 4, 2, 128, 512, 512, False)
 
 
+@functools.cache
+def _dry_run(plan: scale.Plan) -> scale.DryRunReport:
+    """Each plan dry-run once for the module's tests (a dry run is a process of its own, seconds each)."""
+    return scale.dry_run(plan)
+
+
 def _kind(cp: int, rotate: str = "alltoall", **options: object) -> scale.RankKind:
     # the same micro-batch (one sequence of 256 tokens) on every dp rank: 8 GPUs as dp 8, or dp 4 x cp 2
     plan = scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=256 * 8 // cp, cp=cp,
                       cp_rotate=rotate, **options)  # type: ignore[arg-type]
-    (kind,) = scale.dry_run(plan).kinds
+    (kind,) = _dry_run(plan).kinds
     return kind
 
 
@@ -134,10 +141,13 @@ def test_a_cp_plan_is_predicted_with_its_ring_as_sends_beside_compute():
     assert "exposed dp_shard_cp" in prediction.breakdown
 
 
-def _fp8(recipe: str, tp: int = 1, precision: str = "fp8") -> scale.RankKind:
-    plan = scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=256 * 8 // tp, tp=tp,
-                      precision=precision, float8_recipe=recipe)
-    (kind,) = scale.dry_run(plan).kinds
+def _fp8_plan(recipe: str, precision: str = "fp8") -> scale.Plan:
+    return scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=256 * 8, precision=precision,
+                      float8_recipe=recipe)
+
+
+def _fp8(recipe: str, precision: str = "fp8") -> scale.RankKind:
+    (kind,) = _dry_run(_fp8_plan(recipe, precision)).kinds
     return kind
 
 
@@ -161,9 +171,8 @@ def test_fp8_runs_the_blocks_linears_on_torchaos_float8_matmuls_and_gathers_weig
     assert block_gathers(rowwise) == {bf16_bytes}
     # predicted: the fp8 matmuls at the H100's fp8 peak (about twice bf16's), the rest of the matmuls and
     # attention at bf16's; the casts are memory-bound kernels of their own
-    plans = [scale.Plan(model=_TINY, gpus=8, seq_len=256, global_batch_tokens=2048, precision=p)
-             for p in ("bf16", "fp8")]
-    slow, fast = (scale.predict(plan, report=scale.dry_run(plan)).compute_by_kernel for plan in plans)
+    plans = [_fp8_plan("tensorwise", precision) for precision in ("bf16", "fp8")]  # the two dry-run above
+    slow, fast = (scale.predict(plan, report=_dry_run(plan)).compute_by_kernel for plan in plans)
     # of the matmuls computed (the model's and none recomputed here), the share in fp8
     share = tensorwise.fp8_flops_per_micro_batch / (
         tensorwise.flops_per_micro_batch + tensorwise.recompute_flops_per_micro_batch
