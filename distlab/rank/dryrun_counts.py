@@ -133,24 +133,22 @@ class LocalFlops(DispatchMode):
         formula = FLOPS.get(func.overloadpacket)
         # Not an op another fake mode runs (DTensor's propagation under this step's own mode is kept
         # from every mode: torchcompat_fake.sharding_propagation_unseen).
-        if torchcompat_fake.active_fake_mode() is not self.fake_mode:
+        if torchcompat_fake.active_fake_mode() is not self.fake_mode or self.phase == "optimizer":
             return out
         inputs = [*args, *(kwargs or {}).values()]
-        if self.phase == "optimizer":
-            return out
+        name = op_name(func)
         if formula is None:
             if func.namespace in ("c10d", "_c10d_functional"):  # a collective takes what a chain made
                 self.chains.leave(inputs)
             elif func.namespace != "aten":  # a device or layout query, the profiler's marks
                 pass
-            elif func.is_view or op_name(func) in _UNMARKED_VIEWS:
+            elif func.is_view or name in _UNMARKED_VIEWS:
                 self.chains.view(inputs, out)
-            elif op_name(func) not in _MOVES_NOTHING:
+            elif name not in _MOVES_NOTHING:
                 self.streamed += _nbytes(inputs) + _nbytes(out)
                 self.chains.run(inputs, out)
             return out
         self.chains.leave(inputs)
-        name = op_name(func)
         scale = self.attention_scale if "attention" in name else 1.0
         flops = round(scale * formula(*args, **(kwargs or {}), out_val=out))
         self.flops += flops

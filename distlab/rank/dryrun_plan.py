@@ -25,9 +25,14 @@ def sequence_split(plan: PlanJSON) -> int:
     return int(plan["cp"]) * (int(plan["tp"]) if plan["sequence_parallel"] else 1)
 
 
+def _data_parallel(plan: PlanJSON) -> int:
+    """The data-parallel ranks: gpus / (tp * pp * cp)."""
+    return int(plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"]))
+
+
 def mesh_dims(plan: PlanJSON) -> dict[str, int]:
     """The sizes of the mesh's dimensions but pp: the data-parallel ranks replicated and sharded, cp, tp."""
-    dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
+    dp = _data_parallel(plan)
     shard = {"ddp": 1, "zero1": 1, "fsdp": dp}.get(plan["dp"], plan["shard"] or 1)
     replicate = dp // shard
     return {"dp_replicate": replicate, "dp_shard": shard, "cp": plan["cp"], "tp": plan["tp"]}
@@ -35,5 +40,4 @@ def mesh_dims(plan: PlanJSON) -> dict[str, int]:
 
 def micro_batches(plan: PlanJSON) -> int:
     """Micro-batches a step on each data-parallel rank."""
-    dp = plan["gpus"] // (plan["tp"] * plan["pp"] * plan["cp"])
-    return int(plan["global_batch_tokens"] // (plan["seq_len"] * plan["micro_batch_size"] * dp))
+    return int(plan["global_batch_tokens"] // (plan["seq_len"] * plan["micro_batch_size"] * _data_parallel(plan)))

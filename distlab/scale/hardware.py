@@ -17,7 +17,7 @@ would pick (``theory.algorithm_times``: a tree's latency grows with log2 of the 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["HARDWARE", "NETWORKS", "Hardware", "KernelRates", "Network", "hardware_named", "network_named"]
 
@@ -119,57 +119,48 @@ SXM_FIT = (0.8004, "fitted on NVIDIA's Megatron-Bridge 25.11 Llama 3 8B row (FP8
 TITAN_FIT = (0.6725, "fitted on torchtitan's Llama 3.1 8B FSDP 128 row (Dec 2024, Table 3, eager torch: 5,605 "
                      "tokens/s per GPU)")
 
+_H100_SXM = Hardware(
+    name="h100-sxm",
+    peak_flops={"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 494.7e12},
+    memory_bytes=80e9,
+    memory_bytes_per_s=3.35e12,
+    gpus_per_node=8,
+    node_link_bytes_per_s=450 * GB,
+    node_link_latency_s=3e-6,
+    source="NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979, FP8 3,958 and TF32 989 TFLOPS with "
+    "sparsity; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s); 8 GPUs per HGX node",
+    nccl=True,
+    nvls=True,
+    efficiency=SXM_FIT[0],
+    efficiency_source=SXM_FIT[1],
+    kernel_rates=_H100_CUDNN,
+)
+
 HARDWARE: dict[str, Hardware] = {
-    "h100-sxm": Hardware(
-        name="h100-sxm",
-        peak_flops={"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 494.7e12},
-        memory_bytes=80e9,
-        memory_bytes_per_s=3.35e12,
-        gpus_per_node=8,
-        node_link_bytes_per_s=450 * GB,
-        node_link_latency_s=3e-6,
-        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979, FP8 3,958 and TF32 989 TFLOPS with "
-        "sparsity; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s); 8 GPUs per HGX node",
-        nccl=True,
-        nvls=True,
-        efficiency=SXM_FIT[0],
-        efficiency_source=SXM_FIT[1],
-        kernel_rates=_H100_CUDNN,
-    ),
-    "h100-500w": Hardware(
+    "h100-sxm": _H100_SXM,
+    # the same die, node and NVLink: what differs is said
+    "h100-500w": replace(
+        _H100_SXM,
         name="h100-500w",
-        peak_flops={"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 494.7e12},
         memory_bytes=96e9,
         memory_bytes_per_s=2.4e12,
-        gpus_per_node=8,
-        node_link_bytes_per_s=450 * GB,
-        node_link_latency_s=3e-6,
         source="the H100s of torchtitan's published runs (benchmarks/llama3_h100_202412_torchtitan.md, Dec 2024): "
         "96 GB of HBM2e at 2.4 TB/s, the 500 W power limit, a peak 'between SXM and NVL' that torchtitan does "
         "not know and divides by the SXM's, as this profile does (its lower clock is in the fitted efficiency); "
         "Grand Teton hosts of 8 on NVLink",
-        nccl=True,
-        nvls=True,
         efficiency=TITAN_FIT[0],
         efficiency_source=TITAN_FIT[1],
         kernel_rates=_H100_FA2,
     ),
-    "h200": Hardware(
+    # the H100 SXM's die, clock and 700 W: its kernels' rates and its fit (said as the H100's)
+    "h200": replace(
+        _H100_SXM,
         name="h200",
-        peak_flops={"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 494.7e12},
         memory_bytes=141e9,
         memory_bytes_per_s=4.8e12,
-        gpus_per_node=8,
-        node_link_bytes_per_s=450 * GB,
-        node_link_latency_s=3e-6,
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM: the H100's tensor cores; 141 GB HBM3e at 4.8 TB/s; "
         "NVLink 900 GB/s); 8 GPUs per HGX node",
-        nccl=True,
-        nvls=True,
-        # the H100 SXM's die, clock and 700 W: its kernels' rates and its fit (said as the H100's)
-        efficiency=SXM_FIT[0],
         efficiency_source=SXM_FIT[1] + " (an H100 SXM: the same tensor cores, clock and power; not fitted on an H200)",
-        kernel_rates=_H100_CUDNN,
     ),
     "a100-sxm": Hardware(
         name="a100-sxm",
