@@ -51,6 +51,14 @@ def test_calibrate_measures_compute_links_and_overlap_and_predict_uses_them(lab2
     report = scale.dry_run(_plan())
     pred = scale.predict(_plan(), hardware=hw, network=net, report=report)
     assert pred.efficiency == cal.efficiency and pred.hardware == "this lab" and pred.step_time_s > 0
+    # DTensor's host time: measured on every rank, charged to the ops a tensor-parallel plan dispatches
+    assert set(cal.measured["dtensor_host_s"]) == {0, 1} and hw.host_s_per_dtensor_op > 0
+    assert "DTensor's host time" not in pred.breakdown
+    tp = _plan(tp=2, global_batch_tokens=32 * 2 * 2)
+    (kind,) = (tp_report := scale.dry_run(tp)).kinds
+    split = scale.predict(tp, hardware=hw, network=net, report=tp_report)
+    assert split.breakdown["DTensor's host time"] == pytest.approx(
+        kind.dtensor_ops_per_micro_batch * hw.host_s_per_dtensor_op * tp_report.micro_batches)
 
 
 @pytest.mark.parametrize("split", [{"dp": "fsdp"}, {"dp": "ddp"}, {"dp": "zero1"},
@@ -60,6 +68,10 @@ def test_measure_runs_the_plans_code_and_holds_what_the_dry_run_says(lab2, split
     run = scale.measure(lab2, plan, steps=2, warmup=1)
     assert len(run.step_times_s) == 2 and all(s > 0 for s in run.step_times_s) and run.micro_batches == 2
     (kind,) = scale.dry_run(plan).kinds
+    # The host's work DTensor adds: as many ops dispatched on the lab as the dry run counted (none
+    # without tensor parallelism)
+    assert run.dtensor_ops_per_micro_batch == kind.dtensor_ops_per_micro_batch
+    assert (run.dtensor_ops_per_micro_batch > 100) == (plan.tp > 1)
     # The model's states are the same tensors: to the byte. Activations and the peak: the dry run's
     # CPU kernels under FakeTensor against the same kernels on real tensors (within 5%).
     for category in ("parameters", "gradients", "optimizer"):

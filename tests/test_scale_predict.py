@@ -3,6 +3,7 @@ and the hardware profiles' bad names."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace as NS
 
 import pytest
@@ -28,7 +29,8 @@ def _kind(flops_s=0.1, collectives=(), ranks=16, memory=None):
     return NS(
         name="every rank", ranks=ranks, rank=0, stage=None, flops_per_micro_batch=flops_s * PEAK * MATMUL * 0.5,
         recompute_flops_per_micro_batch=0.0, fp8_flops_per_micro_batch=0.0, attention_flops_per_micro_batch=0.0,
-        streamed_bytes_per_micro_batch=0.0, fused_bytes_per_micro_batch=0.0, collectives=list(collectives),
+        streamed_bytes_per_micro_batch=0.0, fused_bytes_per_micro_batch=0.0, dtensor_ops_per_micro_batch=0.0,
+        collectives=list(collectives),
         memory=memory or {"parameters": 1e9, "gradients": 1e9, "optimizer": 2e9, "activations": 5e9, "peak": 9e9},
     )
 
@@ -51,6 +53,18 @@ def test_each_dimension_runs_on_the_link_its_groups_span():
     assert predict.links(_plan(tp=2), H100)["dp_shard"] == "network"
     assert predict.links(_plan(tp=2, dp="hsdp", shard=4), H100)["dp_shard"] == "node"
     assert predict.links(_plan(tp=2, dp="hsdp", shard=4), H100)["dp_replicate"] == "network"
+
+
+def test_dtensors_host_time_is_charged_per_op_where_the_host_and_the_kernels_take_turns():
+    kind = _kind(0.1)
+    kind.dtensor_ops_per_micro_batch = 600.0
+    report = NS(plan=_plan(), micro_batches=4, tokens_per_step=4 * 8192 * 2, kinds=[kind])
+    on_gpu = predict.predict_report(report, "h100-sxm", "ib-400g", efficiency=0.5)
+    assert "DTensor's host time" not in on_gpu.breakdown  # queued ahead of the kernels: hidden
+    lab = dataclasses.replace(H100, name="a CPU lab", host_s_per_dtensor_op=50e-6)
+    on_lab = predict.predict_report(report, lab, "ib-400g", efficiency=0.5)
+    assert on_lab.breakdown["DTensor's host time"] == pytest.approx(4 * 600 * 50e-6)
+    assert on_lab.step_time_s == pytest.approx(on_gpu.step_time_s + 4 * 600 * 50e-6)
 
 
 def test_tensor_parallel_time_is_exposed_and_fsdp_hides_behind_compute_but_for_one_call():

@@ -208,7 +208,8 @@ def _measure(plan: PlanJSON, cfg: ModelConfig, rank: int, stage: int | None) -> 
                                   cp_mesh=mesh["cp"] if plan["cp"] > 1 else None)
         measured: Measured = {"memory": memory, "collectives": counter.report(), "flops": flops.flops,
                               "recomputed": flops.recomputed, "fp8": flops.fp8, "attention": flops.attention,
-                              "streamed": flops.streamed, "fused": flops.chains.bytes, "segments": segments.peaks}
+                              "streamed": flops.streamed, "fused": flops.chains.bytes,
+                              "dtensor_ops": counter.dtensor_ops, "segments": segments.peaks}
         return measured, _point_to_point(plan, cfg, modules)
     finally:
         dist.destroy_process_group()
@@ -262,6 +263,7 @@ def _run_kind(plan: PlanJSON, cfg: ModelConfig, name: str, ranks: int, rank: int
         "attention_flops_per_micro_batch": float(measured["attention"]),
         "streamed_bytes_per_micro_batch": float(measured["streamed"]),
         "fused_bytes_per_micro_batch": float(measured["fused"]),
+        "dtensor_ops_per_micro_batch": float(measured["dtensor_ops"]),
         "recompute_flops_per_micro_batch": float(measured["recomputed"]),
     }
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import flop_registry
 
 from ..nn.llama import recomputing
@@ -57,11 +58,17 @@ def _nbytes(value: object) -> int:
 
 
 class Collectives(DispatchMode):
-    """Counts every collective op of the step: (op, mesh dimension, group size, bytes in, phase) -> calls."""
+    """Counts every collective op of the step: (op, mesh dimension, group size, bytes in, phase) -> calls.
+
+    It also counts the ops DTensor dispatches in forward and backward (``dtensor_ops``): each runs
+    Python of its own on the host (its sharding's propagation, redistributions, wrapping) before its
+    local ops, which a lab's CPU ranks wait for (``Hardware.host_s_per_dtensor_op``). This mode is the
+    step's innermost, the one that sees an op at DTensor's level before DTensor turns it into local ops."""
 
     def __init__(self, dims_of: dict[str, str]) -> None:
         cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
         self.dims_of, self.phase, self.calls = dims_of, "forward", Counter[tuple[str, str, int, int, str]]()
+        self.dtensor_ops = 0
 
     def __torch_dispatch__(
         self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
@@ -69,6 +76,8 @@ class Collectives(DispatchMode):
         if wrapper_subclass_in(types):
             # DTensor first: an op it runs as collectives of its own (context parallelism's ring
             # attention) dispatches them through this mode again, on plain tensors.
+            if self.phase != "optimizer" and any(issubclass(t, DTensor) for t in types):
+                self.dtensor_ops += 1
             return NotImplemented
         kwargs = kwargs or {}
         if func.namespace in ("c10d", "_c10d_functional") and op_name(func) in _OPS:

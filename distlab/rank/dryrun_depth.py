@@ -60,6 +60,7 @@ class Measured(TypedDict):
     attention: int  # of ``flops``, attention's
     streamed: int  # bytes the other kernels of forward and backward read and write
     fused: int  # the same kernels' bytes when each chain of them between two matmuls is fused
+    dtensor_ops: int  # ops DTensor dispatched
     segments: dict[str, int]  # "phase/position" -> that segment's peak bytes
 
 
@@ -166,4 +167,5 @@ def extrapolate(shallow: Measured, deeper: Measured, depth: int) -> Measured | N
             "fp8": _line(shallow["fp8"], deeper["fp8"], depth),
             "attention": _line(shallow["attention"], deeper["attention"], depth),
             "streamed": _line(shallow["streamed"], deeper["streamed"], depth),
-            "fused": _line(shallow["fused"], deeper["fused"], depth)}
+            "fused": _line(shallow["fused"], deeper["fused"], depth),
+            "dtensor_ops": _line(shallow["dtensor_ops"], deeper["dtensor_ops"], depth)}

@@ -9,8 +9,8 @@ Called by the notebook through ``lab.run`` with a plan's JSON (``Plan.to_json()`
 lab runs the same call, as every rank of a job would.
 
 - ``run_plan``: warm-up steps, then timed steps (each between two barriers: the step of the slowest
-  rank, as a job's step is), then one step under torch's MemTracker, exactly as the dry run tracks its
-  step.
+  rank, as a job's step is), one micro-batch with its DTensor ops counted, then one step under torch's
+  MemTracker, exactly as the dry run tracks its step.
 - ``compute_rate``: this rank's matmul rate (the lab's peak), and the FLOP rate it reaches on the
   plan's model, whole and alone on each rank (no collective), all ranks at once, since they share the
   machine's cores as they will in the plan: the fraction of the peak reached is the lab's efficiency.
@@ -18,6 +18,9 @@ lab runs the same call, as every rank of a job would.
   group, timed, for the fit of the link (latency and bandwidth in the ring model, op by op).
 - ``copy_rate``: the bytes per second a rank copies, all ranks at once: the optimizer step's memory
   bandwidth.
+- ``dtensor_host_s``: the host's seconds for each op DTensor dispatches, beyond its local ops, on a
+  model too small for its kernels to matter: what tensor parallelism adds on CPU ranks, which run
+  their Python and their kernels in turn.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -38,13 +41,14 @@ from ..scale.models import ModelConfig
 from .dryrun import backward, micro_batch, parallelize, tracked_step
 from .dryrun_counts import LocalFlops
 from .dryrun_plan import MESH, mesh_dims, micro_batches
+from .torchcompat_dispatch import DispatchMode, Op, wrapper_subclass_in
 from .zero1 import DistributedAdamW
 
 if TYPE_CHECKING:
     from ..scale.plan import PlanJSON
     from ..scale.report import MemoryJSON
 
-__all__ = ["PlanRun", "collective_times", "compute_rate", "copy_rate", "run_plan"]
+__all__ = ["PlanRun", "collective_times", "compute_rate", "copy_rate", "dtensor_host_s", "run_plan"]
 
 
 class PlanRun(TypedDict):
@@ -53,6 +57,7 @@ class PlanRun(TypedDict):
     step_s: list[float]
     memory: MemoryJSON
     micro_batches: int
+    dtensor_ops_per_micro_batch: int
 
 
 def _initialised(modules: list[TransformerStage]) -> None:
@@ -104,9 +109,13 @@ def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank's does
         if i >= warmup:
             seconds.append(float(took.item()))
+    with _LocalOpTime() as counted:  # the ops DTensor dispatches, against the dry run's count
+        backward(micro_batch(plan, cfg, modules, plan["tp"] > 1), plan["tp"] > 1)
+    optimizer.zero_grad(set_to_none=True)
     memory = tracked_step(plan, cfg, modules, optimizer)
     optimizer.zero_grad(set_to_none=True)
-    return {"step_s": seconds, "memory": memory, "micro_batches": count}
+    return {"step_s": seconds, "memory": memory, "micro_batches": count,
+            "dtensor_ops_per_micro_batch": counted.dtensor_ops}
 
 
 def _timed(work: Callable[[], object], repeats: int, group: dist.ProcessGroup | None = None) -> float:
@@ -185,3 +194,62 @@ def copy_rate(size: int = 64 * 2**20, repeats: int = 5) -> float:
     """Bytes per second one rank moves copying ``size`` bytes (read and written), every rank at once."""
     src, dst = torch.ones(size // 4), torch.empty(size // 4)
     return 2 * size / _timed(lambda: dst.copy_(src), repeats)
+
+
+class _LocalOpTime(DispatchMode):
+    """The seconds spent in local ops (kernels, collectives and their waits), and DTensor's op count:
+    what is left of a step's time is its host's Python above them (modules, autograd, DTensor)."""
+
+    def __init__(self) -> None:
+        cast("Callable[[], None]", super().__init__)()  # TorchDispatchMode's, unannotated in torch
+        self.seconds, self.dtensor_ops = 0.0, 0
+
+    def __torch_dispatch__(
+        self, func: Op, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> object:
+        if wrapper_subclass_in(types):
+            self.dtensor_ops += 1
+            return NotImplemented
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def _host_s(plan: PlanJSON, cfg: ModelConfig, modules: list[TransformerStage], repeats: int) -> tuple[float, int]:
+    """Seconds one micro-batch's forward and backward spends above its local ops (the median over
+    ``repeats``), and the DTensor ops it dispatches."""
+    tp = plan["tp"] > 1
+
+    def step() -> None:
+        backward(micro_batch(plan, cfg, modules, tp), tp)
+        for module in modules:
+            module.zero_grad(set_to_none=True)
+
+    whole = _timed(step, repeats)  # untimed ops: the timing's own calls kept out of the step's time
+    local = []
+    for _ in range(repeats):
+        dist.barrier()
+        with _LocalOpTime() as timing:
+            step()
+        local.append(timing.seconds)
+    return max(0.0, whole - statistics.median(local)), timing.dtensor_ops
+
+
+def dtensor_host_s(plan: PlanJSON, repeats: int = 5) -> float:
+    """The host's seconds per op DTensor dispatches beyond its local ops, on ``plan`` (a model too small
+    for its kernels to matter, tensor-parallel over the lab): the time its micro-batch spends above its
+    local ops, less what the same model spends there whole and alone (modules and autograd, which the
+    compute's efficiency already holds), over the DTensor ops it dispatched."""
+    cfg = ModelConfig(**plan["model"])
+    dims = {"pp": plan["pp"], **mesh_dims(plan)}
+    mesh = init_device_mesh("cpu", tuple(dims[d] for d in MESH), mesh_dim_names=MESH)
+    modules = parallelize(plan, cfg, mesh, 0)
+    _initialised(modules)
+    with torch.device("meta"):
+        alone_modules = stage_modules(cfg, 1, 1, 0)
+    _initialised(alone_modules)
+    torch.manual_seed(1)  # the same tokens on every rank: tensor-parallel ranks must share their input
+    split, ops = _host_s(plan, cfg, modules, repeats)
+    alone, _ = _host_s({**plan, "tp": 1, "sequence_parallel": False}, cfg, alone_modules, repeats)
+    return max(0.0, split - alone) / max(ops, 1)

@@ -22,6 +22,13 @@ what it makes of it:
   node and the node's own link on the ranks of the first node; a lab on one machine has only the
   node's link (loopback), and its network is the same fit.
 - **memory bandwidth**: a rank's copy rate, read and written, for the optimizer's step.
+- **DTensor's host time**: each op DTensor dispatches runs Python of its own (its sharding's
+  propagation, redistributions, wrapping) before its local ops; CPU ranks run that and their kernels
+  in turn, so a tensor-parallel plan's step waits for it. Measured on a model too small for its
+  kernels to matter (``_host_probe``: the calibration model's layers and op mix, a few dozen wide),
+  tensor-parallel over every rank: the time one micro-batch spends above its local ops, less what the
+  same model spends there whole and alone, over the ops DTensor dispatched. The dry run counts a plan's
+  DTensor ops; the predictor charges each this much (``Hardware.host_s_per_dtensor_op``).
 - **overlap**: none on CPU ranks. FSDP2 (and the replicate mode the dry run's DDP is) calls each
   collective synchronously and gets its overlap from CUDA streams, which a CPU device does not have:
   every all-gather and reduce-scatter is waited for where it is issued. (Measured here beside it: an
@@ -55,6 +62,14 @@ __all__ = ["CALIBRATION_MODEL", "Calibration", "Measurement", "calibrate", "meas
 #: its matmuls, not Python, take the time (a Llama block: 256 wide, 8 heads, SwiGLU of 704).
 CALIBRATION_MODEL = ModelConfig("lab-llama", "llama", 256, 4, 8, 8, 704, 2048, 1024)
 
+def _host_probe(ranks: int) -> Plan:
+    """The plan ``dtensor_host_s`` times: the calibration model's four Llama blocks, a few dozen wide,
+    tensor-parallel over all ``ranks`` (sequence parallel, FSDP over one rank, as a TP plan runs)."""
+    tiny = ModelConfig("host-probe", "llama", 32 * ranks, 4, 2 * ranks, ranks, 24 * ranks, 64 * ranks, 1024)
+    return Plan(model=tiny, gpus=ranks, tp=ranks, seq_len=8 * ranks, micro_batch_size=4,
+                global_batch_tokens=8 * ranks * 4, precision="fp32")
+
+
 _SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]  # each collective's sizes for the link's fit, bytes
 
 
@@ -81,7 +96,8 @@ class Calibration:
             f"+ {1e6 * h.node_link_latency_s:.0f} us a step; network {n.bytes_per_s / 1e9:.2f} GB/s + "
             f"{1e6 * n.latency_s:.0f} us (all-reduce; "
             + ", ".join(f"{op} {bw / 1e9:.2f} GB/s" for op, (bw, _) in h.node_link_by_op.items() if op != "all_reduce")
-            + f"); compute hides {100 * h.overlap:.0f}% of a collective beside it; memory "
+            + f"); compute hides {100 * h.overlap:.0f}% of a collective beside it; DTensor's host "
+            f"{1e6 * h.host_s_per_dtensor_op:.0f} us an op; memory "
             f"{h.memory_bytes_per_s / 1e9:.1f} GB/s"
         )
 
@@ -95,6 +111,8 @@ class Measurement:
     step_times_s: list[float]
     memory: dict[str, int]
     micro_batches: int
+    #: The ops DTensor dispatched in one micro-batch (tensor parallelism's): the dry run counts them too.
+    dtensor_ops_per_micro_batch: int = 0
 
     @property
     def step_time_s(self) -> float:
@@ -170,6 +188,10 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
     compute = _on_ranks(lab, f"compute_rate(__import__('json').loads({as_json!r}))", timeout)
     copy = _on_ranks(lab, "copy_rate()", timeout)
     rows = lab.status()
+    on_cpu = all(row.device.startswith("cpu") for row in rows)
+    # A GPU's host queues kernels ahead of the device: its DTensor time hides behind them.
+    probe = json.dumps(_host_probe(ranks).to_json())
+    host = _on_ranks(lab, f"dtensor_host_s(__import__('json').loads({probe!r}))", timeout) if on_cpu else {}
     hosts: dict[str, list[int]] = {}
     for row in rows:
         hosts.setdefault(row.host, []).append(row.rank)
@@ -189,7 +211,7 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
     # (torch's _fsdp_collectives.foreach_reduce: the reduce-scatter inside device_handle.stream(...),
     # async_op=False; all-gathers likewise unless prefetched): on CPU ranks, which have no streams,
     # each one is waited for where it is issued. A GPU lab's collectives run beside its compute.
-    overlap = 0.0 if all(row.device.startswith("cpu") for row in rows) else 1.0
+    overlap = 0.0 if on_cpu else 1.0
     peak = statistics.median(c["matmul_flops_per_s"] for c in compute.values())
     reached = statistics.median(c["model_flops"] / c["model_s"] for c in compute.values())
     hardware = Hardware(
@@ -201,15 +223,16 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
         node_link_bytes_per_s=node["all_reduce"][0],
         node_link_latency_s=node["all_reduce"][1],
         source=f"scale.calibrate on {ranks} ranks: fp32 matmul rate, {plan.config.name}'s forward and backward, "
-        "copy rate, collectives fitted to the ring model",
+        "copy rate, collectives fitted to the ring model, DTensor's host time per op",
         efficiency=min(1.0, reached / peak),
         overlap=overlap,
         node_link_by_op=node,
+        host_s_per_dtensor_op=statistics.median(host.values()) if host else 0.0,
     )
     net = Network(name="this lab's network" if "network" in links else "this lab (one machine: no network)",
                   bytes_per_s=network["all_reduce"][0], latency_s=network["all_reduce"][1], source=hardware.source,
                   by_op=network)
-    measured = {"compute": compute, "copy_bytes_per_s": copy, "collective_s": timed}
+    measured = {"compute": compute, "copy_bytes_per_s": copy, "collective_s": timed, "dtensor_host_s": host}
     return Calibration(hardware=hardware, network=net, plan=plan, measured=measured)
 
 
@@ -232,4 +255,5 @@ def measure(lab: _Lab, plan: Plan, steps: int = 5, warmup: int = 2, timeout: flo
     got = _on_ranks(lab, f"run_plan(__import__('json').loads({as_json!r}), {steps}, {warmup})", timeout)
     hungriest = max(got.values(), key=lambda r: r["memory"]["peak"])
     return Measurement(plan=plan, step_times_s=list(got[0]["step_s"]), memory=dict(hungriest["memory"]),
-                       micro_batches=int(got[0]["micro_batches"]))
+                       micro_batches=int(got[0]["micro_batches"]),
+                       dtensor_ops_per_micro_batch=int(got[0]["dtensor_ops_per_micro_batch"]))

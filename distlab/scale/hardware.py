@@ -80,6 +80,11 @@ class Hardware:
     nccl: bool = False
     #: The node's GPUs sit on NVSwitches that reduce (NVLink SHARP, Hopper and later): NCCL's NVLS.
     nvls: bool = False
+    #: The host's seconds for each op DTensor dispatches, beyond its local kernels (its sharding's
+    #: propagation, redistributions, wrapping: Python), which a rank waits for where its host and its
+    #: kernels take turns: a lab's CPU ranks (``scale.calibrate`` measures it). 0: a GPU's host queues
+    #: kernels ahead of the device, and a step long enough to be worth predicting hides it.
+    host_s_per_dtensor_op: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,7 @@ def _kind_time(
 ) -> tuple[float, dict[str, float]]:
     """One rank kind's micro-batch time (the pipeline's unit) and its per-step extras."""
     compute_mb = compute_s(kind, plan, hw, efficiency)
+    host_mb = kind.dtensor_ops_per_micro_batch * hw.host_s_per_dtensor_op
     per_mb: dict[str, float] = {}
     per_step: dict[str, float] = {}
     # Under a pipeline, FSDP's collectives run once a step (torch's schedules keep the parameters
@@ -270,8 +271,10 @@ def _kind_time(
             exposed_mb[dim] = _exposed_beside(seconds, calls, compute_mb, hw.overlap)
         else:
             exposed_mb[dim] = seconds
-    micro_batch_s = compute_mb + sum(exposed_mb.values())
+    micro_batch_s = compute_mb + host_mb + sum(exposed_mb.values())
     extras = {"compute": compute_mb * micro_batches}
+    if host_mb:
+        extras["DTensor's host time"] = host_mb * micro_batches
     extras.update({f"exposed {dim}": s * micro_batches for dim, s in exposed_mb.items()})
     extras.update({f"exposed {dim} (once a step)": s for dim, s in per_step.items()})
     return micro_batch_s, extras

@@ -64,6 +64,7 @@ class RankKindJSON(TypedDict):
     attention_flops_per_micro_batch: float
     streamed_bytes_per_micro_batch: float
     fused_bytes_per_micro_batch: float
+    dtensor_ops_per_micro_batch: float
 
 
 class DryRunJSON(TypedDict):
@@ -124,6 +125,9 @@ class RankKind:
     #: What the same kernels move where a stack fuses each chain of them between two matmuls
     #: (torch.compile, Transformer Engine): what enters and leaves each chain, once.
     fused_bytes_per_micro_batch: float = 0.0
+    #: Ops DTensor dispatched (tensor parallelism's), each with Python of its own on the host before its
+    #: local kernels: a lab's CPU ranks wait for it (``Hardware.host_s_per_dtensor_op``).
+    dtensor_ops_per_micro_batch: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ class DryRunReport:
                 attention_flops_per_micro_batch=float(k.get("attention_flops_per_micro_batch", 0.0)),
                 streamed_bytes_per_micro_batch=float(k.get("streamed_bytes_per_micro_batch", 0.0)),
                 fused_bytes_per_micro_batch=float(k.get("fused_bytes_per_micro_batch", 0.0)),
+                dtensor_ops_per_micro_batch=float(k.get("dtensor_ops_per_micro_batch", 0.0)),
             )
             for k in data["kinds"]
         ]

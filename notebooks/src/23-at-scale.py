@@ -845,7 +845,12 @@ print("FP8, fused: faster than bf16 fused:",
 #   tensor (notebook 14 counted its bytes);
 # - **overlap**: none. FSDP2 calls its collectives synchronously and overlaps them through CUDA streams;
 #   CPU ranks have none, so each collective is waited for where it is issued;
-# - **memory bandwidth**, for the optimizer's step: a copy's rate.
+# - **memory bandwidth**, for the optimizer's step: a copy's rate;
+# - **DTensor's host time**: every op DTensor dispatches runs Python of its own (its sharding's
+#   propagation, redistributions, wrapping) before its local kernels, and CPU ranks run the two in
+#   turn. Measured on the same four blocks made too small for their kernels to matter, tensor-parallel
+#   over the lab: the time a micro-batch spends above its local ops, less what the model spends there
+#   whole, over the ops DTensor dispatched. The dry run counts each plan's DTensor ops.
 #
 # Then three plans of that Llama on the lab's 2 ranks: `scale.predict` on the calibrated machine from
 # each plan's dry run (2 GPUs, fake process group, as above), and `scale.measure`, which runs the same
@@ -885,17 +890,18 @@ for name, (_, predicted, run) in on_lab.items():
 # %% [markdown]
 # What the runs made while writing this section showed (`benchmarks/bench_lab_prediction.py`, in
 # `benchmarks/RESULTS.md` with 4 ranks and emulated nodes as well): in its quiet runs FSDP and DDP
-# were predicted 6% to 10% short of their measured steps, at 2 and 4 ranks and across a 1 Gbit/s
-# link, and tensor parallelism 18% to 39% short (TP x FSDP at 4 ranks the 39%). This notebook's own
-# runs moved further, FSDP and DDP up to 24% short and TP up to 50%, because the calibration moves
-# too: the efficiency it read on this 2-core machine ranged from 61% to 94% between runs, and every
+# were predicted 6% to 12% short of their measured steps, at 2 and 4 ranks and across a 1 Gbit/s
+# link. This notebook's own runs moved further, up to 24% short, because the calibration moves too:
+# the efficiency it read on this 2-core machine ranged from 61% to 94% between runs, and every
 # predicted compute time moves with it.
 #
-# What the model lacks for tensor parallelism is time on the host: every DTensor op is sent through
-# DTensor's sharding propagation in Python before its kernel runs (a profile of one TP micro-batch:
-# 131 ms of matmuls, 88 ms waiting in collectives, and about 50 ms in DTensor's own dispatch and
-# redistributions, with their copies). On a GPU the host runs ahead of the kernels and that time
-# hides; on CPU ranks it adds to the step. This is also why torchtitan compiles its TP models.
+# Tensor parallelism is predicted shortest. Part of that is now in the model: DTensor's time on the
+# host (about 60 us an op here, some 660 ops a micro-batch: 80-90 ms a step), which on a GPU hides
+# behind the kernels the host has queued, and which is why torchtitan compiles its TP models. What is
+# still missing is waiting: TP's ranks meet at some forty collectives a micro-batch, and at each the
+# rank that got there first waits for the other. Timed inside a TP micro-batch on this lab, those
+# collectives took 97-110 ms, where the same calls back to back, as the calibration times them, take
+# about 47. The ring model has no term for that wait.
 #
 # The times move with the load on the machine, so they are shown, not checked. The memory is checked:
 # the model's states are the same tensors in the dry run and on the lab, to the byte, and the peak,
