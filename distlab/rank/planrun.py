@@ -118,15 +118,23 @@ def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
             "dtensor_ops_per_micro_batch": counted.dtensor_ops}
 
 
-def _timed(work: Callable[[], object], repeats: int, group: dist.ProcessGroup | None = None) -> float:
-    """The median seconds of ``work()`` over ``repeats`` runs, every rank (of ``group``) running at once."""
+def _timed(
+    work: Callable[[], object], repeats: int, group: dist.ProcessGroup | None = None, slowest: bool = False
+) -> float:
+    """The median seconds of ``work()`` over ``repeats`` runs, every rank (of ``group``) running at once;
+    with ``slowest``, each run's time is its slowest rank's (the same on every rank)."""
     work()  # warm: first-call allocations, thread pools
     times = []
     for _ in range(repeats):
         dist.barrier(group=group)
         start = time.perf_counter()
         work()
-        times.append(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        if slowest:
+            seconds = torch.tensor([took], dtype=torch.float64)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)
+            took = float(seconds.item())
+        times.append(took)
     return statistics.median(times)
 
 
@@ -150,7 +158,9 @@ def compute_rate(plan: PlanJSON, size: int = 1024, repeats: int = 5) -> dict[str
         for module in modules:
             module.zero_grad(set_to_none=True)
 
-    model_s = _timed(step, repeats)
+    # Each run's slowest rank, as a plan's step waits for its slowest rank: on a loaded machine the
+    # ranks' shares of the cores differ from one moment to the next, and a step meets the worst of them.
+    model_s = _timed(step, repeats, slowest=True)
     counter = LocalFlops()  # the dry run's own count (outside FakeTensor: every op here is this rank's)
     with counter:
         step()

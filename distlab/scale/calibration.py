@@ -12,7 +12,8 @@ what it makes of it:
 
 - **compute**: the peak is a rank's fp32 matmul rate (1024 x 1024); the efficiency is the fraction of
   it the calibration plan's model reaches, whole and alone on every rank (one micro-batch's forward
-  and backward, no collective; FLOPs by torch's formulas, as the dry run counts them). Nothing in it
+  and backward, no collective; FLOPs by torch's formulas, as the dry run counts them), each run timed
+  as its slowest rank's, since a plan's step waits for its slowest rank. Nothing in it
   is taken from the plans it is then used to predict.
 - **links**: all-reduces, all-gathers and reduce-scatters from 64 KiB to 16 MiB on the lab's group,
   each op fitted to the ring model (``theory.collective_time_s``; for the all-reduce ``2(N-1) a +
@@ -212,8 +213,10 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
     # async_op=False; all-gathers likewise unless prefetched): on CPU ranks, which have no streams,
     # each one is waited for where it is issued. A GPU lab's collectives run beside its compute.
     overlap = 0.0 if on_cpu else 1.0
-    peak = statistics.median(c["matmul_flops_per_s"] for c in compute.values())
     reached = statistics.median(c["model_flops"] / c["model_s"] for c in compute.values())
+    # The model's rate is what the compute is predicted at (FLOPs over peak x efficiency); a loaded
+    # machine can time the matmul slower than the model, and the peak is then the model's own rate.
+    peak = max(reached, statistics.median(c["matmul_flops_per_s"] for c in compute.values()))
     hardware = Hardware(
         name="this lab",
         peak_flops={"fp32": peak},
@@ -224,7 +227,7 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
         node_link_latency_s=node["all_reduce"][1],
         source=f"scale.calibrate on {ranks} ranks: fp32 matmul rate, {plan.config.name}'s forward and backward, "
         "copy rate, collectives fitted to the ring model, DTensor's host time per op",
-        efficiency=min(1.0, reached / peak),
+        efficiency=reached / peak,
         overlap=overlap,
         node_link_by_op=node,
         host_s_per_dtensor_op=statistics.median(host.values()) if host else 0.0,
