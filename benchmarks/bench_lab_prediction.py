@@ -51,18 +51,23 @@ def main() -> None:
         t0 = time.perf_counter()
         cal = scale.calibrate(lab)
         print(f"calibrated in {time.perf_counter() - t0:.1f} s: {cal}\n")
-        print("| plan | predicted step | measured step (min-max) | error | predicted peak | measured peak | error "
-              "| where the predicted time goes |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| plan | predicted step (calibrated before) | error | predicted step (compute timed beside the steps) "
+              "| measured step (min-max) | error | predicted peak | measured peak | error | where the predicted time "
+              "goes |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, plan in plans(args.ranks, args.accumulate).items():
             report = scale.dry_run(plan)
-            pred = scale.predict(plan, hardware=cal.hardware, network=cal.network, report=report)
-            run = scale.measure(lab, plan, steps=args.steps)
+            before = scale.predict(plan, hardware=cal.hardware, network=cal.network, report=report)
+            run = scale.measure(lab, plan, steps=args.steps, calibration=cal)
+            assert run.calibration is not None
+            pred = scale.predict(plan, hardware=run.calibration.hardware, network=cal.network, report=report)
             low, high = run.spread
+            before_err = before.step_time_s / run.step_time_s - 1
             time_err = pred.step_time_s / run.step_time_s - 1
             mem_err = pred.memory_per_gpu_bytes / run.memory["peak"] - 1
             where = ", ".join(f"{k} {1e3 * v:.0f}" for k, v in pred.breakdown.items() if v > 5e-4)
-            print(f"| {name} | {1e3 * pred.step_time_s:.0f} ms | {1e3 * run.step_time_s:.0f} ms ({1e3 * low:.0f}-"
+            print(f"| {name} | {1e3 * before.step_time_s:.0f} ms | {100 * before_err:+.1f}% | "
+                  f"{1e3 * pred.step_time_s:.0f} ms | {1e3 * run.step_time_s:.0f} ms ({1e3 * low:.0f}-"
                   f"{1e3 * high:.0f}) | {100 * time_err:+.1f}% | {pred.memory_per_gpu_bytes / 2**20:.2f} MiB | "
                   f"{run.memory['peak'] / 2**20:.2f} MiB | {100 * mem_err:+.1f}% | {where} (ms) |")
     finally:

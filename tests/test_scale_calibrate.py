@@ -59,6 +59,17 @@ def test_calibrate_measures_compute_links_and_overlap_and_predict_uses_them(lab2
     split = scale.predict(tp, hardware=hw, network=net, report=tp_report)
     assert split.breakdown["DTensor's host time"] == pytest.approx(
         kind.dtensor_ops_per_micro_batch * hw.host_s_per_dtensor_op * tp_report.micro_batches)
+    # The compute timed again beside each measured step: the same calibration, its compute's rate the
+    # reference's as it ran there (the links, DTensor's host time and the network kept)
+    run = scale.measure(lab2, _plan(), steps=2, warmup=1, calibration=cal)
+    beside = run.calibration
+    assert beside is not None and len(beside.measured["beside_steps_s"]) == 4  # before and after each step
+    assert 0 < beside.efficiency <= 1 and beside.network == net and beside.plan == cal.plan
+    assert beside.hardware.node_link_by_op == hw.node_link_by_op
+    assert beside.hardware.host_s_per_dtensor_op == hw.host_s_per_dtensor_op
+    flops = cal.measured["compute"][0]["model_flops"]  # every rank's the same model
+    median_s = sum(sorted(beside.measured["beside_steps_s"])[1:3]) / 2  # of four
+    assert beside.efficiency * beside.hardware.peak_flops["fp32"] == pytest.approx(flops / median_s)
 
 
 @pytest.mark.parametrize("split", [{"dp": "fsdp"}, {"dp": "ddp"}, {"dp": "zero1"},
@@ -97,3 +108,5 @@ def test_bad_input_gets_one_line(lab2):
         scale.calibrate("lab")
     with pytest.raises(TypeError, match=r"scale\.Plan"):
         scale.measure(lab2, {"gpus": 2})
+    with pytest.raises(TypeError, match=r"scale\.calibrate\(lab\)"):
+        scale.measure(lab2, _plan(), calibration="yesterday's")

@@ -58,6 +58,7 @@ class PlanRun(TypedDict):
     memory: MemoryJSON
     micro_batches: int
     dtensor_ops_per_micro_batch: int
+    reference_s: list[float]  # the reference's micro-batch before and after each timed step (run_plan's reference)
 
 
 def _initialised(modules: list[TransformerStage]) -> None:
@@ -84,9 +85,12 @@ def _step(
     optimizer.zero_grad(set_to_none=True)
 
 
-def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
+def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2, reference: PlanJSON | None = None) -> PlanRun:
     """``plan`` trained for ``warmup + steps`` steps on this lab: each timed step's seconds (the
-    slowest rank's), and the memory of one more step, tracked as the dry run tracks it."""
+    slowest rank's), and the memory of one more step, tracked as the dry run tracks it. With
+    ``reference`` (a calibration's plan), each timed step is preceded and followed by one micro-batch
+    of that plan's whole model alone on every rank, timed as ``compute_rate`` times it: the lab's
+    compute as it was beside each step, on a machine whose load moves."""
     if plan["gpus"] != dist.get_world_size():
         raise ValueError(f"the plan is for {plan['gpus']} GPUs and this lab has {dist.get_world_size()} ranks: "
                          f"make the plan with gpus={dist.get_world_size()}")
@@ -99,9 +103,12 @@ def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
     optimizer = (DistributedAdamW(params, mesh.get_group("dp_replicate"), lr=1e-4, foreach=True)
                  if plan["dp"] == "zero1" else torch.optim.AdamW(params, lr=1e-4, foreach=True))
     count = micro_batches(plan)
+    whole = _whole_model_step(reference) if reference is not None else None
     torch.manual_seed(1)  # the same tokens on every rank: tensor-parallel ranks must share their input
-    seconds = []
+    seconds, beside = [], []
     for i in range(warmup + steps):
+        if whole is not None and i >= warmup:
+            beside.append(_timed(whole, 1, slowest=True, warm=i == warmup))
         dist.barrier()
         start = time.perf_counter()
         _step(plan, cfg, modules, optimizer, count)
@@ -109,24 +116,31 @@ def run_plan(plan: PlanJSON, steps: int = 5, warmup: int = 2) -> PlanRun:
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank's does
         if i >= warmup:
             seconds.append(float(took.item()))
+            if whole is not None:
+                beside.append(_timed(whole, 1, slowest=True, warm=False))
     with _LocalOpTime() as counted:  # the ops DTensor dispatches, against the dry run's count
         backward(micro_batch(plan, cfg, modules, plan["tp"] > 1), plan["tp"] > 1)
     optimizer.zero_grad(set_to_none=True)
     memory = tracked_step(plan, cfg, modules, optimizer)
     optimizer.zero_grad(set_to_none=True)
     return {"step_s": seconds, "memory": memory, "micro_batches": count,
-            "dtensor_ops_per_micro_batch": counted.dtensor_ops}
+            "dtensor_ops_per_micro_batch": counted.dtensor_ops, "reference_s": beside}
 
 
 def _timed(
-    work: Callable[[], object], repeats: int, group: dist.ProcessGroup | None = None, slowest: bool = False
+    work: Callable[[], object], repeats: int, group: dist.ProcessGroup | None = None, slowest: bool = False,
+    before: Callable[[], object] | None = None, warm: bool = True,
 ) -> float:
     """The median seconds of ``work()`` over ``repeats`` runs, every rank (of ``group``) running at once;
-    with ``slowest``, each run's time is its slowest rank's (the same on every rank)."""
-    work()  # warm: first-call allocations, thread pools
+    with ``slowest``, each run's time is its slowest rank's (the same on every rank); ``before()`` runs
+    untimed ahead of each; ``warm``: one untimed run first (first-call allocations, thread pools)."""
+    if warm:
+        work()
     times = []
     for _ in range(repeats):
         dist.barrier(group=group)
+        if before is not None:
+            before()
         start = time.perf_counter()
         work()
         took = time.perf_counter() - start
@@ -138,12 +152,9 @@ def _timed(
     return statistics.median(times)
 
 
-def compute_rate(plan: PlanJSON, size: int = 1024, repeats: int = 5) -> dict[str, float]:
-    """This rank's fp32 matmul rate (``size`` x ``size`` matrices) and the rate it reaches on one
-    micro-batch's forward and backward of ``plan``'s whole model (no parallelism, no collective),
-    every rank at once; FLOPs by torch's formulas, as the dry run counts them."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    matmul_s = _timed(lambda: torch.mm(a, b), repeats * 4)
+def _whole_model_step(plan: PlanJSON) -> Callable[[], None]:
+    """One micro-batch's forward and backward of ``plan``'s whole model on this rank alone (no
+    parallelism, no collective): the calibration's measure of the lab's compute."""
     cfg = ModelConfig(**plan["model"])
     with torch.device("meta"):
         modules = stage_modules(cfg, 1, 1, 0)
@@ -158,6 +169,16 @@ def compute_rate(plan: PlanJSON, size: int = 1024, repeats: int = 5) -> dict[str
         for module in modules:
             module.zero_grad(set_to_none=True)
 
+    return step
+
+
+def compute_rate(plan: PlanJSON, size: int = 1024, repeats: int = 5) -> dict[str, float]:
+    """This rank's fp32 matmul rate (``size`` x ``size`` matrices) and the rate it reaches on one
+    micro-batch's forward and backward of ``plan``'s whole model (no parallelism, no collective),
+    every rank at once; FLOPs by torch's formulas, as the dry run counts them."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    matmul_s = _timed(lambda: torch.mm(a, b), repeats * 4)
+    step = _whole_model_step(plan)
     # Each run's slowest rank, as a plan's step waits for its slowest rank: on a loaded machine the
     # ranks' shares of the cores differ from one moment to the next, and a step meets the worst of them.
     model_s = _timed(step, repeats, slowest=True)
@@ -171,23 +192,37 @@ def compute_rate(plan: PlanJSON, size: int = 1024, repeats: int = 5) -> dict[str
 
 
 def collective_times(
-    sizes: list[int], ranks: list[int] | None = None, ops: tuple[str, ...] = ("all_reduce",), repeats: int = 5
+    sizes: list[int], ranks: list[int] | None = None, ops: tuple[str, ...] = ("all_reduce",), repeats: int = 5,
+    after: int = 0,
 ) -> dict[str, dict[int, float]]:
     """Median seconds of each collective in ``ops`` ("all_reduce", "all_gather", "reduce_scatter") at each
     size in bytes (the whole tensor: what an all-gather makes, what a reduce-scatter reduces; fp32) among
-    ``ranks`` (all by default). Every rank calls it (a new group is made by all); the others return nothing."""
+    ``ranks`` (all by default). Every rank calls it (a new group is made by all); the others return nothing.
+
+    ``after``: each timed call comes after that many matmuls on every rank (``_BURST``'s, about 1.7 ms
+    each here), as a step's collectives come after compute: its time then holds what a step meets and
+    calls back to back do not (the peer still finishing its share, gloo's threads woken from sleep)."""
     group = None if ranks is None or len(ranks) == dist.get_world_size() else dist.new_group(ranks)
     if ranks is not None and dist.get_rank() not in ranks:
         return {}
     n = dist.get_world_size(group)
+    burst = _burst(after)
     times: dict[str, dict[int, float]] = {}
     for op in ops:
         times[op] = {}
         for size in sizes:
             whole = torch.ones(max(n, size // 4 // n * n))
             part = torch.ones(whole.numel() // n)
-            times[op][size] = _timed(_collective(op, whole, part, group), repeats, group)
+            times[op][size] = _timed(_collective(op, whole, part, group), repeats, group, before=burst)
     return times
+
+
+def _burst(matmuls: int) -> Callable[[], object] | None:
+    """``matmuls`` matmuls of a block's shape on a lab (256 x 256 by 256 x 1024, 134 MFLOP each)."""
+    if not matmuls:
+        return None
+    a, b = torch.randn(256, 256), torch.randn(256, 1024)
+    return lambda: [torch.mm(a, b) for _ in range(matmuls)]
 
 
 def _collective(

@@ -13,21 +13,23 @@ what it makes of it:
 - **compute**: the peak is a rank's fp32 matmul rate (1024 x 1024); the efficiency is the fraction of
   it the calibration plan's model reaches, whole and alone on every rank (one micro-batch's forward
   and backward, no collective; FLOPs by torch's formulas, as the dry run counts them), each run timed
-  as its slowest rank's, since a plan's step waits for its slowest rank. Nothing in it
-  is taken from the plans it is then used to predict.
+  as its slowest rank's, since a plan's step waits for its slowest rank. Nothing in it is taken from
+  the plans it is then used to predict.
 - **links**: all-reduces, all-gathers and reduce-scatters from 64 KiB to 16 MiB on the lab's group,
-  each op fitted to the ring model (``theory.collective_time_s``; for the all-reduce ``2(N-1) a +
-  2(N-1)/N S / B``) by least squares, giving its latency ``a`` and bandwidth ``B``. Op by op, because
-  gloo's reduce-scatter reduces the whole tensor (notebook 14 counts its bytes): twice the ring's time.
-  On a lab with emulated nodes the network is fitted on one rank per
-  node and the node's own link on the ranks of the first node; a lab on one machine has only the
-  node's link (loopback), and its network is the same fit.
+  each call timed as a step meets it: after a few milliseconds of compute on every rank (``_AFTER``).
+  Back to back, gloo's threads stay awake and no rank is still finishing its share; inside a
+  tensor-parallel micro-batch the same calls took 1.5-3x as long. Each op is fitted to the ring model
+  (``theory.collective_time_s``; for the all-reduce ``2(N-1) a + 2(N-1)/N S / B``) by least squares,
+  giving its latency ``a`` and bandwidth ``B``. Op by op, because gloo's reduce-scatter reduces the
+  whole tensor (notebook 14 counts its bytes): twice the ring's time. On a lab with emulated nodes
+  the network is fitted on one rank per node and the node's own link on the ranks of the first node;
+  a lab on one machine has only the node's link (loopback), and its network is the same fit.
 - **memory bandwidth**: a rank's copy rate, read and written, for the optimizer's step.
 - **DTensor's host time**: each op DTensor dispatches runs Python of its own (its sharding's
   propagation, redistributions, wrapping) before its local ops; CPU ranks run that and their kernels
   in turn, so a tensor-parallel plan's step waits for it. Measured on a model too small for its
   kernels to matter (``_host_probe``: the calibration model's layers and op mix, a few dozen wide),
-  tensor-parallel over every rank: the time one micro-batch spends above its local ops, less what the
+  tensor-parallel over pairs of ranks: the time one micro-batch spends above its local ops, less what the
   same model spends there whole and alone, over the ops DTensor dispatched. The dry run counts a plan's
   DTensor ops; the predictor charges each this much (``Hardware.host_s_per_dtensor_op``).
 - **overlap**: none on CPU ranks. FSDP2 (and the replicate mode the dry run's DDP is) calls each
@@ -44,11 +46,12 @@ dry run tracks it. Pipeline parallelism is not run (its schedules are not the dr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .. import checks
 from ..errors import LabUsageError
@@ -65,13 +68,19 @@ CALIBRATION_MODEL = ModelConfig("lab-llama", "llama", 256, 4, 8, 8, 704, 2048, 1
 
 def _host_probe(ranks: int) -> Plan:
     """The plan ``dtensor_host_s`` times: the calibration model's four Llama blocks, a few dozen wide,
-    tensor-parallel over all ``ranks`` (sequence parallel, FSDP over one rank, as a TP plan runs)."""
-    tiny = ModelConfig("host-probe", "llama", 32 * ranks, 4, 2 * ranks, ranks, 24 * ranks, 64 * ranks, 1024)
-    return Plan(model=tiny, gpus=ranks, tp=ranks, seq_len=8 * ranks, micro_batch_size=4,
-                global_batch_tokens=8 * ranks * 4, precision="fp32")
+    tensor-parallel over pairs of ranks (over all of them where their number is odd), sequence
+    parallel, FSDP over the pairs, as a TP plan runs."""
+    tp = 2 if ranks % 2 == 0 else ranks
+    tiny = ModelConfig("host-probe", "llama", 32 * tp, 4, 2 * tp, tp, 24 * tp, 64 * tp, 1024)
+    return Plan(model=tiny, gpus=ranks, tp=tp, seq_len=8 * tp, micro_batch_size=4,
+                global_batch_tokens=8 * tp * 4 * (ranks // tp), precision="fp32")
 
 
 _SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]  # each collective's sizes for the link's fit, bytes
+#: Each timed collective comes after this many block-shaped matmuls on every rank (a few milliseconds
+#: of compute, a block's share of a step between two of its collectives on a lab): measured inside a
+#: tensor-parallel micro-batch, the calls took 1.5-3x what the same calls take back to back.
+_AFTER = 4
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,9 @@ class Measurement:
     micro_batches: int
     #: The ops DTensor dispatched in one micro-batch (tensor parallelism's): the dry run counts them too.
     dtensor_ops_per_micro_batch: int = 0
+    #: With ``measure(..., calibration=)``: that calibration with its compute measured again beside the
+    #: timed steps (its model alone on every rank before and after each): the lab as they met it.
+    calibration: Calibration | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -202,7 +214,8 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
     timed: dict[str, dict[str, dict[int, float]]] = {}
     for name, members in (("node", first), ("network", heads)):
         if len(members) >= 2:
-            got = _on_ranks(lab, f"collective_times({_SIZES!r}, ranks={members!r}, ops={_OPS!r})", timeout)
+            got = _on_ranks(lab, f"collective_times({_SIZES!r}, ranks={members!r}, ops={_OPS!r}, after={_AFTER})",
+                            timeout)
             slowest = {op: {size: max(got[r][op][size] for r in members) for size in _SIZES} for op in _OPS}
             timed[name] = slowest
             links[name] = _fits(slowest, len(members))
@@ -239,8 +252,17 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
     return Calibration(hardware=hardware, network=net, plan=plan, measured=measured)
 
 
-def measure(lab: _Lab, plan: Plan, steps: int = 5, warmup: int = 2, timeout: float = 600) -> Measurement:
-    """``plan`` run on ``lab`` (module doc): ``steps`` timed steps after ``warmup``, and one step's memory."""
+def measure(
+    lab: _Lab, plan: Plan, steps: int = 5, warmup: int = 2, timeout: float = 600,
+    calibration: Calibration | None = None,
+) -> Measurement:
+    """``plan`` run on ``lab`` (module doc): ``steps`` timed steps after ``warmup``, and one step's memory.
+
+    With ``calibration`` (``scale.calibrate``'s, on this lab), each timed step is preceded and followed
+    by one micro-batch of the calibration's model alone on every rank, and ``Measurement.calibration`` is that
+    calibration with its compute as measured there: a prediction on its ``hardware`` is checked against
+    the machine as it was during the steps, not as it was when ``calibrate`` ran (a shared machine's
+    load moves the compute's rate by a third between runs)."""
     lab = _lab(lab, "measure")
     checks.instance("plan", plan, Plan, what="a scale.Plan", error=TypeError)
     checks.whole("steps", steps, minimum=1, example="scale.measure(lab, plan, steps=5)")
@@ -254,9 +276,29 @@ def measure(lab: _Lab, plan: Plan, steps: int = 5, warmup: int = 2, timeout: flo
     if plan.precision != "fp32":
         raise LabUsageError(f"precision={plan.precision!r}: a lab's CPU ranks run fp32; make the plan with "
                             "precision='fp32'")
+    if calibration is not None:
+        checks.instance("calibration", calibration, Calibration, what="scale.calibrate(lab)'s", error=TypeError)
     as_json = json.dumps(plan.to_json())
-    got = _on_ranks(lab, f"run_plan(__import__('json').loads({as_json!r}), {steps}, {warmup})", timeout)
+    reference = json.dumps(calibration.plan.to_json()) if calibration is not None else None
+    got = _on_ranks(lab, f"run_plan(__import__('json').loads({as_json!r}), {steps}, {warmup}, "
+                         f"reference=None if {reference!r} is None else __import__('json').loads({reference!r}))",
+                    timeout)
     hungriest = max(got.values(), key=lambda r: r["memory"]["peak"])
     return Measurement(plan=plan, step_times_s=list(got[0]["step_s"]), memory=dict(hungriest["memory"]),
                        micro_batches=int(got[0]["micro_batches"]),
-                       dtensor_ops_per_micro_batch=int(got[0]["dtensor_ops_per_micro_batch"]))
+                       dtensor_ops_per_micro_batch=int(got[0]["dtensor_ops_per_micro_batch"]),
+                       calibration=_beside(calibration, got[0]["reference_s"]) if calibration is not None else None)
+
+
+def _beside(calibration: Calibration, reference_s: list[float]) -> Calibration:
+    """``calibration`` with its compute's rate from ``reference_s`` (its model's micro-batch, each timed
+    beside a step, the slowest rank's) instead of its own timing."""
+    compute = cast("dict[int, dict[str, float]]", calibration.measured["compute"])
+    flops = statistics.median(c["model_flops"] for c in compute.values())
+    reached = flops / statistics.median(reference_s)
+    hw = calibration.hardware
+    peak = max(reached, hw.peak_flops["fp32"])
+    hardware = dataclasses.replace(hw, peak_flops={**hw.peak_flops, "fp32": peak}, efficiency=reached / peak,
+                                   source=hw.source + "; compute timed again beside a plan's steps")
+    return dataclasses.replace(calibration, hardware=hardware,
+                               measured={**calibration.measured, "beside_steps_s": list(reference_s)})
