@@ -458,6 +458,15 @@ print("after destroy_process_group:", dist.is_initialized())
 # TensorFlow's `MirroredStrategy` (one machine), `MultiWorkerMirroredStrategy` (all-reduce across
 # machines) and `ParameterServerStrategy`; JAX's `pmap` and `shard_map`.
 #
+# ## Build it yourself
+#
+# The exercise nearest this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on
+# ranks the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise diverged-replicas`: the drift this lab caused on purpose, found the cheap way: which
+#   parameters' replicas differ across the ranks, bit for bit, from a few bytes of fingerprint each
+#   rather than the parameters themselves.
+#
 # ## Practice
 
 # %%

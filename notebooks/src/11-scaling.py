@@ -411,6 +411,15 @@ print("plain DDP, same batch, fits in memory:",
 print("ZeRO-3 model states per device, GB:", round(theory.memory_per_device_bytes(1e9, devices=6, zero_stage=3) / 1e9, 2))
 
 # %% [markdown]
+# ## Build it yourself
+#
+# The exercise nearest this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on
+# ranks the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise ddp-from-hooks`: what keeps the speed-up above near its ideal, built by hand: buckets of
+#   gradients whose all-reduces start while backward is still computing the earlier layers, checked
+#   against DDP's own gradients, the overlap watched as it happens.
+#
 # ## Practice
 
 # %%

@@ -328,15 +328,17 @@ lab.push(timed=timed, RUNS=RUNS, MB=MB)
 # %dist status
 
 # %% [markdown]
-# **Predict first.** The model at B = 12.5 MB/s, without the latency term (`a` is not known yet: the
-# fit below measures it):
+# **Predict first**, by the ring model without its latency term (`a` is not known yet: the fit below
+# measures it). The table after the measurement puts the model beside every size and ring.
 
 # %%
-sizes = [1 * MB, 4 * MB, 16 * MB]
-if on_nodes:
-    print(f"{'N':>3}" + "".join(f"{s // MB:>8} MiB" for s in sizes))
-    for n in (2, 3, 4):
-        print(f"{n:>3}" + "".join(f"{theory.ring_allreduce_time_s(s, n, rate):>11.3f}s" for s in sizes))
+from distlab.quiz import predict
+
+guess = predict("An all-reduce of 16 MiB over a ring of 4 nodes, each on its own 100 Mbit/s link (12.5 MB/s "
+                "each way): how many seconds, by the ring model without its latency term?",
+                theory="ring_allreduce_time_s", unit="s", tolerance=0.15,
+                size_bytes=16 * MB, workers=4, bandwidth_bytes_per_s=100e6 / 8)
+guess
 
 # %% [markdown]
 # **Then measure**, on rings of 2, 3 and 4 nodes:
@@ -472,6 +474,15 @@ if not on_nodes:
 # moves with whatever else the machine is doing) is only a few times 1gbit (the last line): on this
 # machine a link a few times faster than 1gbit would be CPU-bound, and the numbers would measure the
 # machine, not the network, as on loopback in notebook 03.
+#
+# ## Build it yourself
+#
+# The exercise nearest this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on
+# ranks the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise ring-allreduce`: the ring this lab timed over its links, from `send` and `recv` only, a
+#   reduce-scatter then an all-gather; the grader counts each rank's bytes against the `2(N-1)/N` of
+#   the model fitted above.
 #
 # ## Practice
 

@@ -387,6 +387,14 @@ ones = ones.cpu()                             # the notebook pulls it: on the CP
 print("the lab's group outlived the script's cleanup():", {r: v.item() for r, v in lab.pull("ones").items()})
 
 # %% [markdown]
+# ## Build it yourself
+#
+# The exercise nearest this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on
+# ranks the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise distributed-sampler`: the sampler the script and the notebook both used, built by hand:
+#   each rank a disjoint, covering, padded share of the data, reshuffled each epoch by `set_epoch`.
+#
 # ## Practice
 
 # %%

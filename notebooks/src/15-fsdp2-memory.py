@@ -507,6 +507,15 @@ print(f"tensor-parallel bytes sent per rank: {theory.collective_bytes('all_reduc
 #   step's record too (the watch gives what comes after an update to the step it follows; its
 #   `start_s` is past the step's time), counted apart.
 #
+# ## Build it yourself
+#
+# The exercise nearest this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on
+# ranks the grader starts itself, and the feedback names what is wrong):
+#
+# * `%exercise fsdp-shard-sizes`: the shards this lab weighed, counted by hand: how many rows of each
+#   parameter a rank's FSDP2 shard holds (the later ranks fewer, or none) and the bytes every rank
+#   allocates for its padded shards, checked against `fully_shard`'s own shards on 3 and 4 ranks.
+#
 # ## Practice
 #
 # Some of these questions are checked against your ranks: a fresh FSDP2 model is built and stepped

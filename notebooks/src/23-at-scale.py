@@ -842,7 +842,9 @@ print("FP8, fused: faster than bf16 fused:",
 #   ranks at once;
 # - **links**: all-reduces, all-gathers and reduce-scatters from 64 KiB to 16 MiB, each op fitted to
 #   the ring model (latency and bandwidth). Op by op because gloo's reduce-scatter reduces the whole
-#   tensor (notebook 14 counted its bytes);
+#   tensor (notebook 14 counted its bytes). Each call is timed after a few milliseconds of compute on
+#   every rank, as a step meets it: back to back, the calls inside a TP micro-batch took a third to a
+#   half of the time they took there (a rank still finishing its share, gloo's threads asleep);
 # - **overlap**: none. FSDP2 calls its collectives synchronously and overlaps them through CUDA streams;
 #   CPU ranks have none, so each collective is waited for where it is issued;
 # - **memory bandwidth**, for the optimizer's step: a copy's rate;
@@ -852,11 +854,16 @@ print("FP8, fused: faster than bf16 fused:",
 #   over the lab: the time a micro-batch spends above its local ops, less what the model spends there
 #   whole, over the ops DTensor dispatched. The dry run counts each plan's DTensor ops.
 #
-# Then three plans of that Llama on the lab's 2 ranks: `scale.predict` on the calibrated machine from
-# each plan's dry run (2 GPUs, fake process group, as above), and `scale.measure`, which runs the same
-# code (the dry run's `parallelize`, micro-batch and step) on the lab's process group with real
-# weights: 5 timed steps of 2 micro-batches each, after 2 to warm up, and one step's memory tracked as
-# the dry run tracks it.
+# Then three plans of that Llama on the lab's 2 ranks: `scale.measure`, which runs the same code (the
+# dry run's `parallelize`, micro-batch and step) on the lab's process group with real weights: 5 timed
+# steps of 2 micro-batches each, after 2 to warm up, and one step's memory tracked as the dry run
+# tracks it; and `scale.predict` on the calibrated machine from each plan's dry run (2 GPUs, fake
+# process group, as above).
+#
+# This machine is shared, and its load moves the compute's rate by a third from one minute to the
+# next. Given the calibration, `scale.measure` times the calibration's model again on every rank
+# before and after each step, and `run.calibration` is the lab as the steps met it: the prediction
+# below uses that, so what is checked is the model, not the moment the calibration happened to catch.
 
 # %%
 import distlab
@@ -875,8 +882,10 @@ LAB_PLANS = {
 on_lab = {}
 for name, plan in LAB_PLANS.items():
     lab_report = scale.dry_run(plan)
-    predicted = scale.predict(plan, hardware=calibration.hardware, network=calibration.network, report=lab_report)
-    on_lab[name] = (lab_report, predicted, scale.measure(lab, plan))
+    run = scale.measure(lab, plan, calibration=calibration)
+    predicted = scale.predict(plan, hardware=run.calibration.hardware, network=calibration.network,
+                              report=lab_report)
+    on_lab[name] = (lab_report, predicted, run)
 print(f"{'plan':>7} {'predicted':>10} {'measured (min-max)':>22} {'error':>7} {'peak predicted':>15} "
       f"{'measured':>9} {'error':>7}   where the predicted step goes (ms)")
 for name, (_, predicted, run) in on_lab.items():
@@ -888,20 +897,26 @@ for name, (_, predicted, run) in on_lab.items():
           f"{predicted.memory_per_gpu_bytes / run.memory['peak'] - 1:>+7.1%}   {parts}")
 
 # %% [markdown]
-# What the runs made while writing this section showed (`benchmarks/bench_lab_prediction.py`, in
-# `benchmarks/RESULTS.md` with 4 ranks and emulated nodes as well): in its quiet runs FSDP and DDP
-# were predicted 6% to 12% short of their measured steps, at 2 and 4 ranks and across a 1 Gbit/s
-# link. This notebook's own runs moved further, up to 24% short, because the calibration moves too:
-# the efficiency it read on this 2-core machine ranged from 61% to 94% between runs, and every
-# predicted compute time moves with it.
+# What the runs made while writing this section showed (`benchmarks/bench_lab_prediction.py`, its
+# tables in `benchmarks/RESULTS.md`, at 2 and 4 ranks): on a quiet machine, FSDP, DDP, HSDP, TP and
+# TP x FSDP all within 15% of their measured steps, in two runs of seven plans each; beside a process
+# spinning on one of the two cores, four of the seven. A single run moves more than that: the saved one
+# above had TP 2's steps spread from 769 to 1,147 ms. The model still predicts short, and three things
+# it lacked made most of the gap:
 #
-# Tensor parallelism is predicted shortest. Part of that is now in the model: DTensor's time on the
-# host (about 60 us an op here, some 660 ops a micro-batch: 80-90 ms a step), which on a GPU hides
-# behind the kernels the host has queued, and which is why torchtitan compiles its TP models. What is
-# still missing is waiting: TP's ranks meet at some forty collectives a micro-batch, and at each the
-# rank that got there first waits for the other. Timed inside a TP micro-batch on this lab, those
-# collectives took 97-110 ms, where the same calls back to back, as the calibration times them, take
-# about 47. The ring model has no term for that wait.
+# - **the moment**: the calibration's compute rate moved by a third between runs on this shared
+#   machine (the efficiency it read ranged from 61% to 96%), and every compute time moved with it.
+#   Timed again beside the steps, it is the rate the steps met;
+# - **DTensor's time on the host**: 37-150 us an op here, some 660 ops a micro-batch for TP 2, 50-195
+#   ms a step. On a GPU it hides behind the kernels the host has queued (and torchtitan compiles its
+#   TP models, which removes most of it);
+# - **collectives as a step meets them**: inside a TP micro-batch, the calls took 1.5-3x what the same
+#   calls took back to back (a rank still finishing its share, gloo's threads asleep). The links are
+#   now timed after a few milliseconds of compute.
+#
+# What remains is waiting at each collective for the rank that is behind: TP's ranks meet at some forty
+# collectives a micro-batch, and when another process takes a core, one rank or the other is held up at
+# each of them. Beside the spinning process TP and HSDP were 16-24% short.
 #
 # The times move with the load on the machine, so they are shown, not checked. The memory is checked:
 # the model's states are the same tensors in the dry run and on the lab, to the byte, and the peak,
@@ -916,8 +931,8 @@ for name, (lab_report, predicted, run) in on_lab.items():
     print(f"{name}: parameters, gradients and optimizer states as the dry run counted them, to the byte:",
           same_states, "| peak within 5% of the prediction:",
           abs(predicted.memory_per_gpu_bytes / run.memory["peak"] - 1) < 0.05)
-print("the calibrated efficiency is the predictions' own:",
-      all(p.efficiency == calibration.efficiency for _, p, _ in on_lab.values()))
+print("the efficiency measured beside each plan's steps is its prediction's own:",
+      all(p.efficiency == run.calibration.efficiency for _, p, run in on_lab.values()))
 
 # %% [markdown]
 # ## Build it yourself
