@@ -339,6 +339,21 @@ def test_stop_leaves_no_process_or_file_behind(lab_factory):
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in engine_pids)
 
 
+def test_a_controller_that_dies_as_it_starts_is_said_with_what_it_wrote_and_leaves_nothing(monkeypatch):
+    from conftest import distlab_processes
+
+    from distlab.cluster import launch
+    from distlab.errors import DistlabError
+
+    before = {p.pid for p in distlab_processes()}
+    # Ports no controller can have: ipyparallel's refuses them as it starts, and exits.
+    monkeypatch.setattr(launch, "controller_ports", lambda ip: range(70_000, 70_032))
+    with pytest.raises(DistlabError, match=r"(?s)Controller stopped.*it wrote last:.*greater than 65536"):
+        distlab.start(ranks=2, timeout=60)
+    _, alive = psutil.wait_procs([p for p in distlab_processes() if p.pid not in before], timeout=30)
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+
+
 def test_two_labs_at_once_get_their_own_ports_and_do_not_interfere(lab, lab_factory):
     other = lab_factory(ranks=2)
     port_a = lab.run("import os\nos.environ['MASTER_PORT']", stream=False)[0]

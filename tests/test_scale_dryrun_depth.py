@@ -33,7 +33,7 @@ def _step(n: int, *, kink: int = 0) -> Measured:
     collectives = [{"op": "all_gather", "dim": "dp_shard", "group_size": 8, "bytes": 64,
                     "calls_per_micro_batch": n + 1, "phase": "forward"}]
     return {"memory": memory, "collectives": collectives, "flops": 1000 * n + 17, "recomputed": 300 * n, "fp8": 600 * n,
-            "attention": 100 * n, "streamed": 5000 * n + 3, "fused": 900 * n + 1,
+            "attention": 100 * n, "streamed": 5000 * n + 3, "fused": 900 * n + 1, "dtensor_ops": 160 * n + 12,
             "segments": segments}
 
 
@@ -52,8 +52,8 @@ def test_a_peak_that_moves_from_forward_to_the_end_of_backward_is_read_at_its_de
     forward_backward = max(v for k, v in whole["segments"].items() if not k.startswith("optimizer"))
     assert at["memory"]["activations"] == forward_backward - (162 + 245)  # less the parameters and states
     assert at["collectives"][0]["calls_per_micro_batch"] == 41
-    assert (at["flops"], at["recomputed"], at["fp8"], at["attention"], at["streamed"], at["fused"]) == (
-        40_017, 12_000, 24_000, 4_000, 200_003, 36_001)
+    assert (at["flops"], at["recomputed"], at["fp8"], at["attention"], at["streamed"], at["fused"],
+            at["dtensor_ops"]) == (40_017, 12_000, 24_000, 4_000, 200_003, 36_001, 6_412)
 
 
 def test_blocks_that_are_not_alike_or_runs_that_differ_are_run_whole():

@@ -32,7 +32,7 @@ from ..cluster.launch import (
 )
 from ..cluster.nodes import Network
 from ..cluster.processes import ProcessGuard, machine_id, pid_alive, terminate, wait_for
-from ..errors import LabUsageError
+from ..errors import DistlabError, LabUsageError
 from . import kept, rpc
 from .config import LabConfig
 from .spares import SparePool
@@ -104,7 +104,10 @@ class LabProcesses:
         """The notebook's ipyparallel client of the lab's controller (once its engines are starting)."""
         if self.folder is not None:
             link_client_sockets(self.cluster, self.folder, self.timeout)
-        self.client = self.cluster.connect_client_sync()
+        try:
+            self.client = self.cluster.connect_client_sync()
+        except RuntimeError as error:  # ipyparallel's "Controller stopped with ... while waiting for ...": why
+            raise DistlabError(f"{error}{_last_lines(self.cluster.controller)}") from error
         self.engines = {}
         guard_iopub(self.client)
 
@@ -252,3 +255,13 @@ class LabProcesses:
 
     def watch_taken_back(self, keep: bool | float) -> None:
         self.guard.watch(self.cluster, keep=self._keep_watch(keep))
+
+
+def _last_lines(launcher: object, count: int = 6) -> str:
+    """The last lines a launcher's process wrote (``get_output``, ipyparallel's), for an error's text:
+    its log's messages and an exception's last line, not a traceback's frames (indented)."""
+    get_output = getattr(launcher, "get_output", None)
+    if get_output is None:
+        return ""
+    lines = [line for line in str(get_output()).splitlines() if line.strip() and not line[0].isspace()][-count:]
+    return "; it wrote last:\n" + "\n".join(lines) if lines else "; it wrote nothing"

@@ -279,9 +279,9 @@ def measure(
     if calibration is not None:
         checks.instance("calibration", calibration, Calibration, what="scale.calibrate(lab)'s", error=TypeError)
     as_json = json.dumps(plan.to_json())
-    reference = json.dumps(calibration.plan.to_json()) if calibration is not None else None
-    got = _on_ranks(lab, f"run_plan(__import__('json').loads({as_json!r}), {steps}, {warmup}, "
-                         f"reference=None if {reference!r} is None else __import__('json').loads({reference!r}))",
+    reference = ("None" if calibration is None
+                 else f"__import__('json').loads({json.dumps(calibration.plan.to_json())!r})")
+    got = _on_ranks(lab, f"run_plan(__import__('json').loads({as_json!r}), {steps}, {warmup}, reference={reference})",
                     timeout)
     hungriest = max(got.values(), key=lambda r: r["memory"]["peak"])
     return Measurement(plan=plan, step_times_s=list(got[0]["step_s"]), memory=dict(hungriest["memory"]),

@@ -76,9 +76,24 @@ def crossed(before, after, runs=1):
 # %% [markdown]
 # ## The slowest edge
 #
-# **Predict first.** `theory.ring_edge_bandwidths` gives the rate of each edge of a ring, ranks in
-# order. An edge inside a node is loopback; one between nodes gets its share of the two node links it
-# crosses; one between racks also gets its share of the two uplinks. Three rings:
+# **Predict first.** Four ranks, one on each node, two nodes in each rack: each node joined to its
+# rack's switch at 1 Gbit/s, each rack to the spine by a 100 Mbit/s uplink. An all-reduce of 8 MiB
+# over the ring of all four, 0 → 1 → 2 → 3 → 0: how long, by the ring model without its latency
+# term?
+
+# %%
+from distlab.quiz import predict
+
+guess = predict("8 MiB all-reduced over the ring 0 -> 1 -> 2 -> 3 -> 0; ranks 0 and 1 in one rack, 2 and 3 in the "
+                "other; 1 Gbit/s node links, 100 Mbit/s uplinks: how many seconds, without latency?",
+                theory="tiered_allreduce_time_s", unit="s", tolerance=0.15, size_bytes=8 * MB,
+                nodes=[0, 1, 2, 3], link_bytes_per_s=LINK, racks=[0, 0, 1, 1], uplink_bytes_per_s=UPLINK)
+guess
+
+# %% [markdown]
+# `theory.ring_edge_bandwidths` gives the rate of each edge of a ring, ranks in order. An edge inside
+# a node is loopback; one between nodes gets its share of the two node links it crosses; one between
+# racks also gets its share of the two uplinks. Three rings:
 #
 # - ranks 0 and 1, in one rack;
 # - ranks 0 and 2, one in each rack;

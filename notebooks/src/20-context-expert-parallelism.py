@@ -246,7 +246,8 @@ print("every ring rank's peak is under a quarter of naive attention's:",
 # out). Fixed slots give the all-to-all a fixed shape. Each rank sends E x capacity rows, one block
 # per expert, padded where there are fewer tokens.
 #
-# **Predict first**: the capacity at four factors, with 256 tokens per rank and 4 experts:
+# The capacity at four factors, with 256 tokens per rank and 4 experts, by the Switch Transformer's
+# definition above (the ranks count what a biased router drops below):
 
 # %%
 for cf in (1.0, 1.25, 2.0, 4.0):
