@@ -66,6 +66,7 @@ __all__ = ["CALIBRATION_MODEL", "Calibration", "Measurement", "calibrate", "meas
 #: its matmuls, not Python, take the time (a Llama block: 256 wide, 8 heads, SwiGLU of 704).
 CALIBRATION_MODEL = ModelConfig("lab-llama", "llama", 256, 4, 8, 8, 704, 2048, 1024)
 
+
 def _host_probe(ranks: int) -> Plan:
     """The plan ``dtensor_host_s`` times: the calibration model's four Llama blocks, a few dozen wide,
     tensor-parallel over pairs of ranks (over all of them where their number is odd), sequence
@@ -227,9 +228,7 @@ def calibrate(lab: _Lab, plan: Plan | None = None, timeout: float = 300) -> Cali
     # each one is waited for where it is issued. A GPU lab's collectives run beside its compute.
     overlap = 0.0 if on_cpu else 1.0
     reached = statistics.median(c["model_flops"] / c["model_s"] for c in compute.values())
-    # The model's rate is what the compute is predicted at (FLOPs over peak x efficiency); a loaded
-    # machine can time the matmul slower than the model, and the peak is then the model's own rate.
-    peak = max(reached, statistics.median(c["matmul_flops_per_s"] for c in compute.values()))
+    peak = _peak(reached, statistics.median(c["matmul_flops_per_s"] for c in compute.values()))
     hardware = Hardware(
         name="this lab",
         peak_flops={"fp32": peak},
@@ -290,6 +289,13 @@ def measure(
                        calibration=_beside(calibration, got[0]["reference_s"]) if calibration is not None else None)
 
 
+def _peak(reached: float, matmul: float) -> float:
+    """The lab's peak: its matmul rate, or the model's own rate ``reached`` where that is higher. The
+    model's rate is what the compute is predicted at (FLOPs over peak x efficiency); a loaded machine
+    can time the matmul slower than the model."""
+    return max(reached, matmul)
+
+
 def _beside(calibration: Calibration, reference_s: list[float]) -> Calibration:
     """``calibration`` with its compute's rate from ``reference_s`` (its model's micro-batch, each timed
     beside a step, the slowest rank's) instead of its own timing."""
@@ -297,7 +303,7 @@ def _beside(calibration: Calibration, reference_s: list[float]) -> Calibration:
     flops = statistics.median(c["model_flops"] for c in compute.values())
     reached = flops / statistics.median(reference_s)
     hw = calibration.hardware
-    peak = max(reached, hw.peak_flops["fp32"])
+    peak = _peak(reached, hw.peak_flops["fp32"])
     hardware = dataclasses.replace(hw, peak_flops={**hw.peak_flops, "fp32": peak}, efficiency=reached / peak,
                                    source=hw.source + "; compute timed again beside a plan's steps")
     return dataclasses.replace(calibration, hardware=hardware,
