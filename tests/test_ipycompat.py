@@ -6,6 +6,7 @@ packages really installed (a real cluster where it needs one), and a missing att
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -129,6 +130,18 @@ def test_outside_an_engine_and_a_kernel_nothing_is_served_and_no_engine_is_seen(
     assert ipycompat_engine.serve_control_request("distlab_test_ping", "distlab_test_pong", dict) is False
 
 
+def _stop(made: Any) -> None:
+    """Stop a cluster these tests made with ipyparallel alone, and remove the files it wrote: its hub's
+    engine-state file (``engines<id>.json`` in the profile's log) outlives ipyparallel's stop, which a
+    lab's stop removes itself (``ProcessGuard.end_all``)."""
+    from distlab.cluster.processes import remove_files
+
+    files = ipycompat.cluster_files(made)
+    made.stop_cluster_sync()
+    remove_files(files)
+    assert not [path for pattern in files for path in glob.glob(pattern)], files
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Any, Any]]:
     """A real ipyparallel cluster of one engine, started as distlab starts a lab's, and its client."""
@@ -142,7 +155,7 @@ def cluster() -> Iterator[tuple[Any, Any]]:
         client.wait_for_engines(1, timeout=120, block=True, interactive=False)
         yield made, client
     finally:
-        made.stop_cluster_sync()
+        _stop(made)
 
 
 # Runs on the engine, as distlab's rank code does: serve a control message of our own.
@@ -295,7 +308,7 @@ def test_an_engine_registering_while_a_client_connects_is_counted_though_ipypara
         finally:
             client.close()
     finally:
-        made.stop_cluster_sync()
+        _stop(made)
 
 
 @pytest.mark.cluster
@@ -326,7 +339,7 @@ def test_an_engine_that_finds_the_connection_file_still_empty_waits_for_it_inste
         finally:
             client.close()
     finally:
-        made.stop_cluster_sync()
+        _stop(made)
 
 
 def _one_engine_counted_and_reachable(client: Any, cluster: Any = None, sets: list[str] | None = None) -> None:
