@@ -31,7 +31,7 @@ NO_NODES = ["setpriv", "--bounding-set=-net_admin,-sys_admin,-setfcap"]
 
 def test_the_network_lessons_use_saved_runs() -> None:
     assert {"03-collectives-cost", "08-compression", "12-network-lab", "14-collectives",
-            "19-two-tiers-hsdp"} <= set(USERS)
+            "19-two-tiers-hsdp", "21b-local-sgd-diloco"} <= set(USERS)
 
 
 @pytest.mark.parametrize("name", sorted(USERS))

@@ -46,5 +46,12 @@ def test_averaging_every_h_steps_sends_one_hth_of_ddps_bytes():
     psi = 400e6
     assert theory.local_sgd_bytes_per_step(psi, 8, 1) == pytest.approx(theory.ddp_bytes_per_step(psi, 8))
     assert theory.local_sgd_bytes_per_step(psi, 8, 500) == pytest.approx(2 * 7 / 8 * psi / 500)
+    # The step it buys on a slow link: the compute whole, the all-reduce once per H steps.
+    assert theory.averaged_step_time_s(0.003, 0.010, 1) == pytest.approx(0.013)
+    assert theory.averaged_step_time_s(0.003, 0.010, 25) == pytest.approx(0.0034)
+    with pytest.raises(ValueError, match="interval"):
+        theory.averaged_step_time_s(0.003, 0.010, 0)
+    with pytest.raises(ValueError, match="allreduce_s"):
+        theory.averaged_step_time_s(0.003, -1.0, 4)
     with pytest.raises(ValueError, match="interval must be >= 1"):
         theory.local_sgd_bytes_per_step(psi, 8, 0)

@@ -96,6 +96,7 @@ from .scaling import (
 from .sequence import causal_load_imbalance, expert_capacity, ring_attention_pairs
 from .sharding import (
     ShardedMemory,
+    averaged_step_time_s,
     ddp_bytes_per_step,
     fsdp_bytes_per_step,
     fsdp_padded_shard_bytes,
@@ -135,6 +136,7 @@ __all__ = [
     "algorithm_times",
     "amdahl_speedup",
     "asynchronous_run_time_s",
+    "averaged_step_time_s",
     "bubble_fraction",
     "bubble_ratio",
     "bucketed_allreduce_time_s",

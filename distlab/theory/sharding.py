@@ -157,6 +157,16 @@ def local_sgd_bytes_per_step(parameters_bytes: float, world_size: int, interval:
     return ddp_bytes_per_step(parameters_bytes, world_size) / checked_count("interval", interval)
 
 
+def averaged_step_time_s(compute_s: float, allreduce_s: float, interval: int = 1) -> float:
+    """A step's time, on average, when the models are averaged every ``interval`` steps (local SGD,
+    DiLoCo) by one all-reduce taking ``allreduce_s``, the step's compute taking ``compute_s`` and
+    nothing overlapping them: ``compute + allreduce / H``. At H = 1 it is DDP's step with its gradients'
+    all-reduce in one bucket at the end of the backward pass (nothing to hide it behind)."""
+    compute = checked_non_negative("compute_s", compute_s)
+    allreduce = checked_non_negative("allreduce_s", allreduce_s)
+    return compute + allreduce / checked_count("interval", interval)
+
+
 def fsdp_bytes_per_step(parameters_bytes: float, world_size: int, reshard_after_forward: bool = True) -> float:
     """Bytes each rank sends per step in ZeRO-3 / FSDP: all-gather the parameters for forward, again for
     backward (they were resharded), reduce-scatter the gradients: 3(N-1)/N * Psi, 1.5x DDP. Without

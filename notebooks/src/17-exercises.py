@@ -129,7 +129,7 @@ print("this lab still has its 2 ranks and works:", distlab.current_lab().run("wo
 # | `diverged-replicas` | the parameters whose replicas are not equal bit for bit on every rank, from a few bytes of fingerprint each | [18](18-debugging.ipynb) |
 # | `clip-sharded-gradients` | clip an FSDP2 model's gradients by the whole gradient's norm, from each rank's shards and one all-reduce | [19](19-two-tiers-hsdp.ipynb) |
 # | `expert-dispatch` | a mixture-of-experts layer's dispatch and combine by two all-to-alls, with each expert's capacity | [20](20-context-expert-parallelism.ipynb) |
-# | `diloco-outer-step` | DiLoCo's outer step: the change the replicas' average made, as the outer optimizer's gradient | [21](21-uneven-checkpoints-local-sgd.ipynb) |
+# | `diloco-outer-step` | DiLoCo's outer step: the change the replicas' average made, as the outer optimizer's gradient | [21b](21b-local-sgd-diloco.ipynb) |
 # | `ddp-comm-hook` | DDP's averaging as a communication hook on its buckets | [22](22-compile-ddp-fsdp2.ipynb) |
 # | `fsdp-shard-sizes` | the rows each rank's FSDP2 shard holds and the padded bytes every rank allocates | [23](23-at-scale.ipynb) |
 # | `atomic-checkpoint` | a save that survives a SIGKILL mid-write | [09](09-fault-tolerance.ipynb) |

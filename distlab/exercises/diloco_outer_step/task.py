@@ -3,7 +3,7 @@ from ..model import Exercise
 EXERCISE = Exercise(
     name="diloco-outer-step",
     title="DiLoCo's outer step",
-    lesson="21-uneven-checkpoints-local-sgd.ipynb",
+    lesson="21b-local-sgd-diloco.ipynb",
     task="""\
 DiLoCo (Douillard et al. 2023) lets each rank take H steps of its own optimizer on its own data, then
 synchronises once: it averages the ranks' models and treats the change the average made since the
