@@ -16,7 +16,7 @@ case "$mode" in
 esac
 if [ $# -eq 0 ]; then
   # The notebooks whose nbval-checked cells compare times (speed-ups, idle, who finished first).
-  set -- notebooks/{03,04,05,08,11,12,16,18,19,22}-*.ipynb
+  set -- notebooks/{03,04,05,08,11,12,16,18,19,21b,22}-*.ipynb
 fi
 pytest=(.venv/bin/python -m pytest -p no:cacheprovider -p no:randomly -q "$@")
 if [ "$mode" = spin ]; then
