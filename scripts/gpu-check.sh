@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What only a machine with an NVIDIA GPU can check, in stages that each fit a 10-minute run:
 #   scripts/gpu-check.sh tests       the gpu-marked tests (tests/test_gpu.py)
-#   scripts/gpu-check.sh notebooks   notebook 00 and the parallelism labs (14, 14b, 15, 16, 20, 21, 21b, 22) under nbval
+#   scripts/gpu-check.sh notebooks   notebook 00 and the parallelism labs (14, 14b, 14c, 15, 16, 20, 21, 21b, 22) under nbval
 #   scripts/gpu-check.sh executed NB...  the notebooks named, run whole (errors kept), saved executed to $OUT
 #   scripts/gpu-check.sh bench       time to ready against torchrun, an empty cell against raw
 #                                    ipyparallel, a DDP step watched against unwatched
@@ -28,7 +28,7 @@ tests)
     $PY -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
 notebooks)
     $PY -m pytest -p no:cacheprovider -v notebooks/00-start-here.ipynb notebooks/14-collectives.ipynb \
-        notebooks/14b-dtensor-tensor-parallel.ipynb notebooks/15-fsdp2-memory.ipynb notebooks/16-pipeline-schedules.ipynb \
+        notebooks/14b-dtensor-tensor-parallel.ipynb notebooks/14c-loss-parallel.ipynb notebooks/15-fsdp2-memory.ipynb notebooks/16-pipeline-schedules.ipynb \
         notebooks/20-context-expert-parallelism.ipynb notebooks/21-uneven-inputs-checkpoints.ipynb notebooks/21b-local-sgd-diloco.ipynb notebooks/22-compile-ddp-fsdp2.ipynb 2>&1 | tee "$OUT/gpu-notebooks.log" ;;
 executed)
     shift

@@ -55,3 +55,15 @@ def test_averaging_every_h_steps_sends_one_hth_of_ddps_bytes():
         theory.averaged_step_time_s(0.003, -1.0, 4)
     with pytest.raises(ValueError, match="interval must be >= 1"):
         theory.local_sgd_bytes_per_step(psi, 8, 0)
+
+
+def test_gathering_the_logits_moves_the_vocabulary_and_loss_parallel_three_values_a_token():
+    tokens, vocab = 4 * 64, 32768
+    # All-gather of the whole logits: each of 2 ranks receives the other's half.
+    assert theory.received_logits_bytes(tokens, vocab, 2) == pytest.approx(tokens * vocab * 4 / 2)
+    # Loss parallel: 3 all-reduces of one float a token, 2(N-1)/N of each.
+    assert theory.received_logits_bytes(tokens, vocab, 2, loss_parallel=True) == pytest.approx(3 * tokens * 4)
+    assert theory.received_logits_bytes(8192, 128_256, 8, 2) == pytest.approx(7 / 8 * 8192 * 128_256 * 2)
+    assert theory.received_logits_bytes(tokens, vocab, 1) == 0.0
+    with pytest.raises(ValueError, match="vocab_size"):
+        theory.received_logits_bytes(tokens, 0, 2)

@@ -103,6 +103,7 @@ from .sharding import (
     fsdp_shard_rows,
     local_sgd_bytes_per_step,
     pipeline_bytes_per_step,
+    received_logits_bytes,
     sharded_memory,
     tensor_parallel_bytes_per_step,
 )
@@ -186,6 +187,7 @@ __all__ = [
     "pipeline_schedule",
     "pipeline_step_time_s",
     "pipeline_timeline",
+    "received_logits_bytes",
     "ring_allreduce_sent_bytes",
     "ring_allreduce_time_s",
     "ring_attention_pairs",

@@ -167,6 +167,28 @@ def averaged_step_time_s(compute_s: float, allreduce_s: float, interval: int = 1
     return compute + allreduce / checked_count("interval", interval)
 
 
+def received_logits_bytes(
+    tokens: float, vocab_size: int, tp: int, bytes_per_value: float = 4.0, loss_parallel: bool = False
+) -> float:
+    """Bytes each rank of a tensor-parallel group of ``tp`` receives to take the cross-entropy of ``tokens``
+    tokens when the output layer is split by vocabulary (column-wise), each rank holding ``vocab_size / tp``
+    of every token's logits.
+
+    Gathered first (``ColwiseParallel`` with a replicated output): an all-gather of the whole
+    ``tokens x vocab_size`` logits, ``(tp-1)/tp`` of it received. With loss parallelism (torch's
+    ``loss_parallel``): the cross-entropy is computed on the shards, with three all-reduces of one value
+    a token (the largest logit, the sum of exponentials, the target's logit), ``2(tp-1)/tp`` of each.
+    Values of ``bytes_per_value`` bytes either way."""
+    n_tokens = checked_non_negative("tokens", tokens)
+    vocab = checked_count("vocab_size", vocab_size)
+    n = checked_count("tp", tp)
+    value = checked_non_negative("bytes_per_value", bytes_per_value)
+    checks.flag("loss_parallel", loss_parallel)
+    if loss_parallel:
+        return 3 * collective_bytes("all_reduce", n_tokens * value, n).received_bytes
+    return collective_bytes("all_gather", n_tokens * vocab * value, n).received_bytes
+
+
 def fsdp_bytes_per_step(parameters_bytes: float, world_size: int, reshard_after_forward: bool = True) -> float:
     """Bytes each rank sends per step in ZeRO-3 / FSDP: all-gather the parameters for forward, again for
     backward (they were resharded), reduce-scatter the gradients: 3(N-1)/N * Psi, 1.5x DDP. Without
