@@ -221,3 +221,37 @@ def test_questions_not_yet_mastered_come_first():
         first.next_button.click()
     again = quiz.show("fault-tolerance", seed=1)
     assert {q.id for q in again.questions[-3:]} == set(mastered)
+
+
+def test_options_too_long_for_a_button_are_written_out_above_lettered_buttons():
+    # ipywidgets gives a radio button one line: a longer label wraps over the next button.
+    from distlab.quiz.widget import _ONE_LINE
+
+    found = {}
+    for question in quiz.bank().select("data-parallelism") + quiz.bank().select("scaling"):
+        if question.kind == "single":
+            found.setdefault(any(len(o.text) > _ONE_LINE for o in question.options), question)
+    assert set(found) == {True, False}, "the bank has single-choice questions of both kinds"
+    for long, question in found.items():
+        widget = quiz.show(question.topic, n=1000, seed=0)
+        while widget.attempt.question.id != question.id:
+            widget.next_button.click()
+        buttons = widget.view.buttons
+        labels = [label for label, _ in buttons.options]
+        texts = {o.id: o.text for o in question.options}
+        if long:
+            assert labels == [f"({letter})" for letter in "abcdefgh"[: len(labels)]]
+            written = widget.view.widget.children[0]
+            assert isinstance(written, widgets.HTML)
+            # every option's text is shown, in the order of the buttons that stand for it
+            places = [written.value.index(f"({letter})") for letter in "abcdefgh"[: len(labels)]]
+            assert places == sorted(places)
+            shown = written.value
+            assert all(texts[option_id][:40].replace("'", "&#x27;") in shown for _, option_id in buttons.options)
+        else:
+            assert labels == [texts[option_id] for _, option_id in buttons.options]
+            assert widget.view.widget is buttons
+        # a letter picks its option: the answer is the option's id either way
+        buttons.value = widget.attempt.answer()
+        widget.check_button.click()
+        assert "Right" in widget.feedback.value

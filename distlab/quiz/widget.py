@@ -29,6 +29,20 @@ def _html(text: str) -> str:
 
 
 _WIDE = {"width": "100%"}
+#: ipywidgets gives each radio button and check box one line's height: a longer label wraps onto the
+#: row below and covers it (and the browser then clicks the text, not the button). Options longer
+#: than this are written out above buttons that carry only their letters.
+_ONE_LINE = 70
+
+
+def _labels(choices: Sequence[Option]) -> tuple[list[str], widgets.Widget | None]:
+    """The buttons' labels, and the options written out above them where one is too long for a label."""
+    if all(len(o.text) <= _ONE_LINE for o in choices):
+        return [o.text for o in choices], None
+    letters = [f"({chr(ord('a') + i)})" for i in range(len(choices))]
+    text = "".join(f"<div style='margin: 0.2em 0'>{letter} {_html(o.text)}</div>"
+                   for letter, o in zip(letters, choices))
+    return letters, widgets.HTML(text, layout=widgets.Layout(**_WIDE))
 
 
 def _iterable(answer: object) -> Iterable[object]:
@@ -42,10 +56,11 @@ class _ChoiceView:
     """One option of several (radio buttons)."""
 
     def __init__(self, choices: Sequence[Option]) -> None:
+        labels, written = _labels(choices)
         self.buttons = widgets.RadioButtons(
-            options=[(o.text, o.id) for o in choices], value=None, layout=widgets.Layout(**_WIDE)
+            options=[(label, o.id) for label, o in zip(labels, choices)], value=None, layout=widgets.Layout(**_WIDE)
         )
-        self.widget: widgets.Widget = self.buttons
+        self.widget: widgets.Widget = self.buttons if written is None else widgets.VBox([written, self.buttons])
 
     def read(self) -> str | None:
         picked: str | None = self.buttons.value  # an option's id, or None before one is picked
@@ -62,11 +77,12 @@ class _TickView:
     """Every right option of several (check boxes)."""
 
     def __init__(self, choices: Sequence[Option]) -> None:
+        labels, written = _labels(choices)
         self.boxes = {
-            o.id: widgets.Checkbox(description=o.text, value=False, indent=False, layout=widgets.Layout(**_WIDE))
-            for o in choices
+            o.id: widgets.Checkbox(description=label, value=False, indent=False, layout=widgets.Layout(**_WIDE))
+            for label, o in zip(labels, choices)
         }
-        self.widget = widgets.VBox(list(self.boxes.values()))
+        self.widget = widgets.VBox(([written] if written is not None else []) + list(self.boxes.values()))
 
     def read(self) -> list[str]:
         return [option_id for option_id, box in self.boxes.items() if box.value]
