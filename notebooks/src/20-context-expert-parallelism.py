@@ -422,6 +422,102 @@ print("each rank's expert ends as one process's, to 1e-6:", all(a < 1e-6 for a i
 # watch sees the four all-to-alls of each step. Their size is set by the capacity, not by how many
 # tokens each expert really got.
 #
+# ## Dropless: the counts first, then exactly the tokens
+#
+# A capacity drops tokens when an expert is popular and sends padding when it is not. **Dropless**
+# MoE (MegaBlocks, Gale et al. 2023; torchtitan's token dispatch) sends every routed token and
+# nothing else. The price is a step more: no rank knows in advance how many tokens it will receive,
+# so the ranks first exchange their **counts** (an all-to-all of E integers: how many tokens each
+# rank sends each expert), then dispatch with an all-to-all of **variable splits**
+# (`dist.all_to_all_single` with `input_split_sizes` and `output_split_sizes`), and combine with the
+# same splits reversed. With **top-k** routing each token goes to k experts, its output the sum of
+# theirs weighted by their gates: k times the rows to dispatch.
+#
+# **Predict first**: top-2 instead of top-1, dropless, 256 tokens on each of 4 ranks: how many rows
+# does each rank dispatch in all (to itself included)?
+
+# %%
+def rows_dispatched(tokens=256, k=2):
+    """Dropless top-k: each token's row goes to each of its k experts."""
+    return k * tokens
+
+
+rows_guess = predict("Dropless top-2 routing of 256 tokens on a rank: how many rows does it dispatch in all?",
+                     theory=rows_dispatched, unit="", tolerance=0.001)
+rows_guess
+
+# %%
+# %%ddp
+def dropless(router, my_expert, x, k):
+    """Every token to its k experts' ranks and back: counts first, then all-to-alls of variable splits."""
+    gate, expert = torch.softmax(router(x), dim=-1).topk(k, dim=-1)          # (T, k) each
+    order = expert.flatten().argsort(stable=True)                            # the rows, grouped by expert
+    token = order // k                                                       # the token of each row
+    send = x[token]
+    counts = torch.bincount(expert.flatten(), minlength=E)                   # rows for each expert's rank
+    incoming = torch.empty_like(counts)
+    dist.all_to_all_single(incoming, counts)                                 # 1. the counts
+    received = x.new_empty(int(incoming.sum()), DIM)
+    dist.all_to_all_single(received, send, incoming.tolist(), counts.tolist())   # 2. dispatch
+    done = my_expert(received)
+    back = x.new_empty(len(send), DIM)
+    dist.all_to_all_single(back, done, counts.tolist(), incoming.tolist())   # 3. combine
+    out = torch.zeros_like(x)
+    out.index_add_(0, token, back * gate.flatten()[order, None])
+    return out, counts.tolist(), int(incoming.sum())
+
+
+def topk_local(router, experts, x, k):
+    """One process, every expert here, nothing dropped: the reference."""
+    gate, expert = torch.softmax(router(x), dim=-1).topk(k, dim=-1)
+    out = torch.zeros_like(x)
+    for j in range(k):
+        for e in range(E):
+            mine = expert[:, j] == e
+            out[mine] += experts[e](x[mine]) * gate[mine, j, None]
+    return out
+
+
+experts = [make_expert(e) for e in range(E)]
+dropless_runs = {}
+with torch.no_grad():
+    for k in (1, 2):
+        out, counts, received = dropless(router, experts[rank], x, k)
+        dropless_runs[k] = {"sent rows": counts, "received rows": received,
+                            "apart": (out - topk_local(router, experts, x, k)).abs().max().item()}
+
+# %%
+dropless_runs = lab.pull("dropless_runs")
+padded = 4 * theory.expert_capacity(256, 4, 1.25)                           # rows a capacity of 1.25 sends
+for k in (1, 2):
+    print(f"top-{k}, dropless:")
+    for r in range(4):
+        d = dropless_runs[r][k]
+        print(f"  rank {r} sends {d['sent rows']} rows to experts 0-3 ({sum(d['sent rows'])} in all), "
+              f"receives {d['received rows']}; largest difference from one process {d['apart']:.1e}")
+print(f"a capacity of 1.25 sends {padded} rows from every rank, padding included, and drops the overflow")
+rows_guess.reveal(sum(dropless_runs[0][2]["sent rows"]))
+
+# %% tags=["nbval-check-output"]
+print("dropless gives one process's output with nothing dropped, top-1 and top-2, on every rank:",
+      all(dropless_runs[r][k]["apart"] < 1e-5 for r in range(4) for k in (1, 2)))
+print("every rank dispatches k x 256 rows:", all(sum(dropless_runs[r][k]["sent rows"]) == 256 * k
+                                                 for r in range(4) for k in (1, 2)))
+print("what the ranks send, the ranks receive:", all(
+    sum(dropless_runs[s][k]["sent rows"][r] for s in range(4)) == dropless_runs[r][k]["received rows"]
+    for r in range(4) for k in (1, 2)))
+print("the popular expert's rank receives the most:", all(
+    max(range(4), key=lambda r: dropless_runs[r][k]["received rows"]) == 0 for k in (1, 2)))
+
+# %% [markdown]
+# Nothing is dropped and nothing is padded: each rank sends exactly its k x 256 rows, and the rank
+# of the popular expert receives far more than the others, which is dropless's cost on the other
+# side: that rank's expert has the most work, and the step waits for it (a load-balancing loss is
+# still wanted). The counts' all-to-all is small, but the next buffers cannot be sized before it
+# ends: on a GPU, `counts.tolist()` here is where the host waits for the device. Top-2 doubles the
+# rows dispatched and combined; the Switch Transformer routes each token to one expert partly to
+# halve this traffic (Fedus et al. 2021).
+#
 # ## Practice
 #
 # `%exercise expert-dispatch` asks you to write this layer's dispatch and combine yourself: the
