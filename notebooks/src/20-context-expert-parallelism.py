@@ -232,6 +232,114 @@ print("every ring rank's peak is under a quarter of naive attention's:",
 # device's memory: keys, values and activations grow with `L`, and context parallelism divides them
 # by N.
 #
+# ## All-to-all instead of a ring: Ulysses
+#
+# DeepSpeed-Ulysses (Jacobs et al. 2023) splits the sequence the same way but never passes keys round
+# a ring. Attention is computed head by head, and heads are independent, so one **all-to-all** trades
+# the split: each rank sends every other rank that rank's share of the heads for its own chunk, and
+# ends with `H/N` heads of the **whole** sequence. It computes ordinary causal attention for those
+# heads, and a second all-to-all trades back. Four all-to-alls in all (q, k, v in; the output back),
+# each moving `(N-1)/N` of a rank's `B x H x L/N x D` block. The ring instead sends its block of k and
+# v on `N-1` hops. So per rank the ring sends `(N-1) x 2` blocks and Ulysses `4 (N-1)/N`: `N/2` times
+# less for Ulysses, a saving that grows with N. Its limit: `N` cannot exceed the number of heads (of
+# key-value heads, with grouped-query attention). The third form, all-gathering k and v once (Llama 3,
+# above), sends what the ring sends, at once rather than hop by hop.
+#
+# **Predict first**: on these 4 ranks, how many times Ulysses' bytes does a rank send in ring
+# attention?
+
+# %%
+def ring_over_ulysses(ranks=4):
+    """Blocks a rank sends: the ring's k and v on N-1 hops, 2(N-1); Ulysses' four all-to-alls, 4(N-1)/N."""
+    return 2 * (ranks - 1) / (4 * (ranks - 1) / ranks)
+
+
+ulysses_guess = predict("Context parallelism on 4 ranks: a rank's bytes sent in ring attention over its bytes in "
+                        "Ulysses (all-to-all over heads)?", theory=ring_over_ulysses, unit="x", tolerance=0.05)
+ulysses_guess
+
+# %%
+# %%ddp
+def ulysses_attention():
+    """Causal attention for this rank's contiguous chunk: heads traded by all-to-all. (out, positions, bytes sent)"""
+    n, h = L // world_size, H // world_size
+    pos = torch.arange(rank * n, (rank + 1) * n, device=device)
+
+    def to_heads(t):
+        """(B, H, n, D), my chunk of every head -> (B, h, L, D), my heads of the whole sequence."""
+        send = t.reshape(B, world_size, h, n, D).transpose(0, 1).contiguous()   # block j: rank j's heads
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)                                      # block i: rank i's chunk
+        return got.permute(1, 2, 0, 3, 4).reshape(B, h, L, D)
+
+    def to_sequence(t):
+        """(B, h, L, D) -> (B, H, n, D): back to my chunk of every head."""
+        send = t.reshape(B, h, world_size, n, D).permute(2, 0, 1, 3, 4).contiguous()   # block i: chunk i
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)                                      # block j: rank j's heads
+        return got.permute(1, 0, 2, 3, 4).reshape(B, H, n, D)
+
+    q, k, v = (to_heads(t[:, :, pos]) for t in (q_all, k_all, v_all))
+    return to_sequence(F.scaled_dot_product_attention(q, k, v, is_causal=True)), pos, tuple(q.shape)
+
+
+class Sent:
+    """Counts the bytes this rank hands to other ranks: in an all-to-all all but its own block, and
+    every tensor of an isend in batch_isend_irecv (the ring's)."""
+
+    def __enter__(self):
+        self.bytes, self._a2a, self._batch = 0, dist.all_to_all_single, dist.batch_isend_irecv
+
+        def all_to_all_single(output, input, *args, **kwargs):
+            self.bytes += input.numel() * input.element_size() * (world_size - 1) // world_size
+            return self._a2a(output, input, *args, **kwargs)
+
+        def batch_isend_irecv(ops):
+            self.bytes += sum(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is self._isend)
+            return self._batch(ops)
+
+        self._isend = dist.isend
+        dist.all_to_all_single, dist.batch_isend_irecv = all_to_all_single, batch_isend_irecv
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_to_all_single, dist.batch_isend_irecv = self._a2a, self._batch
+
+
+with Sent() as by_ulysses:
+    out, pos, heads_shape = ulysses_attention()
+with Sent() as by_ring:
+    ring_attention("contiguous")
+ulysses = {"apart": (out - reference[:, :, pos]).abs().max().item(), "sent": by_ulysses.bytes,
+           "ring sent": by_ring.bytes, "heads shape": heads_shape}
+
+# %%
+ulysses = lab.pull("ulysses")
+for r in range(4):
+    u = ulysses[r]
+    print(f"rank {r}: attends {u['heads shape'][1]} head(s) over all {u['heads shape'][2]:,} positions; "
+          f"sends {u['sent'] / 2**20:.2f} MiB (ring: {u['ring sent'] / 2**20:.2f} MiB); "
+          f"max |Ulysses - one process| {u['apart']:.1e}")
+ulysses_guess.reveal(ulysses[0]["ring sent"] / ulysses[0]["sent"])
+
+# %% tags=["nbval-check-output"]
+print("Ulysses gives one process's causal attention on every rank, to 1e-5:",
+      all(ulysses[r]["apart"] < 1e-5 for r in range(4)))
+print("each rank attends H/N = 1 head over the whole sequence:",
+      all(ulysses[r]["heads shape"] == (1, 1, 2048, 32) for r in range(4)))
+print("the ring sends N/2 = 2 times Ulysses' bytes (its keys' positions add 1%):",
+      all(2 <= ulysses[r]["ring sent"] / ulysses[r]["sent"] < 2.05 for r in range(4)))
+
+# %% [markdown]
+# The bytes are counted as each rank handed its tensors to the collectives (`Sent` wraps
+# `all_to_all_single` and `batch_isend_irecv` while each runs): the ring also sends its keys'
+# positions, a few KiB. Ulysses needs no
+# causal balancing either: every rank attends its heads over the whole sequence, so every rank does
+# the same work. What it gives up: each rank holds the whole sequence for its heads during attention,
+# and the all-to-alls cross every pair of ranks, where a ring only talks to its neighbours. torch's
+# `context_parallel` runs the ring (or the all-gather, `set_rotate_method("allgather")`); notebook 23
+# predicts context parallelism's cost at 1,024 GPUs.
+#
 # ## Expert parallelism
 #
 # A mixture-of-experts layer replaces one MLP with E of them. A small **router** (a linear layer
