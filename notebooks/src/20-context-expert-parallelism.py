@@ -340,6 +340,125 @@ print("the ring sends N/2 = 2 times Ulysses' bytes (its keys' positions add 1%):
 # `context_parallel` runs the ring (or the all-gather, `set_rotate_method("allgather")`); notebook 23
 # predicts context parallelism's cost at 1,024 GPUs.
 #
+# ## The ring's backward: dK and dV travel too
+#
+# Training needs the gradients. A rank holds its queries, so it can add up their gradient `dQ` at
+# home. But the gradient of a key and value block gathers contributions from **every** rank whose
+# queries attended to it. So in the backward each block of `K` and `V` travels the ring again,
+# carrying its `dK` and `dV`: every rank it visits adds its queries' part. After `N` hops (one more
+# than the forward) the block is back at its owner with its gradients complete. Each rank needs from
+# the forward only its output and each query's log-sum-exp of scores (FlashAttention's backward
+# recomputes the probabilities from them):
+#
+# - `P = exp(S - lse)`, recomputed block by block from `Q K^T`;
+# - `dV += P^T dO`; `dS = P * (dO V^T - rowsum(dO * O))`;
+# - `dQ += dS K / sqrt(D)`; `dK += dS^T Q / sqrt(D)`.
+#
+# Each backward hop carries four blocks (K, V, dK, dV) where the forward's carried two.
+#
+# **Predict first**: contiguous chunks on 4 ranks. How many times the forward's bytes does a rank send
+# in the backward?
+
+# %%
+def backward_over_forward(ranks=4):
+    """Forward: k and v on N-1 hops. Backward: k, v, dk and dv on N hops (the last brings dk, dv home)."""
+    return 4 * ranks / (2 * (ranks - 1))
+
+
+backward_guess = predict("Ring attention on 4 ranks: a rank's bytes sent in the backward over the forward's?",
+                         theory=backward_over_forward, unit="x", tolerance=0.05)
+backward_guess
+
+# %%
+# %%ddp
+def ring_pass(blocks):
+    """One hop: these tensors to the next rank, the previous rank's received in their place."""
+    nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
+    got = [torch.empty_like(b) for b in blocks]
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, b, nxt) for b in blocks] +
+                                   [dist.P2POp(dist.irecv, g, prv) for g in got])
+    for work in works:
+        work.wait()
+    return got
+
+
+def masked_scores(q, k, qpos, kpos):
+    s = q @ k.transpose(-2, -1) / math.sqrt(D)
+    return s.masked_fill(qpos[:, None] < kpos[None, :], -math.inf)
+
+
+def ring_forward(q, k, v, pos):
+    """Causal ring attention for contiguous chunks: the output and each query's log-sum-exp."""
+    m = torch.full((*q.shape[:-1], 1), -math.inf, device=device)
+    total, acc = torch.zeros_like(m), torch.zeros_like(q)
+    blocks = [k, v, pos]
+    for step in range(world_size):
+        kk, vv, kpos = blocks
+        if kpos[0] <= pos[-1]:                           # not wholly in the future (step 0: the diagonal)
+            s = masked_scores(q, kk, pos, kpos)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            acc = acc * torch.exp(m - m_new) + p @ vv
+            total = total * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
+            m = m_new
+        if step < world_size - 1:
+            blocks = ring_pass(blocks)
+    return acc / total, m + torch.log(total)
+
+
+def ring_backward(q, k, v, pos, out, lse, dout):
+    """dQ at home; K and V travel with their dK and dV, N hops, back to their owner."""
+    delta = (dout * out).sum(-1, keepdim=True)
+    dq = torch.zeros_like(q)
+    blocks = [k, v, torch.zeros_like(k), torch.zeros_like(v), pos]
+    for _ in range(world_size):
+        kk, vv, dk, dv, kpos = blocks
+        if kpos[0] <= pos[-1]:
+            p = torch.exp(masked_scores(q, kk, pos, kpos) - lse)
+            dv += p.transpose(-2, -1) @ dout
+            ds = p * (dout @ vv.transpose(-2, -1) - delta)
+            dq += ds @ kk / math.sqrt(D)
+            dk += ds.transpose(-2, -1) @ q / math.sqrt(D)
+        blocks = ring_pass(blocks)
+    return dq, blocks[2], blocks[3]
+
+
+torch.manual_seed(1)
+dout_all = torch.randn(B, H, L, D).to(device)            # the gradient arriving at the output, the same everywhere
+whole = [t.clone().requires_grad_() for t in (q_all, k_all, v_all)]
+F.scaled_dot_product_attention(*whole, is_causal=True).backward(dout_all)
+n = L // world_size
+pos = torch.arange(rank * n, (rank + 1) * n, device=device)
+q, k, v = (t[:, :, pos] for t in (q_all, k_all, v_all))
+with Sent() as forward_sent:
+    out, lse = ring_forward(q, k, v, pos)
+with Sent() as backward_sent:
+    grads = ring_backward(q, k, v, pos, out, lse, dout_all[:, :, pos])
+ring_grads = {"apart": {name: (g - w.grad[:, :, pos]).abs().max().item() for name, g, w in zip(("dQ", "dK", "dV"), grads, whole)},
+              "forward sent": forward_sent.bytes, "backward sent": backward_sent.bytes}
+
+# %%
+ring_grads = lab.pull("ring_grads")
+for r in range(4):
+    g = ring_grads[r]
+    print(f"rank {r}: largest difference from autograd on one process: " +
+          ", ".join(f"{name} {d:.1e}" for name, d in g["apart"].items()) +
+          f"; sent {g['forward sent'] / 2**20:.2f} MiB forward, {g['backward sent'] / 2**20:.2f} MiB backward")
+backward_guess.reveal(ring_grads[0]["backward sent"] / ring_grads[0]["forward sent"])
+
+# %% tags=["nbval-check-output"]
+print("dQ, dK and dV of every rank's chunk are one process's, to 1e-4:",
+      all(d < 1e-4 for r in range(4) for d in ring_grads[r]["apart"].values()))
+print("the backward sends 2N/(N-1) = 2.67 times the forward's bytes (the positions ride along):",
+      all(2.6 < ring_grads[r]["backward sent"] / ring_grads[r]["forward sent"] < 2.7 for r in range(4)))
+
+# %% [markdown]
+# Every gradient is the one autograd gives on the whole sequence in one process, and the backward
+# moves `2N/(N-1)` times the forward's bytes: twice the blocks, one hop more. So a context-parallel
+# step sends 3.67 times the forward's traffic in all (1 + 2.67), the traffic a chunk's compute has
+# to hide: the transfer of a block hides behind its attention when computing one
+# block of `(L/N)^2` scores takes longer than moving it.
+#
 # ## Expert parallelism
 #
 # A mixture-of-experts layer replaces one MLP with E of them. A small **router** (a linear layer
