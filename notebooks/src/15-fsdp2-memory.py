@@ -507,6 +507,103 @@ print(f"tensor-parallel bytes sent per rank: {theory.collective_bytes('all_reduc
 #   step's record too (the watch gives what comes after an update to the step it follows; its
 #   `start_s` is past the step's time), counted apart.
 #
+# ## Clipping gradients that are sharded
+#
+# Gradient clipping scales every gradient by `max_norm / ||g||` when `||g|| > max_norm`, where `||g||`
+# is the norm of **all** the model's gradients together (`torch.nn.utils.clip_grad_norm_`). Under FSDP2
+# each rank holds a quarter of every gradient, so the norm of what it holds is a part of the whole.
+# The squares add up: `||g||^2` is the sum over the ranks of their shards' sums of squares.
+#
+# **Predict first**: the FSDP2 gradients are DTensors. What does `clip_grad_norm_` on them have to
+# send between the ranks?
+
+# %%
+clip_guess = predict("clip_grad_norm_ on a model FSDP2 shards over 4 ranks: what does it send between them?",
+                     choices={"nothing": "nothing: each rank clips its own shards",
+                              "one_number": "one all-reduce of one number a rank (the sums of squares)",
+                              "gradients": "an all-gather of the gradients, to take the norm of the whole"},
+                     answer="one_number")
+clip_guess
+
+# %% [markdown]
+# **Then measure**, on the 4 ranks: a small MLP sharded by FSDP2, one backward, then clipped at
+# `max_norm = 0.1` two ways, against one process clipping the whole model's gradients:
+#
+# - **wrong**: each rank clips its own shards by the norm of its own shards;
+# - **right**: `clip_grad_norm_` on the DTensor gradients, its collectives counted by `CommDebugMode`.
+
+# %%
+# %%ddp
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.debug import CommDebugMode
+
+MAX_NORM = 0.1
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)).to(device)
+
+
+def sharded_grads():
+    model = mlp()
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer)
+    fully_shard(model)
+    nn.functional.mse_loss(model(x_clip), y_clip).backward()
+    return model
+
+
+x_clip = torch.randn(32, 16, generator=torch.Generator().manual_seed(1)).to(device)
+y_clip = torch.randn(32, 1, generator=torch.Generator().manual_seed(2)).to(device)
+whole = mlp()                                            # one process: the reference
+nn.functional.mse_loss(whole(x_clip), y_clip).backward()
+whole_norm = torch.nn.utils.clip_grad_norm_(whole.parameters(), MAX_NORM).item()
+
+wrong = sharded_grads()                                  # each rank by its own shards' norm
+local_norm = torch.sqrt(sum((p.grad.to_local() ** 2).sum() for p in wrong.parameters())).item()
+with torch.no_grad():
+    for p in wrong.parameters():
+        p.grad.to_local().mul_(min(1.0, MAX_NORM / local_norm))
+
+right = sharded_grads()                                  # torch's, on the DTensor gradients
+with CommDebugMode() as comm:
+    total = torch.nn.utils.clip_grad_norm_(right.parameters(), MAX_NORM)
+
+
+def apart(model):
+    return max((p.grad.full_tensor() - w.grad).abs().max().item() for p, w in zip(model.parameters(), whole.parameters()))
+
+
+clipping = {"local norm": local_norm, "total norm": total.full_tensor().item(), "whole norm": whole_norm,
+            "collectives": {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()},
+            "wrong apart": apart(wrong), "right apart": apart(right)}
+
+# %%
+clipping = lab.pull("clipping")
+for r, c in clipping.items():
+    print(f"rank {r}: its shards' norm {c['local norm']:.4f}; clip_grad_norm_'s total {c['total norm']:.4f} "
+          f"(one process: {c['whole norm']:.4f}), its collectives {c['collectives']}; clipped gradients apart "
+          f"from one process's: own norm {c['wrong apart']:.1e}, clip_grad_norm_ {c['right apart']:.1e}")
+combined = sum(c["local norm"] ** 2 for c in clipping.values()) ** 0.5
+print(f"the ranks' shard norms combined, sqrt(sum of squares): {combined:.4f}")
+clip_guess.reveal("one_number" if all(c["collectives"] == {"all_reduce": 1} for c in clipping.values()) else "other")
+
+# %% tags=["nbval-check-output"]
+print("the shards' norms combine into the whole model's norm:", abs(combined - clipping[0]["whole norm"]) < 1e-5)
+print("clip_grad_norm_ on DTensors: one all-reduce, the whole model's norm, one process's clipped gradients:",
+      all(c["collectives"] == {"all_reduce": 1} and abs(c["total norm"] - c["whole norm"]) < 1e-5
+          and c["right apart"] < 1e-6 for c in clipping.values()))
+print("clipping each shard by its own norm gives other gradients:", all(c["wrong apart"] > 1e-3 for c in clipping.values()))
+
+# %% [markdown]
+# Each rank's own norm was smaller than the whole's, and different on every rank: clipped by it, each
+# quarter of the model was scaled by its own factor, so the update points another way than one
+# process's. Summing the squares across the ranks first (the single all-reduce `clip_grad_norm_`
+# issued on the DTensors) gives every rank the whole norm and the same factor. The same holds for any
+# statistic of the whole gradient: a check for NaNs, a gradient-norm log line.
+#
 # ## Build it yourself
 #
 # The exercise nearest this lesson (notebook [17](17-exercises.ipynb) introduces them; each is graded on
