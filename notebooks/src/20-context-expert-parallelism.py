@@ -94,7 +94,8 @@ def chunks_of(layout):
 
 
 def ring_attention(layout):
-    """Causal attention for this rank's queries; keys and values go round the ring. (out, positions, pairs)"""
+    """Causal attention for this rank's queries; keys and values go round the ring.
+    (out, positions, pairs, each query's log-sum-exp of scores: what the backward needs)"""
     mine = chunks_of(layout)
     pos = torch.cat(mine)
     q = q_all[:, :, pos]
@@ -130,7 +131,7 @@ def ring_attention(layout):
             for work in works:
                 work.wait()
             kv, kv_pos = kv_in, pos_in
-    return acc / s_sum, pos, pairs
+    return acc / s_sum, pos, pairs, m + torch.log(s_sum)
 
 
 def naive_attention():
@@ -148,7 +149,7 @@ for layout in ("contiguous", "zigzag"):
     for _ in range(3):
         dist.barrier()
         t0 = time.perf_counter()
-        out, pos, pairs = ring_attention(layout)
+        out, pos, pairs, _ = ring_attention(layout)
         took.append(time.perf_counter() - t0)
     ring[layout] = {"apart": (out - reference[:, :, pos]).abs().max().item(), "pairs": pairs,
                     "seconds": sorted(took)[1]}
@@ -348,7 +349,7 @@ print("the ring sends N/2 = 2 times Ulysses' bytes (its keys' positions add 1%):
 # carrying its `dK` and `dV`: every rank it visits adds its queries' part. After `N` hops (one more
 # than the forward) the block is back at its owner with its gradients complete. Each rank needs from
 # the forward only its output and each query's log-sum-exp of scores (FlashAttention's backward
-# recomputes the probabilities from them):
+# recomputes the probabilities from them; `ring_attention` above returns both):
 #
 # - `P = exp(S - lse)`, recomputed block by block from `Q K^T`;
 # - `dV += P^T dO`; `dS = P * (dO V^T - rowsum(dO * O))`;
@@ -387,25 +388,6 @@ def masked_scores(q, k, qpos, kpos):
     return s.masked_fill(qpos[:, None] < kpos[None, :], -math.inf)
 
 
-def ring_forward(q, k, v, pos):
-    """Causal ring attention for contiguous chunks: the output and each query's log-sum-exp."""
-    m = torch.full((*q.shape[:-1], 1), -math.inf, device=device)
-    total, acc = torch.zeros_like(m), torch.zeros_like(q)
-    blocks = [k, v, pos]
-    for step in range(world_size):
-        kk, vv, kpos = blocks
-        if kpos[0] <= pos[-1]:                           # not wholly in the future (step 0: the diagonal)
-            s = masked_scores(q, kk, pos, kpos)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            p = torch.exp(s - m_new)
-            acc = acc * torch.exp(m - m_new) + p @ vv
-            total = total * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
-            m = m_new
-        if step < world_size - 1:
-            blocks = ring_pass(blocks)
-    return acc / total, m + torch.log(total)
-
-
 def ring_backward(q, k, v, pos, out, lse, dout):
     """dQ at home; K and V travel with their dK and dV, N hops, back to their owner."""
     delta = (dout * out).sum(-1, keepdim=True)
@@ -427,11 +409,9 @@ torch.manual_seed(1)
 dout_all = torch.randn(B, H, L, D).to(device)            # the gradient arriving at the output, the same everywhere
 whole = [t.clone().requires_grad_() for t in (q_all, k_all, v_all)]
 F.scaled_dot_product_attention(*whole, is_causal=True).backward(dout_all)
-n = L // world_size
-pos = torch.arange(rank * n, (rank + 1) * n, device=device)
-q, k, v = (t[:, :, pos] for t in (q_all, k_all, v_all))
 with Sent() as forward_sent:
-    out, lse = ring_forward(q, k, v, pos)
+    out, pos, _, lse = ring_attention("contiguous")     # the forward above, contiguous chunks
+q, k, v = (t[:, :, pos] for t in (q_all, k_all, v_all))
 with Sent() as backward_sent:
     grads = ring_backward(q, k, v, pos, out, lse, dout_all[:, :, pos])
 ring_grads = {"apart": {name: (g - w.grad[:, :, pos]).abs().max().item() for name, g, w in zip(("dQ", "dK", "dV"), grads, whole)},
